@@ -1,0 +1,4 @@
+from dlio_ckpt.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""What the training loop needs from a checkpoint engine, and what each checkpoint reports.
+
+The engine decides nothing about bytes or files itself: a CheckpointEngine is built from the
+config, the World and the (traced) storage, and the loop only asks `due` and calls `save`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class CheckpointRecord:
+    """One checkpoint as one rank saw it."""
+
+    index: int
+    step: int
+    epoch: int
+    bytes: int  # bytes this rank wrote
+    files: int  # files this rank wrote
+    blocking_s: float  # what training lost (snapshot, or the whole write for sync strategies)
+    persist_s: float  # time until the data was durable (write + fsync), from the save call
+    write_s: float  # time in write and fsync calls
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RestoreRecord:
+    checkpoint_index: int
+    bytes: int
+    files: int
+    read_s: float
+    verified: bool
+    message: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class CheckpointEngine(Protocol):
+    records: list[CheckpointRecord]
+
+    def due(self, step: int, epoch: int, epoch_end: bool) -> bool: ...
+
+    def save(self, step: int, epoch: int) -> CheckpointRecord: ...
+
+    def finish(self) -> None: ...
+
+    def restore(self) -> RestoreRecord | None: ...

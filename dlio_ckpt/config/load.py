@@ -1,0 +1,275 @@
+"""Compose the Hydra config, check the user's overrides, and build the RunConfig.
+
+Hydra composes conf/ (the root config and groups) with the workload library (registered as the
+`workload` group). Before Hydra runs the job, every override is checked here so that a typo or a
+wrong value gives one line naming the key and what is allowed, exit code 2, and nothing written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.config.typed import all_keys, build
+from dlio_ckpt.errors import ConfigError, close_match
+
+GROUPS = ("workload", "scale")
+MAX_VALIDATED_SWEEP_JOBS = 256
+
+
+def _data_dir(name: str) -> Path:
+    """A data folder shipped as `dlio_ckpt.<name>`: from the wheel, else from the source tree.
+
+    In a source checkout (editable install, or running from the repository root) the folders
+    stay at the top level (conf/, workloads/, analysis/) beside the package.
+    """
+    source = Path(__file__).resolve().parents[2] / name
+    if source.is_dir():
+        return source
+    return Path(str(resources.files(f"dlio_ckpt.{name}")))
+
+
+def conf_dir() -> Path:
+    return _data_dir("conf")
+
+
+def workloads_dir() -> Path:
+    return _data_dir("workloads")
+
+
+def workload_names() -> list[str]:
+    return sorted(p.stem for p in workloads_dir().glob("*.yaml"))
+
+
+def group_options(group: str) -> list[str]:
+    if group == "workload":
+        return workload_names()
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def register_workloads() -> None:
+    """Make workloads/*.yaml the Hydra group `workload` (package _global_).
+
+    The library lives in its own top-level folder rather than under conf/, so it is registered
+    through Hydra's ConfigStore instead of the folder search; repeated calls are harmless.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for path in sorted(workloads_dir().glob("*.yaml")):
+        store.store(group="workload", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+def _parse(overrides: Sequence[str]):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(list(overrides))
+    except Exception as exc:  # Hydra's grammar errors are several lines; keep the first
+        raise ConfigError(f"cannot parse command-line override: {str(exc).splitlines()[0]}") from None
+
+
+def _override_key(override) -> str:
+    return override.key_or_group
+
+
+def check_override_keys(overrides: Sequence[str]) -> None:
+    """Reject unknown keys and unknown group options before Hydra sees them."""
+    known = set(all_keys(RunConfig)) - {"run_dir"}
+    for override in _parse(overrides):
+        key = _override_key(override)
+        if key.startswith("hydra") or key.startswith("+hydra"):
+            continue
+        if key in GROUPS:
+            options = group_options(key)
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+            for value in values:
+                if str(value) not in options:
+                    raise ConfigError(
+                        f"{key}: unknown {key} '{value}'{close_match(str(value), options)}; "
+                        f"choose one of: {', '.join(options)}"
+                    )
+            continue
+        if key not in known:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            siblings = [k for k in known if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
+            leaf_hint = close_match(key, known)
+            raise ConfigError(
+                f"unknown config key '{key}'{leaf_hint}; "
+                + (f"keys under {parent or 'the top level'}: {', '.join(sorted(k.rsplit('.', 1)[-1] for k in siblings))}"
+                   if siblings else "see `dlio_ckpt --cfg job` for every key")
+            )
+
+
+def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
+    """The job overrides of a multirun: the cartesian product of every comma/range sweep."""
+    choices: list[list[str]] = []
+    for override in _parse(overrides):
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            choices.append([override.input_line])
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def explicit_keys(overrides: Iterable[str]) -> set[str]:
+    """Keys the user set on the command line: scale caps never override them."""
+    keys = set()
+    for override in _parse(list(overrides)):
+        keys.add(_override_key(override).lstrip("+~"))
+    return keys
+
+
+def compose(overrides: Sequence[str]) -> DictConfig:
+    """Compose conf/ with `overrides` through Hydra's compose API (no run folder, no logging)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_workloads()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return hydra_compose(config_name="config", overrides=list(overrides))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"invalid configuration: {message}") from None
+
+
+def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = None) -> RunConfig:
+    """Validate a composed config and apply the scale caps to what the user did not set."""
+    try:
+        data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    except Exception as exc:
+        raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}") from None
+    data.pop("hydra", None)
+    data["run_dir"] = run_dir
+    config = build(RunConfig, data)
+    config = apply_scale(config, explicit)
+    check_consistency(config)
+    return config
+
+
+def load_config(overrides: Sequence[str] = (), run_dir: str | None = None) -> RunConfig:
+    """The RunConfig for a list of command-line overrides, as the CLI would build it."""
+    check_override_keys(overrides)
+    return to_run_config(compose(overrides), explicit_keys(overrides), run_dir)
+
+
+def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: int = 1) -> None:
+    """Check every job of a run or sweep, for this world size, before anything is written."""
+    check_override_keys(overrides)
+    jobs = expand_sweep(overrides) if multirun else [list(overrides)]
+    for job in jobs[:MAX_VALIDATED_SWEEP_JOBS]:
+        check_world_fit(to_run_config(compose(job), explicit_keys(job)), world_size)
+
+
+def check_world_fit(config: RunConfig, world_size: int) -> None:
+    """Constraints that depend on the number of ranks (plan mode plans for world.size instead)."""
+    if config.mode in ("plan", "checkpoint") or config.workload == "replay":
+        return
+    ds = config.dataset
+    samples = ds.num_files_train * ds.num_samples_per_file
+    if samples < world_size:
+        raise ConfigError(
+            f"{world_size} ranks but only {samples} training samples (dataset.num_files_train x dataset.num_samples_per_file); "
+            "raise dataset.num_files_train or run fewer ranks"
+        )
+    if config.reader.name == "tensorflow" and ds.num_files_train < world_size:
+        raise ConfigError(
+            f"reader.name=tensorflow reads whole files: {world_size} ranks need dataset.num_files_train >= {world_size} "
+            f"(it is {ds.num_files_train}); raise it or run fewer ranks"
+        )
+
+
+def _capped(value: int | float, cap: int | float) -> int | float:
+    return min(value, cap) if cap else value
+
+
+def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
+    """Shrink counts and sizes to the scale's caps, keeping the access pattern."""
+    scale = config.scale
+    if scale.name == "full":
+        return config
+
+    def cap(section: Any, prefix: str, **caps: int | float) -> dict[str, Any]:
+        changes = {}
+        for name, limit in caps.items():
+            if f"{prefix}.{name}" in explicit or not limit:
+                continue
+            current = getattr(section, name)
+            new = _capped(current, limit)
+            if new != current:
+                changes[name] = new
+        return changes
+
+    ds = config.dataset
+    ds_changes = cap(ds, "dataset", num_files_train=scale.max_files, num_files_eval=scale.max_eval_files,
+                     num_samples_per_file=scale.max_samples_per_file, record_length_bytes=scale.max_sample_bytes)
+    if "record_length_bytes" in ds_changes and "dataset.record_length_bytes_stdev" not in explicit:
+        ratio = ds_changes["record_length_bytes"] / ds.record_length_bytes
+        ds_changes["record_length_bytes_stdev"] = int(ds.record_length_bytes_stdev * ratio)
+        ds_changes["record_length_bytes_min"] = min(ds.record_length_bytes_min, ds_changes["record_length_bytes"])
+    dataset = dataclasses.replace(ds, **ds_changes)
+
+    tr = config.train
+    tr_changes = cap(tr, "train", epochs=scale.max_epochs, computation_time=scale.max_computation_time)
+    if tr.total_steps and "train.total_steps" not in explicit and scale.max_steps:
+        tr_changes["total_steps"] = min(tr.total_steps, scale.max_steps)
+    if "computation_time" in tr_changes and "train.computation_time_stdev" not in explicit:
+        tr_changes["computation_time_stdev"] = tr.computation_time_stdev * tr_changes["computation_time"] / tr.computation_time
+    train = dataclasses.replace(tr, **tr_changes)
+
+    reader = dataclasses.replace(config.reader, **cap(config.reader, "reader", batch_size=scale.max_batch_size,
+                                                        batch_size_eval=scale.max_batch_size))
+    evaluation = dataclasses.replace(config.evaluation, **cap(config.evaluation, "evaluation",
+                                                                computation_time=scale.max_computation_time))
+
+    model = config.model
+    if scale.max_model_bytes and "model.model_size_bytes" not in explicit and model.model_size_bytes > scale.max_model_bytes:
+        ratio = scale.max_model_bytes / model.model_size_bytes
+        model = dataclasses.replace(
+            model,
+            model_size_bytes=scale.max_model_bytes,
+            optimization_groups=[int(v * ratio) for v in model.optimization_groups],
+            layer_parameters=[int(v * ratio) for v in model.layer_parameters],
+        )
+
+    ck = config.checkpoint
+    ck_changes = cap(ck, "checkpoint", checkpoint_after_epoch=scale.max_epochs, epochs_between_checkpoints=scale.max_epochs,
+                     num_checkpoints_write=scale.max_checkpoints, num_checkpoints_read=scale.max_checkpoints)
+    if ck.steps_between_checkpoints and scale.max_steps and "checkpoint.steps_between_checkpoints" not in explicit:
+        every = max(1, scale.max_steps // max(scale.max_checkpoints, 1))
+        ck_changes["steps_between_checkpoints"] = min(ck.steps_between_checkpoints, every)
+    checkpoint = dataclasses.replace(ck, **ck_changes)
+
+    return dataclasses.replace(config, dataset=dataset, train=train, reader=reader, evaluation=evaluation,
+                               model=model, checkpoint=checkpoint)
+
+
+def check_consistency(config: RunConfig) -> None:
+    """Constraints that span sections (a single section checks itself in `validate`)."""
+    ds, reader = config.dataset, config.reader
+    total = ds.num_files_train * ds.num_samples_per_file
+    if reader.batch_size > total:
+        raise ConfigError(
+            f"reader.batch_size: {reader.batch_size} is larger than the dataset "
+            f"({ds.num_files_train} files x {ds.num_samples_per_file} samples = {total}); "
+            f"lower reader.batch_size or raise dataset.num_files_train"
+        )
+    if reader.name == "tensorflow" and ds.format != "tfrecord":
+        raise ConfigError(f"reader.name: 'tensorflow' reads tfrecord datasets; dataset.format is '{ds.format}' (use reader.name=native)")
+    if ds.record_length_bytes_min > ds.record_length_bytes:
+        raise ConfigError("dataset.record_length_bytes_min: larger than dataset.record_length_bytes")
+    if config.evaluation.enabled and ds.num_files_eval < 1:
+        raise ConfigError("evaluation.enabled: needs dataset.num_files_eval >= 1")

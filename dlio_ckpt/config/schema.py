@@ -1,0 +1,272 @@
+"""RunConfig: the user's inputs as frozen dataclasses, the only thing plans are built from.
+
+Types and constraints live here; default values live in conf/*.yaml (one source for each).
+Every `validate` names the key it rejects and what would be allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from dlio_ckpt.config.typed import Bytes, require
+
+FORMATS = ("npz", "npy", "hdf5", "tfrecord", "raw", "indexed_binary")
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    backend: Literal["posix"]
+    root: str
+    direct_io: bool
+    fsync: bool
+    block_size: Bytes
+    drop_caches: bool
+
+    def validate(self, key: str) -> None:
+        require(self.block_size > 0, f"{key}block_size: must be positive (got {self.block_size})")
+        require(self.root != "", f"{key}root: must be a folder path")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    format: Literal["npz", "npy", "hdf5", "tfrecord", "raw", "indexed_binary"]
+    folder: str
+    num_files_train: int
+    num_files_eval: int
+    num_samples_per_file: int
+    record_length_bytes: Bytes
+    record_length_bytes_stdev: Bytes
+    record_length_bytes_min: Bytes
+    num_subfolders_train: int
+    num_subfolders_eval: int
+    file_prefix: str
+    compression: Literal["none", "gzip", "lzf", "zstd"]
+    compression_level: int
+    chunking: bool
+    chunk_size_bytes: Bytes
+    content: Literal["random", "zeros"]
+    seed: int
+
+    def validate(self, key: str) -> None:
+        require(self.num_files_train >= 1, f"{key}num_files_train: must be at least 1 (got {self.num_files_train})")
+        require(self.num_files_eval >= 0, f"{key}num_files_eval: cannot be negative (got {self.num_files_eval})")
+        require(self.num_samples_per_file >= 1, f"{key}num_samples_per_file: must be at least 1 (got {self.num_samples_per_file})")
+        require(self.record_length_bytes >= 1, f"{key}record_length_bytes: must be at least 1 byte (got {self.record_length_bytes})")
+        require(self.num_subfolders_train >= 0, f"{key}num_subfolders_train: cannot be negative")
+        require(self.num_subfolders_eval >= 0, f"{key}num_subfolders_eval: cannot be negative")
+        require(self.record_length_bytes_min >= 1, f"{key}record_length_bytes_min: must be at least 1 byte")
+        if self.compression != "none":
+            require(
+                self.format in ("hdf5", "npz"),
+                f"{key}compression: '{self.compression}' applies to hdf5 (gzip, lzf) or npz (zstd is not offered); "
+                f"set {key}compression=none for format {self.format}",
+            )
+        if self.format == "npz":
+            require(self.compression in ("none", "gzip"), f"{key}compression: npz supports none or gzip (deflate)")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    enabled: bool
+    force: bool
+    write_chunk_bytes: Bytes
+    pool_bytes: Bytes
+
+    def validate(self, key: str) -> None:
+        require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")
+        require(self.pool_bytes >= 1 << 20, f"{key}pool_bytes: must be at least 1MiB")
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    name: Literal["native", "tensorflow"]
+    batch_size: int
+    batch_size_eval: int
+    read_threads: int
+    prefetch_size: int
+    file_shuffle: bool
+    sample_shuffle: bool
+    shuffle_seed: int
+    shuffle_buffer_size: int
+    transfer_size: Bytes
+    drop_last: bool
+
+    def validate(self, key: str) -> None:
+        require(self.batch_size >= 1, f"{key}batch_size: must be at least 1 (got {self.batch_size})")
+        require(self.batch_size_eval >= 1, f"{key}batch_size_eval: must be at least 1 (got {self.batch_size_eval})")
+        require(self.read_threads >= 0, f"{key}read_threads: cannot be negative (0 reads in the training thread)")
+        require(self.prefetch_size >= 0, f"{key}prefetch_size: cannot be negative")
+        require(self.shuffle_buffer_size >= 1, f"{key}shuffle_buffer_size: must be at least 1")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int
+    total_steps: int
+    computation_time: float
+    computation_time_stdev: float
+    computation_distribution: Literal["fixed", "normal", "uniform", "lognormal"]
+    seed: int
+
+    def validate(self, key: str) -> None:
+        require(self.epochs >= 1, f"{key}epochs: must be at least 1 (got {self.epochs})")
+        require(self.total_steps >= 0, f"{key}total_steps: cannot be negative (0 means every step of every epoch)")
+        require(self.computation_time >= 0, f"{key}computation_time: cannot be negative (got {self.computation_time})")
+        require(self.computation_time_stdev >= 0, f"{key}computation_time_stdev: cannot be negative")
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    enabled: bool
+    computation_time: float
+    epochs_between_evals: int
+
+    def validate(self, key: str) -> None:
+        require(self.computation_time >= 0, f"{key}computation_time: cannot be negative")
+        require(self.epochs_between_evals >= 1, f"{key}epochs_between_evals: must be at least 1")
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    tensor: int
+    pipeline: int
+    data: int  # 0: whatever is left of the world after tensor x pipeline
+    zero_stage: int
+
+    def validate(self, key: str) -> None:
+        require(self.tensor >= 1, f"{key}tensor: must be at least 1")
+        require(self.pipeline >= 1, f"{key}pipeline: must be at least 1")
+        require(self.data >= 0, f"{key}data: cannot be negative (0 derives it from the world size)")
+        require(self.zero_stage in (0, 1, 2, 3), f"{key}zero_stage: must be 0, 1, 2 or 3 (got {self.zero_stage})")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    kind: Literal["none", "transformer", "explicit"]
+    model_size_bytes: Bytes
+    optimization_groups: list[int]
+    layer_parameters: list[int]
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    model_dtype_bytes: int
+    optimizer_dtype_bytes: int
+    optimizer_states: int
+    parallelism: ParallelismConfig
+
+    def validate(self, key: str) -> None:
+        if self.kind == "transformer":
+            for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size"):
+                require(getattr(self, name) >= 1, f"{key}{name}: must be at least 1 for a transformer model")
+        require(self.model_dtype_bytes in (1, 2, 4, 8), f"{key}model_dtype_bytes: must be 1, 2, 4 or 8")
+        require(self.optimizer_dtype_bytes in (1, 2, 4, 8), f"{key}optimizer_dtype_bytes: must be 1, 2, 4 or 8")
+        require(all(v >= 0 for v in self.optimization_groups), f"{key}optimization_groups: sizes cannot be negative")
+        require(all(v >= 0 for v in self.layer_parameters), f"{key}layer_parameters: sizes cannot be negative")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    enabled: bool
+    strategy: str
+    layout: str
+    format: str
+    folder: str
+    steps_between_checkpoints: int
+    epochs_between_checkpoints: int
+    checkpoint_after_epoch: int
+    seconds_between_checkpoints: float
+    fsync: bool
+    content: Literal["random", "zeros"]
+    write_chunk_bytes: Bytes
+    staging_buffer_bytes: Bytes
+    max_in_flight: int
+    keep_last: int
+    restore: bool
+    num_checkpoints_write: int
+    num_checkpoints_read: int
+    sleep_between_s: float
+    drop_caches: bool
+
+    def validate(self, key: str) -> None:
+        for name in ("steps_between_checkpoints", "epochs_between_checkpoints", "checkpoint_after_epoch",
+                     "keep_last", "num_checkpoints_write", "num_checkpoints_read"):
+            require(getattr(self, name) >= 0, f"{key}{name}: cannot be negative (got {getattr(self, name)})")
+        require(self.seconds_between_checkpoints >= 0, f"{key}seconds_between_checkpoints: cannot be negative")
+        require(self.sleep_between_s >= 0, f"{key}sleep_between_s: cannot be negative")
+        require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
+        require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")
+
+
+@dataclass(frozen=True)
+class MetricConfig:
+    au: float
+
+    def validate(self, key: str) -> None:
+        require(0 <= self.au <= 1, f"{key}au: an accelerator-utilisation target lies in [0, 1] (got {self.au})")
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    events: bool
+    darshan: bool
+    chrome: bool
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    log: str
+    gaps: bool
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """Caps that shrink a workload while keeping its access pattern; 0 means no cap."""
+
+    name: str
+    max_files: int
+    max_eval_files: int
+    max_samples_per_file: int
+    max_sample_bytes: Bytes
+    max_epochs: int
+    max_steps: int
+    max_model_bytes: Bytes
+    max_computation_time: float
+    max_checkpoints: int
+    max_batch_size: int
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    size: int  # plan mode: the job size to plan for; 0 = the real world
+
+    def validate(self, key: str) -> None:
+        require(self.size >= 0, f"{key}size: cannot be negative")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    workload: str
+    description: str
+    source: str
+    mode: Literal["train", "plan", "generate", "checkpoint"]
+    seed: int
+    progress: bool
+    world: WorldConfig
+    storage: StorageConfig
+    dataset: DatasetConfig
+    generate: GenerateConfig
+    reader: ReaderConfig
+    train: TrainConfig
+    evaluation: EvaluationConfig
+    model: ModelConfig
+    checkpoint: CheckpointConfig
+    metric: MetricConfig
+    trace: TraceConfig
+    replay: ReplayConfig
+    scale: ScaleConfig
+    run_dir: Optional[str] = None

@@ -1,0 +1,75 @@
+"""Synthetic bytes for samples and tensors, from a bounded pool of seeded random bytes.
+
+Generating fresh random numbers for every byte of a multi-GiB dataset would measure the random
+number generator, not the storage; one all-zero buffer would be deduplicated and compressed away
+by the storage. A pool of seeded random bytes (default 64 MiB) read at a per-item starting point
+that is not block aligned gives every 4 KiB block of every item different contents at memory
+speed, and the same item always gets the same bytes (so a reader can verify them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+@dataclass(frozen=True)
+class ByteSource:
+    """Deterministic item contents: `chunks(key, n)` yields n bytes for item `key`."""
+
+    seed: int
+    pool_bytes: int = 64 << 20
+    zeros: bool = False
+    _pool: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.zeros:
+            pool = np.zeros(min(self.pool_bytes, 4 << 20), dtype=np.uint8)
+        else:
+            # Twice the pool, so any window of up to pool_bytes is one contiguous slice.
+            half = np.random.default_rng(self.seed).integers(0, 256, self.pool_bytes, dtype=np.uint8)
+            pool = np.concatenate([half, half])
+        object.__setattr__(self, "_pool", pool)
+
+    @property
+    def window(self) -> int:
+        """The largest chunk that is one zero-copy slice of the pool."""
+        return len(self._pool) // 2 if not self.zeros else len(self._pool)
+
+    def _start(self, key: int) -> int:
+        if self.zeros:
+            return 0
+        # An odd multiplier spreads keys over the pool; +key*13 keeps starts off 4 KiB boundaries.
+        return ((key * _GOLDEN) + key * 13) % (len(self._pool) // 2)
+
+    def chunks(self, key: int, nbytes: int, chunk_bytes: int = 4 << 20) -> Iterator[memoryview]:
+        """Yield memoryviews (zero copy) that together hold item `key`'s `nbytes` bytes."""
+        chunk_bytes = max(1, min(chunk_bytes, self.window))
+        position = self._start(key)
+        limit = self.window
+        remaining = nbytes
+        while remaining > 0:
+            take = min(chunk_bytes, remaining)
+            if not self.zeros:
+                position %= limit
+            else:
+                position = 0
+            yield memoryview(self._pool[position : position + take])
+            position += take
+            remaining -= take
+
+    def array(self, key: int, nbytes: int) -> np.ndarray:
+        """Item `key` as one uint8 array (a copy only when it spans several pool windows)."""
+        if nbytes <= self.window:
+            start = self._start(key)
+            return self._pool[start : start + nbytes]
+        out = np.empty(nbytes, dtype=np.uint8)
+        position = 0
+        for piece in self.chunks(key, nbytes):
+            out[position : position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+            position += len(piece)
+        return out

@@ -1,0 +1,156 @@
+"""Generate the dataset in parallel over ranks, or reuse a matching one.
+
+Reuse is decided by rank 0 from the dataset manifest (the plan's fingerprint and every file's
+size) and broadcast. Regeneration first removes the manifest, so a half-regenerated dataset is
+never mistaken for a complete one; each file is written under a temporary name, fsynced and
+renamed; the manifest is written last, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.errors import UserError
+from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
+from dlio_ckpt.metrics.progress import Progress
+from dlio_ckpt.plan.dataset import DatasetPlan, generation_share
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    reused: bool
+    files_written: int
+    bytes_written: int
+    seconds: float
+    bytes_on_disk: int
+
+
+def format_options(ctx: RunContext) -> FormatOptions:
+    ds = ctx.config.dataset
+    return FormatOptions(
+        compression=ds.compression,
+        compression_level=ds.compression_level,
+        chunking=ds.chunking,
+        chunk_size_bytes=ds.chunk_size_bytes,
+        write_chunk_bytes=ctx.config.generate.write_chunk_bytes,
+        transfer_size=ctx.config.reader.transfer_size,
+    )
+
+
+def all_paths(plan: DatasetPlan, fmt: DatasetFormat) -> list[str]:
+    return [spec.path + suffix for spec in plan.files for suffix in ("",) + tuple(fmt.companion_suffixes)]
+
+
+def _read_manifest(storage: Any, plan: DatasetPlan) -> dict | None:
+    if not storage.exists(plan.manifest_path):
+        return None
+    try:
+        return json.loads(storage.read_whole(plan.manifest_path))
+    except (ValueError, OSError):
+        return None
+
+
+def _matches(storage: Any, plan: DatasetPlan, manifest: dict | None) -> bool:
+    """The manifest's fingerprint matches and every file is there with the size it recorded."""
+    if not manifest or manifest.get("fingerprint") != plan.fingerprint:
+        return False
+    sizes: dict[str, int] = manifest.get("sizes", {})
+    for relative, size in sizes.items():
+        path = os.path.join(plan.folder, relative)
+        try:
+            if os.stat(path).st_size != size:
+                return False
+        except OSError:
+            return False
+    return len(sizes) > 0
+
+
+def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool) -> int:
+    """Write one dataset file (and its companions) under temporary names, fsync, rename."""
+    opened: dict[str, Any] = {}
+
+    def open_output(suffix: str) -> Any:
+        handle = storage.open_write(f"{spec.path}{suffix}.tmp")
+        opened[suffix] = handle
+        return handle
+
+    try:
+        fmt.write(open_output, spec, source, options)
+        written = 0
+        for suffix, handle in opened.items():
+            written += handle.size()
+            if fsync:
+                handle.fsync()
+            handle.close()
+        for suffix in opened:
+            storage.rename(f"{spec.path}{suffix}.tmp", f"{spec.path}{suffix}")
+        return written
+    except BaseException:
+        for suffix, handle in opened.items():
+            if not handle.closed:
+                handle.close()
+            try:
+                os.unlink(f"{spec.path}{suffix}.tmp")
+            except OSError:
+                pass
+        raise
+
+
+def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> GenerateResult:
+    config, world = ctx.config, ctx.world
+    storage = ctx.storage.with_phase("generate")
+
+    def decide() -> bool:
+        reuse = not config.generate.force and _matches(storage, plan, _read_manifest(storage, plan))
+        if reuse:
+            return True
+        if not config.generate.enabled:
+            raise UserError(
+                f"no matching dataset in {plan.folder} and generate.enabled=false; "
+                "set generate.enabled=true or point dataset.folder at a generated dataset"
+            )
+        if storage.exists(plan.manifest_path):
+            storage.remove(plan.manifest_path)
+        for folder in sorted({os.path.dirname(spec.path) for spec in plan.files}):
+            storage.makedirs(folder)
+        return False
+
+    reused = world.root_first(decide)
+    start = time.perf_counter()
+    written_files = written_bytes = 0
+    if not reused:
+        source = ctx.source(seed=config.dataset.seed, zeros=config.dataset.content == "zeros")
+        options = format_options(ctx)
+        share = generation_share(plan, world.rank, world.size)
+        progress = Progress(f"generating {len(plan.files)} {fmt.name} files", len(share), enabled=config.progress and world.is_root, unit="files")
+        failure: BaseException | None = None
+        try:
+            for spec in share:
+                written_bytes += write_file(storage, fmt, spec, source, options, config.storage.fsync)
+                written_files += 1
+                progress.advance()
+        except Exception as exc:  # every rank must learn of it, or the others wait forever
+            failure = exc
+        finally:
+            progress.close()
+        if not world.agree(failure is None):
+            if failure is not None:
+                raise failure
+            raise UserError("dataset generation failed on another rank (see its message above)")
+
+        def finish() -> None:
+            sizes = {os.path.relpath(p, plan.folder): os.stat(p).st_size for p in all_paths(plan, fmt)}
+            manifest = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": config.workload,
+                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sizes": sizes}
+            storage.write_atomic(plan.manifest_path, json.dumps(manifest, indent=1).encode())
+
+        world.root_first(finish)
+    seconds = world.allreduce_max(time.perf_counter() - start)
+    on_disk = world.root_first(lambda: sum(os.stat(p).st_size for p in all_paths(plan, fmt)))
+    return GenerateResult(reused=reused, files_written=int(world.allreduce_sum(written_files)),
+                          bytes_written=int(world.allreduce_sum(written_bytes)), seconds=seconds, bytes_on_disk=int(on_disk))

@@ -1,0 +1,128 @@
+"""The phases of a training run: generate (or reuse) the dataset, train with checkpoints, restore."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any, Callable
+
+import psutil
+
+from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.engine.generate import ensure_dataset, format_options
+from dlio_ckpt.engine.train import run_training
+from dlio_ckpt.formats import get_format
+from dlio_ckpt.metrics.timing import phase_busy_seconds
+from dlio_ckpt.plan.dataset import plan_dataset
+
+GIB = float(1 << 30)
+
+
+def page_cache_warning(dataset_bytes: int, direct_io: bool, dropped: bool) -> str | None:
+    """Reads of a dataset that fits in free memory may measure the page cache, not the storage."""
+    if direct_io or dropped:
+        return None
+    available = psutil.virtual_memory().available
+    if dataset_bytes >= available:
+        return None
+    return (
+        f"the dataset ({dataset_bytes / GIB:.2f} GiB) fits in available memory ({available / GIB:.1f} GiB): "
+        "reads may be served from the page cache; use storage.direct_io=true, storage.drop_caches=true (root), "
+        "or a dataset larger than memory"
+    )
+
+
+def drop_page_cache() -> str | None:
+    """Write back dirty pages and drop the page cache; returns why it failed, or None."""
+    try:
+        subprocess.run(["sync"], check=False)
+        with open("/proc/sys/vm/drop_caches", "w") as control:
+            control.write("3\n")
+    except OSError as exc:
+        return f"could not drop the page cache ({exc.strerror}; it needs root): reads may be served from memory"
+    return None
+
+
+def make_checkpoints(ctx: RunContext) -> Any:
+    if not ctx.config.checkpoint.enabled:
+        from dlio_ckpt.engine.run import NoCheckpoints
+
+        return NoCheckpoints()
+    from dlio_ckpt.checkpoint import make_checkpoint_engine
+
+    return make_checkpoint_engine(ctx)
+
+
+def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Returns (summary sections, this rank's figures, warnings)."""
+    config, world = ctx.config, ctx.world
+    fmt = get_format(config.dataset.format)
+    plan = plan_dataset(config, fmt.extension)
+    options = format_options(ctx)
+    generated = ensure_dataset(ctx, plan, fmt)
+    warnings: list[str] = []
+    sections: dict[str, Any] = {}
+    dropped = False
+    if config.storage.drop_caches:
+        failure = drop_page_cache()
+        dropped = failure is None
+        if failure:
+            warnings.append(failure)
+    world.barrier()
+    if config.mode == "generate":
+        local: dict[str, Any] = {}
+    else:
+        checkpoints = make_checkpoints(ctx)
+        result = run_training(ctx, plan, fmt, options, checkpoints)
+        restore = checkpoints.restore() if config.checkpoint.enabled and config.checkpoint.restore else None
+        events = ctx.recorder.array()
+        local = {
+            "train": True,
+            "epochs": result.epochs,
+            "steps": result.steps,
+            "samples": result.samples,
+            "payload_bytes": result.payload_bytes,
+            "compute_s": result.compute_s,
+            "train_wall_s": result.wall_s,
+            "au_compute_s": result.au_blocks.compute_s,
+            "au_wall_s": result.au_blocks.wall_s,
+            "checkpoint_s": result.checkpoint_s,
+            "train_bytes_read": ctx.recorder.bytes_read.get("train", 0),
+            "train_reads": ctx.recorder.op_counts.get(("train", "read"), 0),
+            "train_read_s": phase_busy_seconds(events, "train", ("read",)),
+            "eval_samples": result.eval_samples,
+            "eval_wall_s": result.eval_wall_s,
+            "eval_read_s": phase_busy_seconds(events, "eval", ("read",)),
+            "checkpoints": [record.as_dict() for record in checkpoints.records],
+            "restore": restore.as_dict() if restore is not None else None,
+        }
+        if config.checkpoint.enabled:
+            sections["checkpoint"] = _checkpoint_section(config, result.wall_s)
+    cache_note = page_cache_warning(generated.bytes_on_disk, config.storage.direct_io, dropped)
+    if cache_note and config.mode != "generate":
+        warnings.append(cache_note)
+    sections["dataset"] = {
+        "folder": plan.folder,
+        "format": fmt.name,
+        "files_train": len(plan.train),
+        "files_eval": len(plan.eval),
+        "samples_train": plan.train_samples,
+        "bytes_on_disk": generated.bytes_on_disk,
+        "reused": generated.reused,
+        "generate_s": generated.seconds,
+        "generate_bytes_written": generated.bytes_written,
+        "page_cache_risk": cache_note is not None,
+    }
+    return sections, local, warnings
+
+
+def _checkpoint_section(config: Any, train_wall_s: float) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+    """Built on rank 0 once every rank's checkpoint records are gathered."""
+
+    def build(everyone: list[dict[str, Any]]) -> dict[str, Any]:
+        from dlio_ckpt.checkpoint.report import checkpoint_summary
+
+        wall = max(r["train_wall_s"] for r in everyone)
+        return checkpoint_summary([r["checkpoints"] for r in everyone], [r["restore"] for r in everyone], wall, config)
+
+    return build

@@ -1,0 +1,138 @@
+"""Readers: turn an epoch's read plan into batches, with read threads and prefetch.
+
+The native reader works like a PyTorch DataLoader: `read_threads` workers each assemble whole
+batches, up to `read_threads x prefetch_size` batches ahead of the training loop, and the loop
+only waits when the storage cannot keep up. Each worker keeps its own small cache of open files,
+because a format's reader object (an h5py file, a loaded npz) is not shared across threads.
+Every byte goes through the traced storage, so it is counted as the storage moved it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions, SampleReader
+from dlio_ckpt.plan.read import EpochReadPlan
+
+OPEN_FILES_PER_WORKER = 4
+
+
+@dataclass(frozen=True)
+class Batch:
+    samples: int
+    payload_bytes: int
+
+
+class _OpenFiles:
+    """A per-thread LRU of open SampleReaders."""
+
+    def __init__(self, storage: Any, fmt: DatasetFormat, options: FormatOptions, capacity: int) -> None:
+        self._storage = storage
+        self._fmt = fmt
+        self._options = options
+        self._capacity = capacity
+        self._local = threading.local()
+        self._all: list[SampleReader] = []
+        self._lock = threading.Lock()
+
+    def _cache(self) -> OrderedDict:
+        cache = getattr(self._local, "cache", None)
+        if cache is None:
+            cache = self._local.cache = OrderedDict()
+        return cache
+
+    def get(self, spec: FileSpec) -> SampleReader:
+        cache = self._cache()
+        reader = cache.get(spec.index)
+        if reader is not None:
+            cache.move_to_end(spec.index)
+            return reader
+        reader = self._fmt.open(lambda suffix: self._storage.open_read(spec.path + suffix), spec, self._options)
+        cache[spec.index] = reader
+        with self._lock:
+            self._all.append(reader)
+        while len(cache) > self._capacity:
+            _, old = cache.popitem(last=False)
+            old.close()
+            with self._lock:
+                self._all.remove(old)
+        return reader
+
+    def close_all(self) -> None:
+        with self._lock:
+            readers, self._all = self._all, []
+        for reader in readers:
+            reader.close()
+
+
+class NativeReader:
+    """Reads samples through a dataset format over the traced storage."""
+
+    def __init__(self, storage: Any, fmt: DatasetFormat, options: FormatOptions, files: tuple[FileSpec, ...],
+                 read_threads: int, prefetch_size: int) -> None:
+        self._files = files
+        self._threads = read_threads
+        self._window = max(1, read_threads * max(prefetch_size, 1))
+        self._open = _OpenFiles(storage, fmt, options, OPEN_FILES_PER_WORKER)
+
+    def _read_batch(self, rows: np.ndarray) -> Batch:
+        payload = 0
+        for file_position, sample in rows:
+            spec = self._files[int(file_position)]
+            payload += self._open.get(spec).read(int(sample))
+        return Batch(samples=len(rows), payload_bytes=payload)
+
+    def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
+        count = plan.num_batches
+        try:
+            if self._threads == 0:
+                for index in range(count):
+                    yield self._read_batch(plan.batch(index))
+                return
+            with ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="reader") as pool:
+                pending: list[Future] = []
+                submitted = 0
+                try:
+                    for index in range(count):
+                        while submitted < count and len(pending) < self._window:
+                            pending.append(pool.submit(self._read_batch, plan.batch(submitted)))
+                            submitted += 1
+                        yield pending.pop(0).result()
+                finally:
+                    for future in pending:
+                        future.cancel()
+        finally:
+            self._open.close_all()
+
+
+class TensorFlowReader:
+    """reader.name=tensorflow: tf.data reads the rank's TFRecord files (see engine/tf_reader.py)."""
+
+    def __init__(self, storage: Any, files: tuple[FileSpec, ...], reader_config: Any, seed: int) -> None:
+        from dlio_ckpt.engine import tf_reader
+
+        self._module = tf_reader
+        self._storage = storage
+        self._files = files
+        self._config = reader_config
+        self._seed = seed
+
+    def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
+        positions = plan.files()
+        paths = [self._files[p].path for p in positions]
+        yield from self._module.tfdata_batches(
+            paths=paths,
+            batch_size=plan.batch_size,
+            read_threads=self._config.read_threads,
+            prefetch_size=self._config.prefetch_size,
+            shuffle_buffer_size=self._config.shuffle_buffer_size if self._config.sample_shuffle else 0,
+            seed=self._seed + plan.epoch,
+            drop_last=plan.drop_last,
+            storage=self._storage,
+        )

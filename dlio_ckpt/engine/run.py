@@ -1,0 +1,159 @@
+"""Run one job: set up the traced storage, run the phases the mode asks for, report.
+
+Every rank runs this. Ranks synchronise only where the work needs it (generation, checkpoints,
+the final gather); rank 0 writes the run folder's summary and traces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.metrics import summary as summaries
+from dlio_ckpt.metrics.report import print_report
+from dlio_ckpt.metrics.timing import phase_busy_seconds
+from dlio_ckpt.storage import make_backend
+from dlio_ckpt.storage.events import EventRecorder, JobClock
+from dlio_ckpt.storage.traced import TracedStorage
+from dlio_ckpt.world import World
+
+
+class NoCheckpoints:
+    """The checkpoint engine of a run with checkpointing off."""
+
+    records: list = []
+
+    def due(self, step: int, epoch: int, epoch_end: bool) -> bool:
+        return False
+
+    def save(self, step: int, epoch: int) -> None:
+        raise AssertionError("save() called with checkpointing disabled")
+
+    def finish(self) -> None:
+        pass
+
+    def restore(self) -> None:
+        return None
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _io_by_phase(recorder: EventRecorder) -> dict[str, dict[str, float]]:
+    phases: dict[str, dict[str, float]] = {}
+    events = recorder.array()
+    for (phase, op), count in recorder.op_counts.items():
+        entry = phases.setdefault(phase, {"bytes_read": 0, "bytes_written": 0, "read_s": 0.0, "write_s": 0.0, "ops": 0})
+        entry["ops"] += count
+    for phase, entry in phases.items():
+        entry["bytes_read"] = recorder.bytes_read.get(phase, 0)
+        entry["bytes_written"] = recorder.bytes_written.get(phase, 0)
+        entry["read_s"] = phase_busy_seconds(events, phase, ("read",)) if len(events) else recorder.read_seconds.get(phase, 0.0)
+        entry["write_s"] = phase_busy_seconds(events, phase, ("write", "fsync")) if len(events) else recorder.write_seconds.get(phase, 0.0)
+    return phases
+
+
+def make_context(world: World, config: RunConfig, run_dir: Path, run_id: str) -> RunContext:
+    clock = JobClock.start(world.bcast(time.time()))
+    recorder = EventRecorder(rank=world.rank, clock=clock)
+    storage = TracedStorage(make_backend(config.storage), recorder)
+    return RunContext(config=config, world=world, run_dir=run_dir, run_id=run_id, clock=clock, recorder=recorder, storage=storage)
+
+
+def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str) -> dict[str, Any] | None:
+    """Run the job and return the summary on rank 0 (None on other ranks)."""
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    start = time.perf_counter()
+    if config.mode == "plan":
+        from dlio_ckpt.engine.plan_mode import run_plan_mode
+
+        return run_plan_mode(config, run_dir) if world.is_root else None
+
+    ctx = make_context(world, config, run_dir, run_id)
+    sections: dict[str, Any] = {}
+    local: dict[str, Any] = {"rank": world.rank, "hostname": socket.gethostname()}
+    warnings: list[str] = []
+    if config.workload == "replay":
+        from dlio_ckpt.engine.replay import run_replay
+
+        local["replay"] = run_replay(ctx)
+    elif config.mode == "checkpoint":
+        from dlio_ckpt.engine.checkpoint_mode import run_checkpoint_mode
+
+        sections["checkpoint"] = run_checkpoint_mode(ctx)
+    else:
+        from dlio_ckpt.engine.phases import run_training_phases
+
+        phase_sections, phase_local, phase_warnings = run_training_phases(ctx)
+        sections.update(phase_sections)
+        local.update(phase_local)
+        warnings.extend(phase_warnings)
+
+    local["io"] = _io_by_phase(ctx.recorder)
+    local["bytes_written"] = sum(ctx.recorder.bytes_written.values())
+    local["write_s"] = sum(ctx.recorder.write_seconds.values())
+    local["peak_rss_bytes"] = peak_rss_bytes()
+    if config.trace.events or config.trace.darshan or config.trace.chrome:
+        ctx.recorder.save(run_dir / "events", local["hostname"])
+    everyone = world.gather(local)
+    world.barrier()
+    if not world.is_root:
+        return None
+    assert everyone is not None
+    wall_s = time.perf_counter() - start
+    summary = summaries.header(config, world.size, [r["hostname"] for r in everyone], run_dir, started_at, wall_s)
+    summary["config"] = dataclasses.asdict(config)
+    for key, value in sections.items():
+        if callable(value):
+            value = value(everyone)
+        summary[key] = value
+    if "train" in everyone[0]:
+        summary["train"] = summaries.train_section(everyone, config)
+        summary["ranks"] = summaries.rank_rows(everyone)
+        if config.evaluation.enabled:
+            summary["eval"] = summaries.eval_section(everyone)
+    if "replay" in everyone[0]:
+        summary["replay"] = _sum_replay([r["replay"] for r in everyone])
+    summary["io"] = summaries.io_section(everyone)
+    summary["peak_rss_bytes_max"] = max(r["peak_rss_bytes"] for r in everyone)
+    summary["traces"] = _write_traces(ctx, everyone, wall_s)
+    summary["warnings"] = warnings
+    summaries.write_summary(run_dir, summary)
+    print_report(summary, config.progress)
+    return summary
+
+
+def _sum_replay(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] = max(total.get(key, 0), value) if key.endswith("_s") else total.get(key, 0) + value
+    return total
+
+
+def _write_traces(ctx: RunContext, everyone: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    config = ctx.config
+    traces: dict[str, Any] = {"events": "events" if config.trace.events else None, "darshan": None, "chrome": None}
+    if not (config.trace.darshan or config.trace.chrome):
+        return traces
+    from dlio_ckpt.storage.events import load_run_events
+    from dlio_ckpt.trace.outputs import job_info, write_trace_outputs
+
+    ranks = load_run_events(ctx.run_dir)
+    job = job_info(ctx, [r["hostname"] for r in everyone], wall_s)
+    written = write_trace_outputs(ctx.run_dir, ranks, job, darshan=config.trace.darshan, chrome=config.trace.chrome)
+    traces.update(written)
+    if not config.trace.events:
+        for path in (ctx.run_dir / "events").glob("rank-*.npz"):
+            os.unlink(path)
+    return traces

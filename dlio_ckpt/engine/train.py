@@ -1,0 +1,133 @@
+"""The training loop: wait for a batch, emulate compute, checkpoint when due, evaluate.
+
+Accelerator utilisation follows DLIO so figures compare: the loop is cut into blocks at epoch
+starts and after checkpoints; in each block the first step is left out (it carries the pipeline
+warm-up), and AU = compute time / wall time of the rest. Checkpoint time lies outside blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlio_ckpt.engine.compute import ComputeModel
+from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader
+from dlio_ckpt.formats.base import DatasetFormat, FormatOptions
+from dlio_ckpt.metrics.progress import Progress
+from dlio_ckpt.plan.dataset import DatasetPlan
+from dlio_ckpt.plan.read import check_world, plan_epoch
+
+
+@dataclass
+class AuBlocks:
+    """DLIO's AU bookkeeping: per block, compute and wall time without the block's first step."""
+
+    compute_s: float = 0.0
+    wall_s: float = 0.0
+    _block_steps: int = 0
+
+    def start_block(self) -> None:
+        self._block_steps = 0
+
+    def step(self, wall_s: float, compute_s: float) -> None:
+        self._block_steps += 1
+        if self._block_steps > 1:
+            self.compute_s += compute_s
+            self.wall_s += wall_s
+
+    @property
+    def au(self) -> float:
+        return self.compute_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class TrainResult:
+    epochs: int = 0
+    steps: int = 0
+    samples: int = 0
+    payload_bytes: int = 0
+    compute_s: float = 0.0
+    wall_s: float = 0.0
+    eval_samples: int = 0
+    eval_wall_s: float = 0.0
+    au_blocks: AuBlocks = field(default_factory=AuBlocks)
+    checkpoint_s: float = 0.0
+
+
+def make_reader(ctx: RunContext, storage: Any, fmt: DatasetFormat, options: FormatOptions, files: Any) -> Any:
+    reader = ctx.config.reader
+    if reader.name == "tensorflow":
+        return TensorFlowReader(storage, files, reader, seed=reader.shuffle_seed + ctx.world.rank)
+    return NativeReader(storage, fmt, options, files, reader.read_threads, reader.prefetch_size)
+
+
+def run_training(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: FormatOptions, checkpoints: Any) -> TrainResult:
+    config, world = ctx.config, ctx.world
+    whole_files = config.reader.name == "tensorflow"
+    check_world(plan.train, world.size, whole_files)
+    compute = ComputeModel.for_training(config.train, world.rank)
+    train_reader = make_reader(ctx, ctx.storage.with_phase("train"), fmt, options, plan.train)
+    result = TrainResult()
+    first_plan = plan_epoch(plan.train, config.reader, world.rank, world.size, 1, fmt.sequential, whole_files=whole_files)
+    steps_per_epoch = first_plan.num_batches
+    total = config.train.total_steps or steps_per_epoch * config.train.epochs
+    progress = Progress("training", total, enabled=config.progress and world.is_root)
+    start = time.perf_counter()
+    done = False
+    try:
+        for epoch in range(1, config.train.epochs + 1):
+            epoch_plan = first_plan if epoch == 1 else plan_epoch(
+                plan.train, config.reader, world.rank, world.size, epoch, fmt.sequential, whole_files=whole_files)
+            result.au_blocks.start_block()
+            step_start = time.perf_counter()
+            for batch in train_reader.batches(epoch_plan):
+                seconds = compute.run()
+                result.steps += 1
+                result.samples += batch.samples
+                result.payload_bytes += batch.payload_bytes
+                result.compute_s += seconds
+                now = time.perf_counter()
+                result.au_blocks.step(now - step_start, seconds)
+                progress.advance()
+                if checkpoints.due(result.steps, epoch, False):
+                    result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
+                    result.au_blocks.start_block()
+                if config.train.total_steps and result.steps >= config.train.total_steps:
+                    done = True
+                    break
+                step_start = time.perf_counter()
+            result.epochs = epoch
+            if config.evaluation.enabled and epoch % config.evaluation.epochs_between_evals == 0:
+                _evaluate(ctx, plan, fmt, options, epoch, result)
+            if checkpoints.due(result.steps, epoch, True):
+                result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
+            if done:
+                break
+        checkpoints.finish()
+    finally:
+        progress.close()
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def _checkpoint(checkpoints: Any, step: int, epoch: int) -> float:
+    start = time.perf_counter()
+    checkpoints.save(step, epoch)
+    return time.perf_counter() - start
+
+
+def _evaluate(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: FormatOptions, epoch: int, result: TrainResult) -> None:
+    config, world = ctx.config, ctx.world
+    whole_files = config.reader.name == "tensorflow"
+    check_world(plan.eval, world.size, whole_files)
+    eval_plan = plan_epoch(plan.eval, config.reader, world.rank, world.size, epoch, fmt.sequential,
+                           batch_size=config.reader.batch_size_eval, shuffle=False, whole_files=whole_files)
+    compute = ComputeModel(config.evaluation.computation_time, 0.0, "fixed", 0)
+    reader = make_reader(ctx, ctx.storage.with_phase("eval"), fmt, options, plan.eval)
+    start = time.perf_counter()
+    for batch in reader.batches(eval_plan):
+        compute.run()
+        result.eval_samples += batch.samples
+    result.eval_wall_s += time.perf_counter() - start

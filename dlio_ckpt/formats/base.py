@@ -1,0 +1,61 @@
+"""The dataset format interface: turn samples into byte streams and back, never opening paths.
+
+The engine opens files (through the storage layer, so every byte is traced) and hands a format
+`open_output(suffix)` / `open_input(suffix)` callables; a format that needs a companion file (an
+index) asks for it by suffix. So every format works on every storage backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from dlio_ckpt.content import ByteSource
+
+Opener = Callable[[str], Any]  # suffix ("" for the main file) -> file-like object
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One dataset file as the DatasetPlan describes it."""
+
+    index: int  # global file index (train files first, then eval files)
+    path: str  # the main file's full path; companions add a suffix
+    num_samples: int
+    sample_bytes: int  # bytes of each sample's payload in this file
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.num_samples * self.sample_bytes
+
+    def sample_key(self, sample: int) -> int:
+        """The ByteSource key of one sample: unique over the dataset."""
+        return (self.index << 24) + sample
+
+
+@dataclass(frozen=True)
+class FormatOptions:
+    compression: str = "none"
+    compression_level: int = 4
+    chunking: bool = False
+    chunk_size_bytes: int = 1 << 20
+    write_chunk_bytes: int = 4 << 20
+    transfer_size: int = 0  # bytes per read call when reading; 0 = whole sample
+
+
+class SampleReader(Protocol):
+    def read(self, sample: int) -> int:
+        """Read one sample; return the payload bytes it holds."""
+
+    def close(self) -> None: ...
+
+
+class DatasetFormat(Protocol):
+    name: str
+    extension: str
+    companion_suffixes: tuple[str, ...]
+    sequential: bool  # True: samples come in file order (TFRecord); False: any order by index
+
+    def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None: ...
+
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> SampleReader: ...

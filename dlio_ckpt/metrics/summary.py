@@ -1,0 +1,136 @@
+"""Reduce every rank's figures into summary.json (schema in docs/summary-schema.md).
+
+Only this module and the checkpoint report decide how per-rank numbers combine: bytes add up,
+durations take the slowest rank, rates are derived from those (never averaged themselves).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dlio_ckpt import __version__
+
+SCHEMA_VERSION = 1
+MIB = float(1 << 20)
+GIB = float(1 << 30)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator > 0 else 0.0
+
+
+def io_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    phases: dict[str, dict[str, float]] = {}
+    for rank in ranks:
+        for phase, figures in rank["io"].items():
+            total = phases.setdefault(phase, {"bytes_read": 0, "bytes_written": 0, "read_s": 0.0, "write_s": 0.0, "ops": 0})
+            for key in total:
+                total[key] += figures[key]
+    return {
+        "bytes_read": int(sum(p["bytes_read"] for p in phases.values())),
+        "bytes_written": int(sum(p["bytes_written"] for p in phases.values())),
+        "by_phase": phases,
+    }
+
+
+def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
+    bytes_read = sum(r["train_bytes_read"] for r in ranks)
+    read_s_max = max(r["train_read_s"] for r in ranks)
+    wall_s = max(r["train_wall_s"] for r in ranks)
+    samples = sum(r["samples"] for r in ranks)
+    # DLIO leaves each block's first step out; a run too short for that falls back to the
+    # plain ratio of compute to wall time, and says so.
+    measurable = all(r["au_wall_s"] > 0 for r in ranks)
+    au_per_rank = [
+        _ratio(r["au_compute_s"], r["au_wall_s"]) if measurable else _ratio(r["compute_s"], r["train_wall_s"]) for r in ranks
+    ]
+    au = sum(au_per_rank) / len(au_per_rank)
+    # DLIO's throughput: per rank samples / wall, summed; its "I/O MB/s" multiplies by the nominal record length.
+    dlio_samples_per_s = sum(_ratio(r["samples"], r["train_wall_s"]) for r in ranks)
+    return {
+        "epochs": max(r["epochs"] for r in ranks),
+        "steps": max(r["steps"] for r in ranks),
+        "steps_per_rank": [r["steps"] for r in ranks],
+        "samples": samples,
+        "samples_per_s": _ratio(samples, wall_s),
+        "bytes_read": int(bytes_read),
+        "reads": int(sum(r["train_reads"] for r in ranks)),
+        "read_s_max": read_s_max,
+        "read_mib_per_s": _ratio(bytes_read, read_s_max) / MIB,
+        "payload_bytes": int(sum(r["payload_bytes"] for r in ranks)),
+        "wall_s": wall_s,
+        "compute_s": max(r["compute_s"] for r in ranks),
+        "au": au,
+        "au_per_rank": au_per_rank,
+        "au_method": "dlio_blocks" if measurable else "compute_over_wall",
+        "au_overall": sum(_ratio(r["compute_s"], r["train_wall_s"]) for r in ranks) / len(ranks),
+        "au_target": config.metric.au,
+        "au_target_met": au >= config.metric.au,
+        "dlio_samples_per_s": dlio_samples_per_s,
+        "dlio_io_mib_per_s_nominal": dlio_samples_per_s * config.dataset.record_length_bytes / MIB,
+        "checkpoint_s_in_loop": max(r["checkpoint_s"] for r in ranks),
+    }
+
+
+def eval_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    bytes_read = sum(r["io"].get("eval", {}).get("bytes_read", 0) for r in ranks)
+    wall = max(r["eval_wall_s"] for r in ranks)
+    return {
+        "samples": sum(r["eval_samples"] for r in ranks),
+        "bytes_read": int(bytes_read),
+        "wall_s": wall,
+        "read_mib_per_s": _ratio(bytes_read, max(r["eval_read_s"] for r in ranks)) / MIB,
+    }
+
+
+def rank_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keys = ("rank", "hostname", "samples", "steps", "train_bytes_read", "train_read_s", "bytes_written", "write_s", "peak_rss_bytes")
+    rows = []
+    for rank in ranks:
+        row = {key: rank[key] for key in keys}
+        row["bytes_read"] = row.pop("train_bytes_read")
+        row["read_s"] = row.pop("train_read_s")
+        rows.append(row)
+    return rows
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """summary.json under a temporary name, fsync, rename."""
+    target = run_dir / "summary.json"
+    tmp = run_dir / "summary.json.tmp"
+    with open(tmp, "w") as out:
+        json.dump(summary, out, indent=2, default=_jsonable)
+        out.write("\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, target)
+    return target
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def header(config: Any, world_size: int, hostnames: list[str], run_dir: Path, started_at: str, wall_s: float) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "dlio_ckpt",
+        "tool_version": __version__,
+        "workload": config.workload,
+        "mode": config.mode,
+        "world_size": world_size,
+        "hostnames": hostnames,
+        "run_dir": str(run_dir),
+        "config_file": ".hydra/config.yaml" if (run_dir / ".hydra" / "config.yaml").exists() else None,
+        "started_at": started_at,
+        "wall_s": wall_s,
+    }

@@ -1,0 +1,112 @@
+"""DatasetPlan: which files the dataset has, where, how many samples and how large (pure).
+
+Sample sizes are drawn once per file from a seeded normal distribution (mean, stdev, clipped at
+the minimum), so every rank and every later run computes the same plan without communicating.
+The fingerprint covers everything that decides the bytes on disk: a dataset whose manifest has
+the same fingerprint is reused, any other is regenerated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.formats.base import FileSpec
+
+MANIFEST_NAME = ".dlio_ckpt_dataset.json"
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    folder: str
+    format: str
+    train: tuple[FileSpec, ...]
+    eval: tuple[FileSpec, ...]
+    fingerprint: str
+
+    @property
+    def files(self) -> tuple[FileSpec, ...]:
+        return self.train + self.eval
+
+    @property
+    def manifest_path(self) -> str:
+        return os.path.join(self.folder, MANIFEST_NAME)
+
+    @property
+    def train_samples(self) -> int:
+        return sum(f.num_samples for f in self.train)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(f.payload_bytes for f in self.files)
+
+
+def dataset_folder(config: RunConfig) -> str:
+    relative = config.dataset.folder or os.path.join("data", config.workload)
+    return os.path.abspath(os.path.join(config.storage.root, relative))
+
+
+def _sizes(count: int, config: RunConfig, stream: int) -> np.ndarray:
+    ds = config.dataset
+    if ds.record_length_bytes_stdev == 0 or count == 0:
+        return np.full(count, ds.record_length_bytes, dtype=np.int64)
+    rng = np.random.default_rng([ds.seed, stream])
+    sizes = rng.normal(ds.record_length_bytes, ds.record_length_bytes_stdev, count)
+    return np.maximum(sizes, ds.record_length_bytes_min).astype(np.int64)
+
+
+def _paths(folder: str, split: str, count: int, subfolders: int, prefix: str, extension: str) -> list[str]:
+    width = max(len(str(count)), 1)
+    paths = []
+    for i in range(count):
+        parts = [folder, split]
+        if subfolders:
+            parts.append(f"{i % subfolders:0{len(str(subfolders))}d}")
+        parts.append(f"{prefix}_{i:0{width}d}_of_{count}.{extension}")
+        paths.append(os.path.join(*parts))
+    return paths
+
+
+def plan_dataset(config: RunConfig, extension: str) -> DatasetPlan:
+    """The dataset a config describes; `extension` comes from the format (e.g. 'npz')."""
+    ds = config.dataset
+    folder = dataset_folder(config)
+    specs: dict[str, tuple[FileSpec, ...]] = {}
+    offset = 0
+    for split, count, subfolders, stream in (
+        ("train", ds.num_files_train, ds.num_subfolders_train, 0),
+        ("eval", ds.num_files_eval, ds.num_subfolders_eval, 1),
+    ):
+        sizes = _sizes(count, config, stream)
+        paths = _paths(folder, split, count, subfolders, ds.file_prefix, extension)
+        specs[split] = tuple(
+            FileSpec(index=offset + i, path=paths[i], num_samples=ds.num_samples_per_file, sample_bytes=int(sizes[i]))
+            for i in range(count)
+        )
+        offset += count
+    identity = {
+        "format": ds.format,
+        "files": [ds.num_files_train, ds.num_files_eval],
+        "samples_per_file": ds.num_samples_per_file,
+        "sizes": [ds.record_length_bytes, ds.record_length_bytes_stdev, ds.record_length_bytes_min],
+        "subfolders": [ds.num_subfolders_train, ds.num_subfolders_eval],
+        "prefix": ds.file_prefix,
+        "compression": [ds.compression, ds.compression_level],
+        "chunking": [ds.chunking, ds.chunk_size_bytes],
+        "content": ds.content,
+        "seed": ds.seed,
+        "pool_bytes": config.generate.pool_bytes,
+        "version": 1,
+    }
+    fingerprint = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return DatasetPlan(folder=folder, format=ds.format, train=specs["train"], eval=specs["eval"], fingerprint=fingerprint)
+
+
+def generation_share(plan: DatasetPlan, rank: int, size: int) -> tuple[FileSpec, ...]:
+    """The files rank `rank` writes: round robin, so large and small files spread evenly."""
+    return plan.files[rank::size]

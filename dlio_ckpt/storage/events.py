@@ -1,0 +1,150 @@
+"""One event per storage operation: what the metrics, the Darshan writer and the Chrome trace read.
+
+Events are kept as plain tuples while a rank runs (cheap to append) and turned into a numpy
+structured array when the run ends. Times are seconds since the job started, on a clock that all
+ranks share (`JobClock`), so events of different ranks can be put on one timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+OPS = ("open", "close", "read", "write", "fsync", "stat", "rename", "unlink", "seek")
+PHASES = ("generate", "train", "eval", "checkpoint", "restore", "other")
+OP_CODE = {name: code for code, name in enumerate(OPS)}
+PHASE_CODE = {name: code for code, name in enumerate(PHASES)}
+
+EVENT_DTYPE = np.dtype(
+    [
+        ("op", "u1"),
+        ("phase", "u1"),
+        ("file", "u4"),  # index into the rank's path table
+        ("offset", "i8"),  # -1 where an operation has no offset
+        ("length", "i8"),  # bytes actually moved (reads/writes), 0 otherwise
+        ("start", "f8"),  # seconds since job start
+        ("end", "f8"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class JobClock:
+    """Seconds since the job started, comparable across ranks.
+
+    Rank 0's wall-clock start time is broadcast; each rank maps its own monotonic
+    perf_counter onto it, so intervals stay monotonic and ranks share one origin.
+    """
+
+    job_start_wall: float
+    perf_origin: float
+    wall_origin: float
+
+    @classmethod
+    def start(cls, job_start_wall: float | None = None) -> "JobClock":
+        wall = time.time()
+        return cls(
+            job_start_wall=wall if job_start_wall is None else job_start_wall,
+            perf_origin=time.perf_counter(),
+            wall_origin=wall,
+        )
+
+    def now(self) -> float:
+        return (time.perf_counter() - self.perf_origin) + (self.wall_origin - self.job_start_wall)
+
+
+@dataclass
+class EventRecorder:
+    """Collects one rank's events; `counters` keep running totals so metrics need no scan."""
+
+    rank: int
+    clock: JobClock
+    enabled: bool = True
+    paths: list[str] = field(default_factory=list)
+    _path_index: dict[str, int] = field(default_factory=dict)
+    _events: list[tuple] = field(default_factory=list)
+    bytes_read: dict[str, int] = field(default_factory=dict)
+    bytes_written: dict[str, int] = field(default_factory=dict)
+    read_seconds: dict[str, float] = field(default_factory=dict)
+    write_seconds: dict[str, float] = field(default_factory=dict)
+    op_counts: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def path_id(self, path: str) -> int:
+        index = self._path_index.get(path)
+        if index is None:
+            index = len(self.paths)
+            self.paths.append(path)
+            self._path_index[path] = index
+        return index
+
+    def record(self, op: str, phase: str, path: str, offset: int, length: int, start: float, end: float) -> None:
+        key = (phase, op)
+        self.op_counts[key] = self.op_counts.get(key, 0) + 1
+        if op == "read":
+            self.bytes_read[phase] = self.bytes_read.get(phase, 0) + length
+            self.read_seconds[phase] = self.read_seconds.get(phase, 0.0) + (end - start)
+        elif op in ("write", "fsync"):
+            if op == "write":
+                self.bytes_written[phase] = self.bytes_written.get(phase, 0) + length
+            self.write_seconds[phase] = self.write_seconds.get(phase, 0.0) + (end - start)
+        if self.enabled:
+            self._events.append((OP_CODE[op], PHASE_CODE[phase], self.path_id(path), offset, length, start, end))
+
+    def array(self) -> np.ndarray:
+        return np.array(self._events, dtype=EVENT_DTYPE) if self._events else np.zeros(0, EVENT_DTYPE)
+
+    def save(self, folder: Path, hostname: str) -> Path:
+        """Write this rank's events as `events/rank-NNNNN.npz` (array + path table + metadata)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"rank-{self.rank:05d}.npz"
+        meta = {
+            "rank": self.rank,
+            "hostname": hostname,
+            "pid": os.getpid(),
+            "job_start_wall": self.clock.job_start_wall,
+            "ops": list(OPS),
+            "phases": list(PHASES),
+        }
+        tmp = target.with_suffix(".tmp.npz")
+        with open(tmp, "wb") as out:
+            paths = np.array(self.paths, dtype=str) if self.paths else np.zeros(0, "U1")
+            np.savez(out, events=self.array(), paths=paths, meta=np.array(json.dumps(meta)))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+        return target
+
+
+@dataclass(frozen=True)
+class RankEvents:
+    """One rank's events read back from its event file."""
+
+    rank: int
+    hostname: str
+    job_start_wall: float
+    paths: list[str]
+    events: np.ndarray
+
+    @classmethod
+    def load(cls, path: Path) -> "RankEvents":
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+            return cls(
+                rank=int(meta["rank"]),
+                hostname=str(meta["hostname"]),
+                job_start_wall=float(meta["job_start_wall"]),
+                paths=[str(p) for p in data["paths"]],
+                events=data["events"].copy(),
+            )
+
+
+def load_run_events(run_dir: Path) -> list[RankEvents]:
+    """All ranks' events of a run folder, ordered by rank."""
+    files: Iterable[Path] = sorted((run_dir / "events").glob("rank-*.npz"))
+    return sorted((RankEvents.load(f) for f in files), key=lambda r: r.rank)

@@ -1,0 +1,170 @@
+"""The tracing backend: wraps any storage backend and records one event per operation.
+
+All byte counts in summary.json come from here, so they are the bytes the backend actually
+moved, not nominal sample sizes. The phase (generate, train, eval, checkpoint, restore) is part
+of the view: `storage.with_phase("train")` returns a wrapper that tags its events so.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dlio_ckpt.storage.events import EventRecorder
+
+
+class TracedFile(io.RawIOBase):
+    """A file-like wrapper that times and records every call of the file it wraps."""
+
+    def __init__(self, inner: Any, recorder: EventRecorder, phase: str, path: str) -> None:
+        super().__init__()
+        self._inner = inner
+        self._recorder = recorder
+        self._phase = phase
+        self.path = path
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return self._inner.writable()
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._inner.seek(offset, whence)
+
+    def size(self) -> int:
+        return self._inner.size()
+
+    def _timed(self, op: str, offset: int, call, *args):
+        clock = self._recorder.clock
+        start = clock.now()
+        result = call(*args)
+        end = clock.now()
+        length = result if isinstance(result, int) else len(result) if result is not None else 0
+        self._recorder.record(op, self._phase, self.path, offset, length, start, end)
+        return result
+
+    def read(self, size: int = -1) -> bytes:
+        return self._timed("read", self._inner.tell(), self._inner.read, size)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        return self._timed("read", self._inner.tell(), self._inner.readinto, buffer)
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return self._timed("read", offset, self._inner.read_at, offset, size)
+
+    def read_at_into(self, buffer, offset: int) -> int:
+        return self._timed("read", offset, self._inner.read_at_into, buffer, offset)
+
+    def write(self, data) -> int:
+        return self._timed("write", self._inner.tell(), self._inner.write, data)
+
+    def write_at(self, data, offset: int) -> int:
+        return self._timed("write", offset, self._inner.write_at, data, offset)
+
+    def truncate(self, size: int | None = None) -> int:
+        return self._inner.truncate(size)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def fsync(self) -> None:
+        self._timed("fsync", -1, lambda: (self._inner.fsync(), 0)[1])
+
+    def close(self) -> None:
+        if not self.closed:
+            self._timed("close", -1, lambda: (self._inner.close(), 0)[1])
+        super().close()
+
+
+@dataclass(frozen=True)
+class TracedStorage:
+    """A storage backend whose every operation is recorded under the current phase."""
+
+    inner: Any
+    recorder: EventRecorder
+    phase: str = "other"
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def with_phase(self, phase: str) -> "TracedStorage":
+        return replace(self, phase=phase)
+
+    def _open(self, path: str, opener) -> TracedFile:
+        clock = self.recorder.clock
+        start = clock.now()
+        inner = opener(path)
+        self.recorder.record("open", self.phase, path, -1, 0, start, clock.now())
+        return TracedFile(inner, self.recorder, self.phase, path)
+
+    def open_read(self, path: str) -> TracedFile:
+        return self._open(path, self.inner.open_read)
+
+    def open_write(self, path: str) -> TracedFile:
+        return self._open(path, self.inner.open_write)
+
+    def _meta(self, op: str, path: str, call, *args):
+        clock = self.recorder.clock
+        start = clock.now()
+        result = call(*args)
+        self.recorder.record(op, self.phase, path, -1, 0, start, clock.now())
+        return result
+
+    def file_size(self, path: str) -> int:
+        return self._meta("stat", path, self.inner.file_size, path)
+
+    def rename(self, source: str, target: str) -> None:
+        self._meta("rename", source, self.inner.rename, source, target)
+
+    def remove(self, path: str) -> None:
+        self._meta("unlink", path, self.inner.remove, path)
+
+    # Operations below are bookkeeping on folders; they are not data I/O and are not traced.
+    def makedirs(self, path: str) -> None:
+        self.inner.makedirs(path)
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return self.inner.listdir(path)
+
+    def remove_tree(self, path: str) -> None:
+        self.inner.remove_tree(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self.inner.fsync_dir(path)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Temporary name, fsync, rename; traced as the write, fsync and rename it is."""
+        tmp = f"{path}.tmp"
+        handle = self.open_write(tmp)
+        try:
+            handle.write(data)
+            handle.fsync()
+        finally:
+            handle.close()
+        self.rename(tmp, path)
+        self.fsync_dir(path.rsplit("/", 1)[0] if "/" in path else ".")
+
+    def read_whole(self, path: str) -> bytes:
+        handle = self.open_read(path)
+        try:
+            return handle.read_at(0, handle.size())
+        finally:
+            handle.close()

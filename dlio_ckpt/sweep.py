@@ -1,0 +1,69 @@
+"""Combine the jobs of a sweep (`dlio_ckpt -m ...`) into one table of headline metrics."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# (column, path into summary.json)
+HEADLINE_COLUMNS = (
+    ("workload", ("workload",)),
+    ("world_size", ("world_size",)),
+    ("train_samples_per_s", ("train", "samples_per_s")),
+    ("train_bytes_read", ("train", "bytes_read")),
+    ("train_read_mib_per_s", ("train", "read_mib_per_s")),
+    ("train_au", ("train", "au")),
+    ("train_au_target_met", ("train", "au_target_met")),
+    ("train_steps", ("train", "steps")),
+    ("checkpoint_writes", ("checkpoint", "writes")),
+    ("checkpoint_bytes", ("checkpoint", "bytes")),
+    ("checkpoint_write_s_max", ("checkpoint", "write_s_max")),
+    ("checkpoint_write_gib_per_s", ("checkpoint", "write_gib_per_s")),
+    ("wall_s", ("wall_s",)),
+)
+
+
+def _lookup(summary: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = summary
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return ""
+        value = value[key]
+    return value
+
+
+def _job_folders(sweep_dir: Path) -> list[Path]:
+    jobs = [p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    return sorted(jobs, key=lambda p: int(p.name))
+
+
+def combine_sweep(sweep_dir: Path) -> Path:
+    """Write sweep_summary.csv (one row per job) in the sweep folder and return its path."""
+    rows = []
+    for job in _job_folders(sweep_dir):
+        summary_path = job / "summary.json"
+        overrides_path = job / ".hydra" / "overrides.yaml"
+        overrides = yaml.safe_load(overrides_path.read_text()) if overrides_path.exists() else []
+        overrides = [o for o in overrides or [] if not str(o).startswith("hydra.")]
+        row: dict[str, Any] = {"job": job.name, "overrides": " ".join(overrides), "status": "missing"}
+        if summary_path.exists():
+            summary = json.loads(summary_path.read_text())
+            row["status"] = "ok"
+            for column, path in HEADLINE_COLUMNS:
+                row[column] = _lookup(summary, path)
+        rows.append(row)
+    target = sweep_dir / "sweep_summary.csv"
+    tmp = sweep_dir / "sweep_summary.csv.tmp"
+    with open(tmp, "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=["job", "overrides", "status"] + [c for c, _ in HEADLINE_COLUMNS])
+        writer.writeheader()
+        writer.writerows(rows)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,122 @@
+"""The World: this process's rank, the job's size and the communicator, passed in everywhere.
+
+Nothing in the package reads MPI state globally; code that needs ranks takes a World. A serial
+World (rank 0 of 1, no communicator) lets every layer run and be tested without mpirun, and
+`World.planned(size)` stands for a job of any size in plan mode, where nothing communicates.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+# Environment variables that MPI launchers set in every process they start.
+_LAUNCHER_VARIABLES = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "MPI_LOCALNRANKS",
+    "HYDRA_CONTROL_FD",
+)
+
+
+def launched_by_mpi(environ: dict[str, str] | None = None) -> bool:
+    """True when an MPI launcher (mpirun, mpiexec, srun with PMI) started this process."""
+    env = os.environ if environ is None else environ
+    if env.get("DLIO_CKPT_SERIAL") == "1":
+        return False
+    return any(name in env for name in _LAUNCHER_VARIABLES) or env.get("DLIO_CKPT_MPI") == "1"
+
+
+@dataclass(frozen=True)
+class World:
+    """Rank and size of the job, with the few collectives the engine and metrics need."""
+
+    rank: int
+    size: int
+    comm: Any = None
+
+    @classmethod
+    def serial(cls) -> "World":
+        return cls(rank=0, size=1, comm=None)
+
+    @classmethod
+    def from_environment(cls) -> "World":
+        """An MPI world when launched by mpirun/srun, otherwise a serial one (no MPI import)."""
+        if not launched_by_mpi():
+            return cls.serial()
+        from mpi4py import MPI  # imported only under a launcher: MPI_Init happens here
+
+        comm = MPI.COMM_WORLD
+        return cls(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def parallel(self) -> bool:
+        return self.comm is not None and self.size > 1
+
+    def barrier(self) -> None:
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def bcast(self, value: Any, root: int = 0) -> Any:
+        return self.comm.bcast(value, root=root) if self.comm is not None else value
+
+    def gather(self, value: Any, root: int = 0) -> list[Any] | None:
+        if self.comm is None:
+            return [value]
+        return self.comm.gather(value, root=root)
+
+    def allgather(self, value: Any) -> list[Any]:
+        return self.comm.allgather(value) if self.comm is not None else [value]
+
+    def allreduce_max(self, value: float) -> float:
+        return max(self.allgather(value))
+
+    def allreduce_sum(self, value: float) -> float:
+        return sum(self.allgather(value))
+
+    def agree(self, ok: bool) -> bool:
+        """True only when every rank says ok: one rank's failure becomes everyone's."""
+        return all(self.allgather(bool(ok)))
+
+    def abort(self, code: int) -> None:
+        """End the whole job now: a failed rank must not leave the others waiting in a collective."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.parallel:
+            self.comm.Abort(code)
+        raise SystemExit(code)
+
+    def root_first(self, action: Callable[[], Any]) -> Any:
+        """Run `action` on rank 0 and broadcast its result (or its error) to every rank."""
+        result: tuple[str, Any]
+        if self.is_root:
+            try:
+                result = ("ok", action())
+            except Exception as exc:  # sent to the other ranks, raised again everywhere
+                result = ("error", exc)
+        else:
+            result = ("ok", None)
+        status, value = self.bcast(result)
+        if status == "error":
+            raise value
+        return value
+
+
+def rank_slices(count: int, size: int) -> Sequence[tuple[int, int]]:
+    """Split `count` items into `size` contiguous [start, stop) ranges that differ by at most one."""
+    base, extra = divmod(count, size)
+    bounds = []
+    start = 0
+    for rank in range(size):
+        stop = start + base + (1 if rank < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
