@@ -98,7 +98,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     flags, overrides, multirun, info = split_command_line(arguments)
     from dlio_ckpt.config.load import register_workloads
 
-    register_workloads()
+    try:
+        register_workloads()
+    except UserError as exc:
+        print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE) from None
     if info:
         _run_hydra(flags + overrides, task=lambda cfg: None)
         return

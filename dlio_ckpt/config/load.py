@@ -63,7 +63,11 @@ def register_workloads() -> None:
 
     store = ConfigStore.instance()
     for path in sorted(workloads_dir().glob("*.yaml")):
-        store.store(group="workload", name=path.stem, node=OmegaConf.load(path), package="_global_")
+        try:
+            node = OmegaConf.load(path)
+        except Exception as exc:
+            raise ConfigError(f"workload file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+        store.store(group="workload", name=path.stem, node=node, package="_global_")
 
 
 def _parse(overrides: Sequence[str]):

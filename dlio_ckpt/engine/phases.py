@@ -69,6 +69,9 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
         if failure:
             warnings.append(failure)
     world.barrier()
+    if os.environ.get("DLIO_CKPT_FAIL_RANK") == str(world.rank):
+        # Test aid: prove that one rank's failure ends the whole job instead of hanging it.
+        raise RuntimeError(f"failure injected on rank {world.rank} (DLIO_CKPT_FAIL_RANK)")
     if config.mode == "generate":
         local: dict[str, Any] = {}
     else:

@@ -32,6 +32,10 @@ class FileSpec:
         """The ByteSource key of one sample: unique over the dataset."""
         return (self.index << 24) + sample
 
+    def label(self, sample: int) -> int:
+        """A class id in [0, 128) derived from the sample key: deterministic, one byte in any encoding."""
+        return self.sample_key(sample) % 128
+
 
 @dataclass(frozen=True)
 class FormatOptions:
@@ -46,6 +50,9 @@ class FormatOptions:
 class SampleReader(Protocol):
     def read(self, sample: int) -> int:
         """Read one sample; return the payload bytes it holds."""
+
+    def fetch(self, sample: int) -> memoryview:
+        """Read one sample and return its payload (valid until the next call), for verification."""
 
     def close(self) -> None: ...
 

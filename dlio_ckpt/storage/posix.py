@@ -131,7 +131,17 @@ class PosixFile(io.RawIOBase):
             aligned.close()
 
     def write_at(self, data, offset: int) -> int:
+        """Write all of `data`: one pwrite may move less (2 GiB cap, signals, network file systems)."""
         view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            count = self._write_once(view[done:], offset + done)
+            if count <= 0:
+                raise OSError(f"write to {self.path} made no progress at offset {offset + done}")
+            done += count
+        return done
+
+    def _write_once(self, view: memoryview, offset: int) -> int:
         if not self.direct or offset % DIRECT_ALIGNMENT:
             return os.pwrite(self._fd, view, offset)
         whole = len(view) - len(view) % DIRECT_ALIGNMENT

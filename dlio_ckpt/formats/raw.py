@@ -1,0 +1,21 @@
+"""Raw binary: the samples of a file back to back, no header, sample i at i * sample_bytes."""
+
+from __future__ import annotations
+
+from dlio_ckpt.content import ByteSource
+from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener
+from dlio_ckpt.formats.streams import OffsetReader, buffered, write_samples
+
+
+class RawFormat:
+    name = "raw"
+    extension = "bin"
+    companion_suffixes: tuple[str, ...] = ()
+    sequential = False
+
+    def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
+        with buffered(open_output(""), options) as out:
+            write_samples(out, spec, source, options)
+
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> OffsetReader:
+        return OffsetReader(open_input(""), spec.sample_bytes, 0, spec.sample_bytes, options)

@@ -1,0 +1,76 @@
+"""Stream helpers shared by the offset-addressed formats (raw, npy, indexed binary, TFRecord).
+
+Those formats are raw samples plus a header or an index, so they share how samples are written
+(coalesced, streamed from the ByteSource) and read (at an offset, in transfer_size pieces).
+"""
+
+from __future__ import annotations
+
+import io
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from dlio_ckpt.content import ByteSource
+from dlio_ckpt.formats.base import FileSpec, FormatOptions
+
+
+@contextmanager
+def buffered(handle: Any, options: FormatOptions) -> Iterator[io.BufferedWriter]:
+    """Coalesce small writes (headers, small samples) into write_chunk_bytes system calls.
+
+    Writes at least as large as the buffer pass straight through without a copy. The buffer is
+    detached, never closed, on the way out: the engine owns the file, and closing a
+    BufferedWriter would close the file under it.
+    """
+    writer = io.BufferedWriter(handle, buffer_size=max(options.write_chunk_bytes, io.DEFAULT_BUFFER_SIZE))
+    try:
+        yield writer
+    finally:
+        writer.detach()  # flushes
+
+
+def read_span(handle: Any, buffer: memoryview, offset: int, transfer_size: int) -> None:
+    """Fill `buffer` from `offset`, in transfer_size pieces when > 0 (one call per piece).
+
+    A short read means the file is shorter than its plan says: that is corruption or a truncated
+    file, never something to paper over, so it raises.
+    """
+    size = len(buffer)
+    step = transfer_size if transfer_size > 0 else size
+    done = 0
+    while done < size:
+        piece = buffer[done : min(done + step, size)]
+        got = handle.read_at_into(piece, offset + done)
+        if got <= 0:
+            path = getattr(handle, "path", "?")
+            raise EOFError(f"{path}: wanted {size} bytes at offset {offset}, the file ended after {done}")
+        done += got
+
+
+class OffsetReader:
+    """Reads fixed-size samples at computable offsets into one reusable buffer."""
+
+    def __init__(self, handle: Any, sample_bytes: int, first: int, stride: int, options: FormatOptions) -> None:
+        self._handle = handle
+        self._first = first
+        self._stride = stride
+        self._transfer = options.transfer_size
+        self._buffer = memoryview(bytearray(sample_bytes))
+
+    def fetch(self, sample: int) -> memoryview:
+        """The sample's bytes; valid until the next call."""
+        read_span(self._handle, self._buffer, self._first + sample * self._stride, self._transfer)
+        return self._buffer
+
+    def read(self, sample: int) -> int:
+        return len(self.fetch(sample))
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def write_samples(out: Any, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
+    """Every sample of the file, in order, straight from the source's chunks."""
+    for sample in range(spec.num_samples):
+        for chunk in source.chunks(spec.sample_key(sample), spec.sample_bytes, options.write_chunk_bytes):
+            out.write(chunk)

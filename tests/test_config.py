@@ -1,0 +1,88 @@
+"""Config composition, scale, and the one-line errors of bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlio_ckpt.config.load import load_config, validate_command_line, workload_names
+from dlio_ckpt.errors import ConfigError
+
+
+def test_workload_library_has_the_published_profiles():
+    assert {"resnet", "unet3d", "bert", "cosmoflow"} <= set(workload_names())
+    unet = load_config(["workload=unet3d"])
+    assert unet.dataset.num_files_train == 168
+    assert unet.dataset.record_length_bytes == 146600628
+    assert unet.dataset.record_length_bytes_stdev == 68341808
+    assert unet.reader.batch_size == 7 and unet.reader.read_threads == 4
+    assert unet.model.model_size_bytes == 499153191
+    resnet = load_config(["workload=resnet"])
+    assert (resnet.dataset.format, resnet.dataset.num_files_train, resnet.dataset.num_samples_per_file) == ("tfrecord", 1024, 1251)
+    assert resnet.reader.batch_size == 400 and resnet.train.computation_time == pytest.approx(0.224)
+    bert = load_config(["workload=bert"])
+    assert bert.train.total_steps == 1000 and bert.checkpoint.steps_between_checkpoints == 250
+    assert bert.model.model_size_bytes == 4034713312 and bert.reader.transfer_size == 256 * 1024
+    cosmo = load_config(["workload=cosmoflow"])
+    assert cosmo.dataset.num_files_train == 524288 and cosmo.metric.au == pytest.approx(0.70)
+
+
+def test_default_workload_is_resnet_at_full_scale():
+    config = load_config([])
+    assert config.workload == "resnet" and config.scale.name == "full"
+
+
+def test_tiny_scale_shrinks_counts_and_keeps_the_pattern():
+    tiny = load_config(["workload=unet3d", "scale=tiny"])
+    full = load_config(["workload=unet3d"])
+    assert tiny.dataset.num_files_train == 8
+    assert tiny.dataset.format == full.dataset.format
+    assert tiny.dataset.record_length_bytes == 4 << 20
+    # the spread keeps its proportion to the mean
+    assert tiny.dataset.record_length_bytes_stdev == int(full.dataset.record_length_bytes_stdev * (4 << 20) / full.dataset.record_length_bytes)
+    assert tiny.train.epochs == 2 and tiny.checkpoint.checkpoint_after_epoch == 2
+    assert tiny.model.model_size_bytes == 64 << 20
+
+
+def test_explicit_overrides_beat_the_scale_caps():
+    config = load_config(["workload=unet3d", "scale=tiny", "dataset.num_files_train=20", "train.epochs=3"])
+    assert config.dataset.num_files_train == 20 and config.train.epochs == 3
+
+
+def test_sizes_accept_units():
+    config = load_config(["dataset.record_length_bytes=3MiB", "storage.block_size=2KB"])
+    assert config.dataset.record_length_bytes == 3 << 20 and config.storage.block_size == 2000
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (["reader.batch_sise=4"], "unknown config key 'reader.batch_sise' (did you mean 'reader.batch_size'?)"),
+        (["workload=resnett"], "unknown workload 'resnett' (did you mean 'resnet'?)"),
+        (["scale=tiney"], "unknown scale 'tiney' (did you mean 'tiny'?)"),
+        (["reader.batch_size=abc"], "reader.batch_size: expected an integer"),
+        (["dataset.record_length_bytes=-5"], "dataset.record_length_bytes: a size cannot be negative"),
+        (["train.epochs=0"], "train.epochs: must be at least 1"),
+        (["dataset.format=npzz"], "(did you mean 'npz'?)"),
+        (["storage.direct_io=maybe"], "storage.direct_io: expected true or false"),
+        (["scale=tiny", "reader.batch_size=1000"], "larger than the dataset"),
+        (["metric.au=1.5"], "metric.au"),
+    ],
+)
+def test_bad_input_names_the_key(overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    assert expected in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_more_ranks_than_samples_is_rejected_before_running():
+    with pytest.raises(ConfigError, match="ranks but only 2 training samples"):
+        validate_command_line(["scale=tiny", "dataset.format=raw", "dataset.num_files_train=2", "dataset.num_samples_per_file=1",
+                               "reader.batch_size=1"], multirun=False, world_size=3)
+
+
+def test_sweep_validates_every_job():
+    with pytest.raises(ConfigError, match="unknown workload 'nope'"):
+        validate_command_line(["workload=unet3d,nope", "scale=tiny"], multirun=True)
+    with pytest.raises(ConfigError, match="reader.batch_size: must be at least 1"):
+        validate_command_line(["scale=tiny", "reader.batch_size=4,0"], multirun=True)

@@ -1,0 +1,192 @@
+"""End-to-end runs of the dlio_ckpt command, serially and under `mpirun -n 2`.
+
+Byte counts are checked against the files on disk (os.stat), not against our own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import BIN, cli_env, load_summary, run_cli
+
+TINY_RAW = ["workload=unet3d", "scale=tiny", "dataset.format=raw", "checkpoint.enabled=false", "progress=false"]
+
+
+def train_files(root: Path, workload: str = "unet3d") -> list[Path]:
+    return sorted((root / "data" / workload / "train").rglob("*.*"))
+
+
+def run_ok(args, cwd, ranks=0):
+    done = run_cli(args, cwd, mpi_ranks=ranks)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_serial_run_counts_the_bytes_on_disk(workdir):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd")
+    summary = load_summary(run)
+    on_disk = sum(p.stat().st_size for p in train_files(root))
+    train = summary["train"]
+    assert summary["world_size"] == 1
+    assert train["epochs"] == 2
+    assert train["bytes_read"] == 2 * on_disk  # every sample of every file, once per epoch
+    assert train["samples"] == 2 * 8
+    assert train["steps"] == 4  # 8 samples / batch 4, two epochs
+    assert summary["dataset"]["bytes_on_disk"] == on_disk
+    manifest = root / "data" / "unet3d" / ".dlio_ckpt_dataset.json"
+    assert summary["io"]["by_phase"]["generate"]["bytes_written"] == on_disk + manifest.stat().st_size
+    assert (run / ".hydra" / "config.yaml").exists()
+    assert (run / "events" / "rank-00000.npz").exists()
+
+
+def test_events_file_matches_summary(workdir):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd")
+    with np.load(run / "events" / "rank-00000.npz") as data:
+        events = data["events"]
+        phases = json.loads(str(data["meta"]))["phases"]
+    train_reads = events[(events["phase"] == phases.index("train")) & (events["op"] == 2)]
+    assert int(train_reads["length"].sum()) == load_summary(run)["train"]["bytes_read"]
+    assert (train_reads["end"] >= train_reads["start"]).all()
+
+
+def test_compute_time_is_emulated_and_accounted(workdir):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "train.computation_time=0.02"], workdir / "cwd")
+    train = load_summary(run)["train"]
+    assert train["compute_s"] == pytest.approx(train["steps"] * 0.02)
+    assert train["wall_s"] >= train["compute_s"]
+    assert 0 < train["au"] <= 1
+
+
+def test_dataset_is_reused_and_regenerated_when_config_changes(workdir):
+    root = workdir / "store"
+    args = TINY_RAW + [f"storage.root={root}"]
+    run_ok(args + [f"hydra.run.dir={workdir / 'a'}"], workdir / "cwd")
+    run_ok(args + [f"hydra.run.dir={workdir / 'b'}"], workdir / "cwd")
+    run_ok(args + [f"hydra.run.dir={workdir / 'c'}", "dataset.seed=99"], workdir / "cwd")
+    assert load_summary(workdir / "a")["dataset"]["reused"] is False
+    assert load_summary(workdir / "b")["dataset"]["reused"] is True
+    assert load_summary(workdir / "b")["io"]["by_phase"].get("generate", {}).get("bytes_written", 0) == 0
+    assert load_summary(workdir / "c")["dataset"]["reused"] is False
+
+
+@pytest.mark.parametrize("fmt", ["npz", "npy", "hdf5", "tfrecord", "indexed_binary"])
+def test_every_format_trains_end_to_end(workdir, fmt):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(["workload=unet3d", "scale=tiny", f"dataset.format={fmt}", "checkpoint.enabled=false", "progress=false",
+            "dataset.num_samples_per_file=2", "dataset.record_length_bytes=64KiB", "dataset.record_length_bytes_min=1KiB",
+            f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd")
+    train = load_summary(run)["train"]
+    assert train["samples"] == 2 * 16
+    assert train["bytes_read"] >= train["payload_bytes"] > 0
+
+
+def test_generate_mode_writes_only_the_dataset(workdir):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "mode=generate"], workdir / "cwd")
+    summary = load_summary(run)
+    assert "train" not in summary
+    assert len(train_files(root)) == 8
+    assert summary["io"]["bytes_read"] == 0
+
+
+@pytest.mark.mpi
+def test_mpi_run_shards_and_counts_bytes(workdir):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd", ranks=2)
+    summary = load_summary(run)
+    on_disk = sum(p.stat().st_size for p in train_files(root))
+    assert summary["world_size"] == 2
+    assert summary["train"]["bytes_read"] == 2 * on_disk
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert sum(r["bytes_read"] for r in summary["ranks"]) == 2 * on_disk
+    assert sum(r["samples"] for r in summary["ranks"]) == 16
+    assert sorted(p.name for p in (run / "events").iterdir()) == ["rank-00000.npz", "rank-00001.npz"]
+    assert [p.name for p in run.rglob(".hydra")] == [".hydra"]
+
+
+@pytest.mark.mpi
+def test_mpi_rank0_chooses_one_run_folder(workdir):
+    cwd = workdir / "cwd"
+    run_ok(TINY_RAW + [f"storage.root={workdir / 'store'}"], cwd, ranks=2)
+    folders = [p for p in (cwd / "runs").glob("*/*") if p.is_dir()]
+    assert len(folders) == 1
+    assert load_summary(folders[0])["world_size"] == 2
+
+
+def test_concurrent_runs_get_their_own_folders(workdir):
+    cwd = workdir / "cwd"
+    run_ok(TINY_RAW + [f"storage.root={workdir / 'store'}", "mode=generate"], cwd)  # dataset ready, runs race on folders only
+    command = [str(BIN / "dlio_ckpt"), *TINY_RAW, f"storage.root={workdir / 'store'}"]
+    procs = [subprocess.Popen(command, cwd=cwd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    folders = [p for p in (cwd / "runs").glob("*/*") if (p / "summary.json").exists()]
+    assert len(folders) == 3
+
+
+@pytest.mark.mpi
+def test_a_failing_rank_ends_the_job_promptly(workdir):
+    env = cli_env()
+    env["DLIO_CKPT_FAIL_RANK"] = "1"
+    command = [str(BIN / "mpirun"), "-n", "2", str(BIN / "dlio_ckpt"), *TINY_RAW, f"storage.root={workdir / 'store'}",
+               f"hydra.run.dir={workdir / 'run'}", "train.computation_time=5"]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=workdir / "cwd", env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "failure injected on rank 1" in done.stderr
+    assert not (workdir / "run" / "summary.json").exists()
+    # 2 epochs x 2 steps of 5 s would take 20 s on rank 0 if it waited for the dead rank
+    assert time.monotonic() - started < 60
+
+
+def test_sweep_runs_every_job_and_writes_a_table(workdir):
+    sweep = workdir / "sweep"
+    run_ok(["-m", "workload=unet3d,resnet", "scale=tiny", "reader.batch_size=4,8", "checkpoint.enabled=false", "progress=false",
+            f"storage.root={workdir / 'store'}", f"hydra.sweep.dir={sweep}"], workdir / "cwd")
+    with open(sweep / "sweep_summary.csv") as table:
+        rows = list(csv.DictReader(table))
+    assert len(rows) == 4
+    batch = {r["job"]: next(o for o in r["overrides"].split() if o.startswith("reader.batch_size=")) for r in rows}
+    assert {(r["workload"], batch[r["job"]]) for r in rows} == {
+        ("unet3d", "reader.batch_size=4"), ("unet3d", "reader.batch_size=8"), ("resnet", "reader.batch_size=4"), ("resnet", "reader.batch_size=8")}
+    assert all(r["status"] == "ok" and int(r["train_bytes_read"]) > 0 for r in rows)
+    for row in rows:
+        assert load_summary(sweep / row["job"])["workload"] == row["workload"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["reader.batch_sise=4"], "did you mean 'reader.batch_size'"),
+        (["workload=resnett"], "did you mean 'resnet'"),
+        (["dataset.num_files_train=-3"], "dataset.num_files_train: must be at least 1"),
+        (["scale=tiny", "reader.batch_size=100000"], "larger than the dataset"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, args, message):
+    cwd = workdir / "cwd"
+    done = run_cli(args + [f"storage.root={workdir / 'store'}"], cwd)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("dlio_ckpt: error:")
+    assert list(cwd.iterdir()) == [] and not (workdir / "store").exists()
+
+
+@pytest.mark.mpi
+def test_bad_input_under_mpi_exits_2_once(workdir):
+    cwd = workdir / "cwd"
+    done = run_cli(["scale=tiny", "dataset.format=raw", "dataset.num_files_train=1", "dataset.num_samples_per_file=1",
+                    "reader.batch_size=1", f"storage.root={workdir / 'store'}"], cwd, mpi_ranks=2)
+    assert done.returncode == 2
+    assert done.stderr.count("dlio_ckpt: error:") == 1 and "2 ranks but only 1 training samples" in done.stderr
+    assert list(cwd.iterdir()) == []

@@ -1,0 +1,117 @@
+"""ReadPlan and DatasetPlan: pure functions, no MPI, no files."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dlio_ckpt.config.load import load_config
+from dlio_ckpt.formats.base import FileSpec
+from dlio_ckpt.plan.dataset import plan_dataset
+from dlio_ckpt.plan.read import check_world, plan_epoch
+from dlio_ckpt.errors import ConfigError
+
+
+def files(count: int, samples: int) -> tuple[FileSpec, ...]:
+    return tuple(FileSpec(index=i, path=f"/d/f{i}", num_samples=samples, sample_bytes=10) for i in range(count))
+
+
+def reader(**changes):
+    base = load_config(["scale=tiny"]).reader
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize("num_files,samples,size", [(7, 3, 1), (7, 3, 2), (10, 1, 3), (5, 13, 4), (3, 2, 6)])
+@pytest.mark.parametrize("sequential", [False, True])
+def test_every_sample_read_exactly_once_per_epoch(num_files, samples, size, sequential):
+    spec = files(num_files, samples)
+    for epoch in (1, 2):
+        seen = np.concatenate([plan_epoch(spec, reader(), r, size, epoch, sequential).samples for r in range(size)])
+        pairs = {(int(f), int(s)) for f, s in seen}
+        assert len(seen) == num_files * samples
+        assert pairs == {(f, s) for f in range(num_files) for s in range(samples)}
+
+
+def test_shares_differ_by_at_most_one_sample():
+    spec = files(7, 3)
+    counts = [plan_epoch(spec, reader(), r, 4, 1, False).num_samples for r in range(4)]
+    assert sum(counts) == 21 and max(counts) - min(counts) <= 1
+
+
+def test_shuffle_is_seeded_and_differs_per_epoch():
+    spec = files(20, 5)
+    first = plan_epoch(spec, reader(), 0, 1, 1, False).samples
+    again = plan_epoch(spec, reader(), 0, 1, 1, False).samples
+    second_epoch = plan_epoch(spec, reader(), 0, 1, 2, False).samples
+    other_seed = plan_epoch(spec, reader(shuffle_seed=7), 0, 1, 1, False).samples
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, second_epoch)
+    assert not np.array_equal(first, other_seed)
+
+
+def test_no_shuffle_keeps_file_order():
+    spec = files(4, 2)
+    plan = plan_epoch(spec, reader(file_shuffle=False, sample_shuffle=False), 0, 1, 3, False)
+    assert plan.samples.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [3, 1]]
+
+
+def test_sequential_formats_read_each_file_in_order():
+    plan = plan_epoch(files(6, 4), reader(), 0, 1, 1, sequential=True)
+    for position in range(0, len(plan.samples), 4):
+        block = plan.samples[position : position + 4]
+        assert len(set(block[:, 0].tolist())) == 1
+        assert block[:, 1].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("drop_last,expected", [(False, 4), (True, 3)])
+def test_batch_counts(drop_last, expected):
+    plan = plan_epoch(files(10, 1), reader(batch_size=3, drop_last=drop_last), 0, 1, 1, False)
+    assert plan.num_batches == expected
+    sizes = [len(plan.batch(i)) for i in range(plan.num_batches)]
+    assert sizes == ([3, 3, 3, 1] if not drop_last else [3, 3, 3])
+
+
+def test_whole_file_sharding_gives_each_file_to_one_rank():
+    spec = files(9, 3)
+    owners: dict[int, int] = {}
+    for rank in range(4):
+        plan = plan_epoch(spec, reader(), rank, 4, 1, True, whole_files=True)
+        for f in set(plan.samples[:, 0].tolist()):
+            assert f not in owners
+            owners[f] = rank
+        assert len(plan.samples) % 3 == 0
+    assert sorted(owners) == list(range(9))
+
+
+def test_world_larger_than_dataset_is_rejected():
+    with pytest.raises(ConfigError, match="larger than the dataset"):
+        check_world(files(2, 1), 3, whole_files=False)
+    with pytest.raises(ConfigError, match="at least 4 files"):
+        check_world(files(3, 10), 4, whole_files=True)
+
+
+def test_dataset_plan_sizes_are_seeded_and_clipped():
+    config = load_config(["workload=unet3d", "scale=tiny", "storage.root=/nonexistent"])
+    plan = plan_dataset(config, "npz")
+    again = plan_dataset(config, "npz")
+    sizes = [f.sample_bytes for f in plan.train]
+    assert sizes == [f.sample_bytes for f in again.train]
+    assert len(set(sizes)) > 1  # unet3d has a size spread
+    assert min(sizes) >= config.dataset.record_length_bytes_min
+    assert plan.folder == "/nonexistent/data/unet3d"
+    assert all(f.path.startswith("/nonexistent/data/unet3d/train/") for f in plan.train)
+
+
+def test_fingerprint_follows_what_decides_the_bytes():
+    base = plan_dataset(load_config(["scale=tiny", "dataset.format=npz"]), "npz").fingerprint
+    assert base == plan_dataset(load_config(["scale=tiny", "dataset.format=npz", "reader.batch_size=2"]), "npz").fingerprint
+    assert base != plan_dataset(load_config(["scale=tiny", "dataset.format=npz", "dataset.seed=8"]), "npz").fingerprint
+    assert base != plan_dataset(load_config(["scale=tiny", "dataset.format=npz", "dataset.num_files_train=3"]), "npz").fingerprint
+
+
+def test_subfolders_spread_files():
+    config = load_config(["scale=tiny", "dataset.num_subfolders_train=3", "storage.root=/r"])
+    folders = {f.path.rsplit("/", 2)[1] for f in plan_dataset(config, "npz").train}
+    assert folders == {"0", "1", "2"}
