@@ -190,3 +190,45 @@ def test_bad_input_under_mpi_exits_2_once(workdir):
     assert done.returncode == 2
     assert done.stderr.count("dlio_ckpt: error:") == 1 and "2 ranks but only 1 training samples" in done.stderr
     assert list(cwd.iterdir()) == []
+
+
+def test_direct_io_reads_count_the_aligned_bytes_and_skip_the_cache_warning(workdir):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "storage.direct_io=true"], workdir / "cwd")
+    summary = load_summary(run)
+    on_disk = sum(p.stat().st_size for p in train_files(root))
+    # O_DIRECT reads whole 4 KiB blocks; a sample that ends mid-block still costs the block,
+    # but the end of a file caps what the kernel returns.
+    assert summary["train"]["bytes_read"] >= 2 * on_disk
+    assert not any("page cache" in w for w in summary["warnings"])
+    assert summary["dataset"]["page_cache_risk"] is False
+
+
+def test_small_dataset_warns_about_the_page_cache(workdir):
+    run = workdir / "run"
+    run_ok(TINY_RAW + [f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"], workdir / "cwd")
+    summary = load_summary(run)
+    assert summary["dataset"]["page_cache_risk"] is True
+    assert any("storage.direct_io=true" in w for w in summary["warnings"])
+
+
+def test_evaluation_reads_the_eval_files(workdir):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "evaluation.enabled=true", "dataset.num_files_eval=2"],
+           workdir / "cwd")
+    summary = load_summary(run)
+    eval_bytes = sum(p.stat().st_size for p in (root / "data" / "unet3d" / "eval").rglob("*.bin"))
+    assert summary["eval"]["samples"] == 2 * 2
+    assert summary["eval"]["bytes_read"] == 2 * eval_bytes
+    assert summary["io"]["by_phase"]["eval"]["bytes_read"] == 2 * eval_bytes
+
+
+def test_tensorflow_reader_reads_every_tfrecord_file(workdir):
+    pytest.importorskip("tensorflow")
+    root, run = workdir / "store", workdir / "run"
+    run_ok(["workload=resnet", "scale=tiny", "reader.name=tensorflow", "progress=false", "train.epochs=1",
+            f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd")
+    summary = load_summary(run)
+    on_disk = sum(p.stat().st_size for p in train_files(root, "resnet"))
+    assert summary["train"]["samples"] == 8 * 8
+    assert summary["train"]["bytes_read"] == on_disk

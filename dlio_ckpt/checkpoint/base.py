@@ -6,7 +6,7 @@ config, the World and the (traced) storage, and the loop only asks `due` and cal
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 
@@ -21,7 +21,15 @@ class CheckpointRecord:
     files: int  # files this rank wrote
     blocking_s: float  # what training lost (snapshot, or the whole write for sync strategies)
     persist_s: float  # time until the data was durable (write + fsync), from the save call
-    write_s: float  # time in write and fsync calls
+    write_s: float  # this rank's data files: first open to last fsync (MLPerf's per-rank duration)
+    strategy: str = ""
+    folder: str = ""  # the checkpoint's folder name under the run's checkpoint root
+    metadata_bytes: int = 0  # manifest, tag and coordinator files (rank 0)
+    wait_s: float = 0.0  # async: time the save waited for an earlier checkpoint in flight
+    snapshot_s: float = 0.0  # async: copy into the staging buffer
+    commit_s: float = 0.0  # gather of file lists, manifest, tag and retention, as this rank waited
+    committed: bool = False  # the manifest is on disk (async: set when the persist is committed)
+    peak_rss_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -35,6 +43,10 @@ class RestoreRecord:
     read_s: float
     verified: bool
     message: str = ""
+    checkpoint_step: int = -1
+    folder: str = ""
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints rejected, with the reason
+    peak_rss_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

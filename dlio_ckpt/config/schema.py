@@ -62,6 +62,8 @@ class DatasetConfig:
                 f"{key}compression: '{self.compression}' applies to hdf5 (gzip, lzf) or npz (zstd is not offered); "
                 f"set {key}compression=none for format {self.format}",
             )
+        if self.format == "hdf5":
+            require(self.compression in ("none", "gzip", "lzf"), f"{key}compression: hdf5 supports none, gzip or lzf")
         if self.format == "npz":
             require(self.compression in ("none", "gzip"), f"{key}compression: npz supports none or gzip (deflate)")
 
@@ -175,6 +177,7 @@ class CheckpointConfig:
     strategy: str
     layout: str
     format: str
+    checksum: Literal["xxh3_128", "blake3", "none"]
     folder: str
     steps_between_checkpoints: int
     epochs_between_checkpoints: int
@@ -200,6 +203,10 @@ class CheckpointConfig:
         require(self.sleep_between_s >= 0, f"{key}sleep_between_s: cannot be negative")
         require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
         require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")
+        require(self.write_chunk_bytes % 8 == 0, f"{key}write_chunk_bytes: must be a multiple of 8 (whole elements)")
+        from dlio_ckpt.checkpoint.registry import check_names
+
+        check_names(self, key)
 
 
 @dataclass(frozen=True)

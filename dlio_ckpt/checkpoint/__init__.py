@@ -1,0 +1,21 @@
+"""Checkpoint engine: `make_checkpoint_engine(ctx)` is what the training loop and the modes call.
+
+Imports stay inside the function so that importing this package (for the layout and format
+names the config checks) pulls in neither numpy-heavy strategies nor optional dependencies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def make_checkpoint_engine(ctx: Any):
+    """The CheckpointEngine of `ctx.config.checkpoint` for this rank (see base.CheckpointEngine)."""
+    from dlio_ckpt.checkpoint.engine import CheckpointEngineImpl
+    from dlio_ckpt.checkpoint.registry import canonical_strategy
+    from dlio_ckpt.checkpoint.strategies import STRATEGIES
+
+    return CheckpointEngineImpl(ctx, STRATEGIES[canonical_strategy(ctx.config.checkpoint.strategy)])
+
+
+__all__ = ["make_checkpoint_engine"]

@@ -1,0 +1,203 @@
+"""On-disk layouts named after real frameworks (`checkpoint.layout=`): file names only, pure.
+
+A file system sees a framework's checkpoint as a folder of named files of given sizes written by
+given ranks; reproducing the names and the grouping (one file per rank, per layer, per DP
+partition) reproduces the metadata load (creates, directory entries) the storage really gets. The
+bytes inside each file follow `checkpoint.format`, whatever the names' extensions say.
+
+Every layout puts one checkpoint in one folder (TensorFlow's flat `ckpt-N.*` files go in a
+`ckpt-N/` folder), so a checkpoint can be committed by one manifest and deleted as one unit.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from dlio_ckpt.errors import ConfigError, close_match
+from dlio_ckpt.plan.model import ModelPlan, TensorSpec
+
+Grouping = list[tuple[str, tuple[TensorSpec, ...]]]
+
+
+def _layer_of(name: str) -> int | None:
+    match = re.match(r"layers\.(\d+)", name)
+    return int(match.group(1)) if match else None
+
+
+def _group(pairs: Sequence[tuple[str, TensorSpec]]) -> Grouping:
+    """Group (file name, tensor) pairs into files, keeping first-seen file order."""
+    files: dict[str, list[TensorSpec]] = {}
+    for name, tensor in pairs:
+        files.setdefault(name, []).append(tensor)
+    return [(name, tuple(ts)) for name, ts in files.items()]
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str = "base"
+    folder_pattern: str = r"^step_(\d+)$"
+
+    def folder(self, step: int) -> str:
+        return f"step_{step:08d}"
+
+    def parse_step(self, folder: str) -> int | None:
+        match = re.match(self.folder_pattern, folder)
+        return int(match.group(1)) if match else None
+
+    def rank_files(self, model: ModelPlan, rank: int, tensors: tuple[TensorSpec, ...], ext: str) -> Grouping:
+        raise NotImplementedError
+
+    def coordinator_files(self, step: int, world: int) -> list[str]:
+        """Small metadata files rank 0 writes after the data and before the manifest."""
+        return []
+
+    def tag(self, step: int) -> tuple[str, str] | None:
+        """A framework's "latest" pointer (file name at the checkpoint root, contents)."""
+        return None
+
+
+@dataclass(frozen=True)
+class RawLayout(Layout):
+    """One file per rank: the plainest thing a storage benchmark can write."""
+
+    name: str = "raw"
+
+    def rank_files(self, model, rank, tensors, ext):
+        return [(f"rank_{rank:05d}.{ext}", tensors)] if tensors else []
+
+
+@dataclass(frozen=True)
+class DeepSpeedLayout(Layout):
+    """DeepSpeed: global_stepN/ with mp_rank model states, zero_pp_rank optimizer partitions,
+    per-layer files under pipeline parallelism, and a `latest` tag."""
+
+    name: str = "deepspeed"
+    folder_pattern: str = r"^global_step(\d+)$"
+
+    def folder(self, step: int) -> str:
+        return f"global_step{step}"
+
+    def rank_files(self, model, rank, tensors, ext):
+        c = model.coords(rank)
+        mp = model.mp_rank(rank)
+        zero_model = f"zero_pp_rank_{c.dp}_mp_rank_{mp:02d}_model_states.pt"
+        zero_optim = f"zero_pp_rank_{c.dp}_mp_rank_{mp:02d}_optim_states.pt"
+        mp_states = f"mp_rank_{mp:02d}_model_states.pt"
+        pairs = []
+        for t in tensors:
+            if t.kind == "optimizer":
+                pairs.append((zero_optim if model.zero_stage >= 1 else mp_states, t))
+            elif model.zero_stage >= 3:
+                pairs.append((zero_model, t))
+            elif model.pp > 1:
+                layer = _layer_of(t.name)
+                if layer is not None:
+                    pairs.append((f"layer_{layer + 1:02d}-model_{c.tp:02d}-model_states.pt", t))
+                elif t.name.startswith("embed"):
+                    pairs.append((f"layer_00-model_{c.tp:02d}-model_states.pt", t))
+                elif t.name in ("norm.weight", "lm_head.weight"):
+                    pairs.append((f"layer_{_last_layer(model) + 2:02d}-model_{c.tp:02d}-model_states.pt", t))
+                else:
+                    pairs.append((mp_states, t))
+            else:
+                pairs.append((mp_states, t))
+        return _group(pairs)
+
+    def tag(self, step):
+        return "latest", f"global_step{step}"
+
+
+def _last_layer(model: ModelPlan) -> int:
+    last = -1
+    for shard in model.mp_shards[-model.tp:]:
+        for t in shard[0]:
+            layer = _layer_of(t.name)
+            if layer is not None:
+                last = max(last, layer)
+    return last
+
+
+@dataclass(frozen=True)
+class PytorchDcpLayout(Layout):
+    """PyTorch distributed checkpoint: __{rank}_0.distcp per rank, `.metadata` by the coordinator."""
+
+    name: str = "pytorch_dcp"
+    folder_pattern: str = r"^step_(\d+)$"
+
+    def rank_files(self, model, rank, tensors, ext):
+        return [(f"__{rank}_0.distcp", tensors)] if tensors else []
+
+    def coordinator_files(self, step, world):
+        return [".metadata"]
+
+
+@dataclass(frozen=True)
+class MegatronLayout(Layout):
+    """Megatron (legacy): iter_N/mp_rank_TT[_PPP]/model_optim_rng.pt and a tracker file.
+
+    Megatron's distributed optimizer gathers each model-parallel rank's optimizer partitions to
+    DP rank 0; here every DP rank writes its own partition (distrib_optim_dpDDD.pt) so the
+    sharded strategy can spread the writes, and single_writer shows the gathered case.
+    """
+
+    name: str = "megatron"
+    folder_pattern: str = r"^iter_(\d+)$"
+
+    def folder(self, step: int) -> str:
+        return f"iter_{step:07d}"
+
+    def rank_files(self, model, rank, tensors, ext):
+        c = model.coords(rank)
+        sub = f"mp_rank_{c.tp:02d}" if model.pp == 1 else f"mp_rank_{c.tp:02d}_{c.pp:03d}"
+        pairs = []
+        for t in tensors:
+            if t.kind == "optimizer" and model.zero_stage >= 1:
+                pairs.append((f"{sub}/distrib_optim_dp{c.dp:03d}.pt", t))
+            elif model.zero_stage >= 3:
+                pairs.append((f"{sub}/model_optim_rng_dp{c.dp:03d}.pt", t))
+            else:
+                pairs.append((f"{sub}/model_optim_rng.pt", t))
+        return _group(pairs)
+
+    def tag(self, step):
+        return "latest_checkpointed_iteration.txt", str(step)
+
+
+@dataclass(frozen=True)
+class TensorflowLayout(Layout):
+    """TensorFlow: ckpt-N.data-0000k-of-0000K shards plus ckpt-N.index and a `checkpoint` file."""
+
+    name: str = "tensorflow"
+    folder_pattern: str = r"^ckpt-(\d+)$"
+
+    def folder(self, step: int) -> str:
+        return f"ckpt-{step}"
+
+    def rank_files(self, model, rank, tensors, ext):
+        # The step is part of TF's names; the folder name carries it, so `{step}` is filled later.
+        return [(f"ckpt-{{step}}.data-{rank:05d}-of-{model.world_size:05d}", tensors)] if tensors else []
+
+    def coordinator_files(self, step, world):
+        return [f"ckpt-{step}.index"]
+
+    def tag(self, step):
+        return "checkpoint", f'model_checkpoint_path: "ckpt-{step}/ckpt-{step}"\n'
+
+
+LAYOUTS: dict[str, type[Layout]] = {
+    "raw": RawLayout,
+    "deepspeed": DeepSpeedLayout,
+    "pytorch_dcp": PytorchDcpLayout,
+    "megatron": MegatronLayout,
+    "tensorflow": TensorflowLayout,
+}
+
+
+def get_layout(name: str) -> Layout:
+    if name not in LAYOUTS:
+        raise ConfigError(
+            f"checkpoint.layout: unknown layout '{name}'{close_match(name, LAYOUTS)}; choose one of: {', '.join(LAYOUTS)}"
+        )
+    return LAYOUTS[name]()

@@ -1,0 +1,123 @@
+"""summary.json's `checkpoint` section from every rank's records (rank 0, after a gather).
+
+Definitions (docs/metrics.md):
+- a checkpoint's duration is the slowest rank's write time, fsync included (`write_s_max`);
+- `write_gib_per_s` = all ranks' bytes / write_s_max: the aggregate rate the storage delivered;
+- `write_gib_per_s_min_rank` = the minimum over writing ranks of rank bytes / rank write time
+  (MLPerf Storage's per-rank figure);
+- averages over checkpoints are of bytes and times; every rate is derived from averaged times,
+  never averaged itself;
+- `training_time_lost_fraction` = the largest per-rank sum of blocking time / training wall time
+  (synchronous training waits for its slowest rank).
+"""
+
+from __future__ import annotations
+
+from statistics import mean
+from typing import Any
+
+GIB = float(1 << 30)
+
+
+def _rate(nbytes: float, seconds: float) -> float:
+    return nbytes / seconds / GIB if seconds > 0 else 0.0
+
+
+def _min_rank_rate(per_rank: dict[int, tuple[float, float]]) -> float:
+    rates = [_rate(b, s) for b, s in per_rank.values() if b > 0 and s > 0]
+    return min(rates) if rates else 0.0
+
+
+def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list[dict | None],
+                       train_wall_s: float, config: Any) -> dict:
+    ck = config.checkpoint
+    by_index: dict[int, dict[int, dict]] = {}
+    for rank, records in enumerate(records_by_rank):
+        for r in records or []:
+            by_index.setdefault(int(r["index"]), {})[rank] = r
+    per_checkpoint = []
+    for index in sorted(by_index):
+        ranks = by_index[index]
+        rows = list(ranks.values())
+        nbytes = sum(r["bytes"] for r in rows)
+        write_max = max(r["write_s"] for r in rows)
+        per_checkpoint.append({
+            "index": index,
+            "step": rows[0]["step"],
+            "epoch": rows[0]["epoch"],
+            "folder": rows[0].get("folder", ""),
+            "bytes": nbytes,
+            "files": sum(r["files"] for r in rows),
+            "metadata_bytes": sum(r.get("metadata_bytes", 0) for r in rows),
+            "write_s_max": write_max,
+            "write_gib_per_s": _rate(nbytes, write_max),
+            "write_gib_per_s_min_rank": _min_rank_rate({k: (r["bytes"], r["write_s"]) for k, r in ranks.items()}),
+            "blocking_s_max": max(r["blocking_s"] for r in rows),
+            "blocking_s_mean": mean(r["blocking_s"] for r in rows),
+            "persist_s_max": max(r["persist_s"] for r in rows),
+            "wait_s_max": max(r.get("wait_s", 0.0) for r in rows),
+            "snapshot_s_max": max(r.get("snapshot_s", 0.0) for r in rows),
+            "committed": all(r.get("committed", True) for r in rows),
+        })
+
+    writes = len(per_checkpoint)
+    summary: dict[str, Any] = {
+        "strategy": ck.strategy,
+        "layout": ck.layout,
+        "format": ck.format,
+        "writes": writes,
+        "bytes": 0,
+        "total_bytes_written": sum(c["bytes"] for c in per_checkpoint),
+        "files": 0,
+        "write_s_max": 0.0,
+        "write_gib_per_s": 0.0,
+        "write_gib_per_s_min_rank": 0.0,
+        "blocking_s_max": 0.0,
+        "blocking_s_mean": 0.0,
+        "persist_s_max": 0.0,
+        "training_time_lost_fraction": 0.0,
+    }
+    if writes:
+        avg_bytes = mean(c["bytes"] for c in per_checkpoint)
+        avg_write = mean(c["write_s_max"] for c in per_checkpoint)
+        per_rank: dict[int, tuple[float, float]] = {}
+        lost = []
+        for rank, records in enumerate(records_by_rank):
+            if records:
+                per_rank[rank] = (mean(r["bytes"] for r in records), mean(r["write_s"] for r in records))
+                lost.append(sum(r["blocking_s"] for r in records))
+        summary.update({
+            "bytes": int(round(avg_bytes)),
+            "files": int(round(mean(c["files"] for c in per_checkpoint))),
+            "write_s_max": avg_write,
+            "write_gib_per_s": _rate(avg_bytes, avg_write),
+            "write_gib_per_s_min_rank": _min_rank_rate(per_rank),
+            "blocking_s_max": mean(c["blocking_s_max"] for c in per_checkpoint),
+            "blocking_s_mean": mean(c["blocking_s_mean"] for c in per_checkpoint),
+            "persist_s_max": mean(c["persist_s_max"] for c in per_checkpoint),
+            "blocking_s_total_max_rank": max(lost) if lost else 0.0,
+            "training_time_lost_fraction": (max(lost) / train_wall_s) if lost and train_wall_s > 0 else 0.0,
+        })
+
+    restores = [r for r in restores_by_rank if r]
+    if restores:
+        nbytes = sum(r["bytes"] for r in restores)
+        read_max = max(r["read_s"] for r in restores)
+        summary.update({
+            "restore_bytes": nbytes,
+            "restore_files": sum(r["files"] for r in restores),
+            "restore_s_max": read_max,
+            "restore_gib_per_s": _rate(nbytes, read_max),
+            "restore_gib_per_s_min_rank": _min_rank_rate({i: (r["bytes"], r["read_s"]) for i, r in enumerate(restores)}),
+            "restore_verified": all(r["verified"] for r in restores),
+            "restore_step": restores[0].get("checkpoint_step", -1),
+            "restore_message": restores[0].get("message", ""),
+            "restore_skipped": restores[0].get("skipped", []),
+        })
+    else:
+        summary.update({"restore_s_max": 0.0, "restore_gib_per_s": 0.0, "restore_verified": None})
+    rss = [r.get("peak_rss_bytes", 0) for records in records_by_rank for r in records or []]
+    rss += [r.get("peak_rss_bytes", 0) for r in restores]
+    summary["peak_rss_bytes_max"] = max(rss) if rss else 0
+    summary["per_checkpoint"] = per_checkpoint
+    return summary

@@ -1,0 +1,245 @@
+"""Checkpoint strategies (`checkpoint.strategy=`): who writes which file, and whether training waits.
+
+- sharded: every rank writes the files it owns, in parallel; training waits for the slowest rank
+  and the commit.
+- single_writer: rank 0 writes every rank's files while the others wait at the commit (the
+  framework default that Rojas et al. found to be the bottleneck). The gather to rank 0 is not
+  sent over the network: rank 0 produces the same bytes locally, so what is measured is the
+  single stream to storage.
+- async (CheckFreq / DataStates style): a blocking snapshot copies the rank's shard into a host
+  staging buffer; a background thread persists it while training continues; at most
+  `max_in_flight` checkpoints are in flight and the next save waits. Files that do not fit in the
+  staging buffer are written synchronously during the blocking phase, so a small buffer shows up
+  as blocking time rather than being hidden. Commits (collectives) run on the training thread
+  only, at the next save or at finish, because MPI collectives from a helper thread are not safe.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dlio_ckpt.checkpoint.base import CheckpointRecord
+from dlio_ckpt.checkpoint.fileio import FileEntry, now, peak_rss_bytes
+from dlio_ckpt.plan.checkpoint import PlannedFile
+
+
+class SyncStrategy:
+    """Write, fsync, commit, then return: training waits for all of it."""
+
+    name = "sharded"
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def files_to_write(self) -> tuple[PlannedFile, ...]:
+        return self.engine.plan.files_by_rank[self.engine.world.rank]
+
+    def save(self, index: int, step: int, epoch: int) -> CheckpointRecord:
+        e = self.engine
+        start = now()
+        files = self.files_to_write()
+        entries: list[FileEntry] = []
+        error = None
+        try:
+            entries = e.write_planned(files, step, lambda pf: e.source_chunks(pf.owner, step))
+        except Exception as exc:  # reported through the commit so no rank waits forever
+            error = exc
+        write_s = now() - start
+        metadata, commit_s = e.commit(index, step, epoch, entries, error)
+        total = now() - start
+        return CheckpointRecord(
+            index=index, step=step, epoch=epoch, bytes=sum(x.size for x in entries), files=len(entries),
+            blocking_s=total, persist_s=total, write_s=write_s if entries else 0.0, strategy=self.name,
+            folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
+            peak_rss_bytes=peak_rss_bytes(),
+        )
+
+    def finish(self) -> None:
+        pass
+
+
+class ShardedStrategy(SyncStrategy):
+    name = "sharded"
+
+
+class SingleWriterStrategy(SyncStrategy):
+    name = "single_writer"
+
+    def files_to_write(self) -> tuple[PlannedFile, ...]:
+        e = self.engine
+        if not e.world.is_root:
+            return ()
+        return tuple(pf for rank_files in e.plan.files_by_rank for pf in rank_files)
+
+
+@dataclass
+class _InFlight:
+    index: int
+    step: int
+    epoch: int
+    record: CheckpointRecord
+    future: concurrent.futures.Future
+    buffer: np.ndarray | None
+    sync_entries: list[FileEntry] = field(default_factory=list)
+    save_start: float = 0.0
+
+
+class AsyncStrategy:
+    """Snapshot into a staging buffer (blocking), persist in a background thread."""
+
+    name = "async"
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._in_flight: list[_InFlight] = []
+        self._free: list[np.ndarray] = []
+        self.buffer_bytes = self._buffer_size()
+
+    def _buffer_size(self) -> int:
+        e = self.engine
+        shard = e.plan.rank_bytes(e.world.rank)
+        if e.cfg.staging_buffer_bytes:
+            return e.cfg.staging_buffer_bytes
+        try:
+            import psutil
+
+            available = psutil.virtual_memory().available
+        except Exception:  # no psutil: a conservative 1 GiB
+            available = 4 << 30
+        return max(0, min(shard, available // 4 // max(1, e.cfg.max_in_flight)))
+
+    def _buffer(self) -> np.ndarray:
+        if self._free:
+            return self._free.pop()
+        return np.empty(self.buffer_bytes, dtype=np.uint8)
+
+    def save(self, index: int, step: int, epoch: int) -> CheckpointRecord:
+        e = self.engine
+        start = now()
+        # Bound the checkpoints in flight: wait for the oldest persist before the next snapshot.
+        while len(self._in_flight) >= e.cfg.max_in_flight:
+            self._in_flight[0].future.result()
+            self._commit_done(wait_all=False, oldest=True)
+        wait_s = now() - start
+        self._commit_done(wait_all=False)
+
+        files = e.plan.files_by_rank[e.world.rank]
+        buffer = self._buffer() if files and self.buffer_bytes else None
+        staged: list[tuple[PlannedFile, int]] = []  # (file, offset in the buffer)
+        direct: list[PlannedFile] = []
+        offset = 0
+        snap_start = now()
+        for pf in files:
+            size = pf.payload_bytes
+            if buffer is not None and offset + size <= len(buffer):
+                position = offset
+                for tensor in pf.tensors:
+                    for piece in e.source_chunks(pf.owner, step)(tensor):
+                        buffer[position : position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+                        position += len(piece)
+                staged.append((pf, offset))
+                offset += size
+            else:
+                direct.append(pf)
+        snapshot_s = now() - snap_start
+        sync_entries: list[FileEntry] = []
+        if direct:  # what did not fit in the staging buffer is written while training waits
+            sync_entries = e.write_planned(tuple(direct), step, lambda pf: e.source_chunks(pf.owner, step))
+        sync_write_s = now() - snap_start - snapshot_s
+        record = CheckpointRecord(
+            index=index, step=step, epoch=epoch, bytes=0, files=0, blocking_s=0.0, persist_s=0.0,
+            write_s=sync_write_s, strategy=self.name, folder=e.layout.folder(step), wait_s=wait_s,
+            snapshot_s=snapshot_s, peak_rss_bytes=peak_rss_bytes(),
+        )
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")
+        future = self._executor.submit(self._persist, staged, buffer, step, start, record)
+        self._in_flight.append(_InFlight(index, step, epoch, record, future, buffer, sync_entries, start))
+        record.blocking_s = now() - start
+        return record
+
+    def _persist(self, staged, buffer, step, save_start, record) -> list[FileEntry]:
+        e = self.engine
+        if not staged:
+            return []
+        offsets = {id(pf): off for pf, off in staged}
+
+        def chunks_for(pf: PlannedFile):
+            base = offsets[id(pf)]
+            starts = {}
+            position = base
+            for tensor in pf.tensors:
+                starts[tensor.name] = position
+                position += tensor.nbytes
+
+            def chunks(tensor):
+                first = starts[tensor.name]
+                step_bytes = e.cfg.write_chunk_bytes
+                for at in range(first, first + tensor.nbytes, step_bytes):
+                    yield memoryview(buffer[at : min(at + step_bytes, first + tensor.nbytes)])
+
+            return chunks
+
+        begin = now()
+        entries = e.write_planned(tuple(pf for pf, _ in staged), step, chunks_for)
+        end = now()
+        record.write_s += end - begin
+        record.persist_s = end - save_start
+        return entries
+
+    def _commit_done(self, wait_all: bool, oldest: bool = False) -> None:
+        """Collective: commit every checkpoint whose persist finished on every rank, in order."""
+        e = self.engine
+        while self._in_flight:
+            head = self._in_flight[0]
+            if wait_all or oldest:
+                head.future.result() if not head.future.done() else None
+            local_done = head.future.done()
+            if not e.world.agree(local_done):
+                if wait_all:
+                    continue
+                return
+            error = head.future.exception()
+            entries = [] if error else head.future.result()
+            entries = list(head.sync_entries) + list(entries)
+            metadata, commit_s = e.commit(head.index, head.step, head.epoch, entries, error)
+            record = head.record
+            record.bytes = sum(x.size for x in entries)
+            record.files = len(entries)
+            record.metadata_bytes = metadata
+            record.commit_s = commit_s
+            record.committed = True
+            if record.persist_s == 0.0:
+                record.persist_s = record.blocking_s
+            if not record.bytes:
+                record.write_s = 0.0
+            record.peak_rss_bytes = max(record.peak_rss_bytes, peak_rss_bytes())
+            if head.buffer is not None:
+                self._free.append(head.buffer)
+            self._in_flight.pop(0)
+            if oldest:
+                return
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def finish(self) -> None:
+        self._commit_done(wait_all=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._free.clear()
+
+
+STRATEGIES: dict[str, type] = {
+    "sharded": ShardedStrategy,
+    "single_writer": SingleWriterStrategy,
+    "async": AsyncStrategy,
+}

@@ -1,0 +1,121 @@
+"""mode=checkpoint: MLPerf Storage's checkpoint-only procedure.
+
+N checkpoint writes spaced by `sleep_between_s`, an optional page-cache drop, then N reads
+(restores, each fully verified). MLPerf reports a checkpoint's duration as the maximum over ranks
+and its throughput as the minimum over ranks of per-rank throughput; both are reported beside the
+aggregate (all bytes / slowest rank's time), which is what the storage delivered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from statistics import mean
+from typing import Any
+
+from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.report import GIB, checkpoint_summary
+
+
+def drop_page_cache() -> str:
+    """sync, then ask the kernel to drop clean pages; say why when it cannot (needs root)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as handle:
+            handle.write("3\n")
+        return "dropped"
+    except OSError as exc:
+        return f"not possible ({exc.strerror or exc}); reads may be served from the page cache"
+
+
+def run_checkpoint_mode(ctx: Any) -> dict:
+    config = ctx.config
+    ck = config.checkpoint
+    if not ck.enabled:  # the mode is the request: checkpointing is on whatever the workload says
+        config = dataclasses.replace(config, checkpoint=dataclasses.replace(ck, enabled=True))
+        ctx = dataclasses.replace(ctx, config=config)
+        ck = config.checkpoint
+    world = ctx.world
+    engine = make_checkpoint_engine(ctx)
+
+    world.barrier()
+    start = time.perf_counter()
+    steps = []
+    for i in range(ck.num_checkpoints_write):
+        if i and ck.sleep_between_s:
+            time.sleep(ck.sleep_between_s)
+        world.barrier()  # MLPerf starts every write together
+        engine.save(i + 1, 1)
+        steps.append(i + 1)
+    engine.finish()
+    write_wall_s = time.perf_counter() - start
+
+    cache = "not requested"
+    if ck.drop_caches and ck.num_checkpoints_read:
+        world.barrier()
+        cache = world.bcast(drop_page_cache() if world.is_root else None)
+
+    restores = []
+    if world.is_root:
+        available = [s for s, _, complete in engine.checkpoint_folders() if complete]
+    else:
+        available = None
+    available = world.bcast(available) or []
+    for j in range(ck.num_checkpoints_read if available else 0):
+        world.barrier()
+        restores.append(engine.restore(available[j % len(available)]))
+
+    records = world.gather([r.as_dict() for r in engine.records])
+    reads = world.gather([r.as_dict() if r else None for r in restores])
+    summary = None
+    if world.is_root:
+        summary = _summarise(records, reads, write_wall_s, config, cache)
+    return world.bcast(summary)
+
+
+def _summarise(records: list[list[dict]], reads: list[list[dict | None]], write_wall_s: float, config: Any, cache: str) -> dict:
+    last_read = [r[-1] if r else None for r in reads]
+    summary = checkpoint_summary(records, last_read, write_wall_s, config)
+    per_read = []
+    for j in range(max((len(r) for r in reads), default=0)):
+        rows = [r[j] for r in reads if len(r) > j and r[j]]
+        nbytes = sum(x["bytes"] for x in rows)
+        slowest = max(x["read_s"] for x in rows)
+        rates = [x["bytes"] / x["read_s"] / GIB for x in rows if x["bytes"] and x["read_s"] > 0]
+        per_read.append({
+            "step": rows[0].get("checkpoint_step", -1),
+            "bytes": nbytes,
+            "read_s_max": slowest,
+            "read_gib_per_s": nbytes / slowest / GIB if slowest > 0 else 0.0,
+            "read_gib_per_s_min_rank": min(rates) if rates else 0.0,
+            "verified": all(x["verified"] for x in rows),
+        })
+    if per_read:
+        avg_bytes = mean(r["bytes"] for r in per_read)
+        avg_read = mean(r["read_s_max"] for r in per_read)
+        per_rank = {}
+        for rank, rank_reads in enumerate(reads):
+            done = [x for x in rank_reads if x and x["bytes"]]
+            if done:
+                per_rank[rank] = mean(x["bytes"] for x in done) / mean(x["read_s"] for x in done) / GIB
+        summary.update({
+            "reads": len(per_read),
+            "restore_s_max": avg_read,
+            "restore_bytes": int(round(avg_bytes)),
+            "restore_gib_per_s": avg_bytes / avg_read / GIB if avg_read > 0 else 0.0,
+            "restore_gib_per_s_min_rank": min(per_rank.values()) if per_rank else 0.0,
+            "restore_verified": all(r["verified"] for r in per_read),
+        })
+    summary["mode"] = "checkpoint"
+    summary["page_cache_drop"] = cache
+    summary["sleep_between_s"] = config.checkpoint.sleep_between_s
+    summary["mlperf"] = {
+        "write_duration_s": summary["write_s_max"],
+        "write_throughput_gib_per_s": summary["write_gib_per_s_min_rank"],
+        "read_duration_s": summary.get("restore_s_max", 0.0),
+        "read_throughput_gib_per_s": summary.get("restore_gib_per_s_min_rank", 0.0),
+        "rule": "duration = max over ranks; throughput = min over ranks of per-rank throughput",
+    }
+    summary["per_read"] = per_read
+    return summary

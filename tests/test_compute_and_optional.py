@@ -1,0 +1,35 @@
+"""Emulated compute draws, and optional dependencies that are missing."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from dlio_ckpt.engine.compute import ComputeModel
+from dlio_ckpt.errors import MissingDependency
+from dlio_ckpt.optional import require
+
+
+@pytest.mark.parametrize("distribution", ["normal", "uniform", "lognormal"])
+def test_distributions_have_the_requested_mean_and_spread(distribution):
+    model = ComputeModel(mean_s=0.2, stdev_s=0.05, distribution=distribution, seed=3)
+    draws = np.array([model.draw() for _ in range(20000)])
+    assert draws.min() >= 0
+    assert draws.mean() == pytest.approx(0.2, rel=0.02)
+    assert draws.std() == pytest.approx(0.05, rel=0.05)
+
+
+def test_fixed_compute_and_seeded_draws():
+    assert ComputeModel(0.3, 0.1, "fixed", 1).draw() == 0.3
+    a = [ComputeModel(0.3, 0.1, "normal", 5).draw() for _ in range(3)]
+    b = [ComputeModel(0.3, 0.1, "normal", 5).draw() for _ in range(3)]
+    assert a == b
+
+
+def test_missing_optional_dependency_gives_an_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # makes `import tensorflow` fail
+    with pytest.raises(MissingDependency) as info:
+        require("tensorflow")
+    assert "pip install 'dlio_ckpt[tensorflow]'" in str(info.value)
