@@ -1,0 +1,309 @@
+"""dlio_ckpt run folders -> JobAnalysis, from the per-rank event files.
+
+The events are the ground truth (one per storage operation, with its phase), so every figure is
+recomputed from them rather than copied from summary.json: that way the analysis also checks
+the summary, and a disagreement becomes a warning in the report. Time per rank is the union of
+the rank's operation intervals (Darshan's overlap-free timer), because reader threads overlap and a
+plain sum would count the same second several times. When a run was made without events, the
+figures fall back to summary.json's io and ranks sections, and the report says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlio_ckpt.analysis.model import (
+    SIZE_BUCKETS,
+    JobAnalysis,
+    Timeline,
+    histogram_from_sizes,
+    phase_entry,
+    rate_mib_per_s,
+    share,
+)
+from dlio_ckpt.analysis.timeline import grid, spread
+from dlio_ckpt.errors import UserError
+from dlio_ckpt.storage.events import OPS, PHASES, RankEvents, load_run_events
+
+_READ = OPS.index("read")
+_WRITE = OPS.index("write")
+_FSYNC = OPS.index("fsync")
+_DATA_OPS = (_READ, _WRITE, _FSYNC)
+_READ_PHASES = ("train", "eval")
+_CHECKPOINT_PHASES = ("checkpoint", "restore")
+_TOP_FILES = 50
+
+
+def busy_time(start: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of [start, end] intervals: Darshan's overlap-free timer."""
+    if len(start) == 0:
+        return 0.0
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    before = np.concatenate(([-np.inf], reach[:-1]))
+    return float(np.clip(e - np.maximum(s, before), 0.0, None).sum())
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        with open(run_dir / "summary.json", encoding="utf-8") as handle:
+            summary = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{run_dir / 'summary.json'}: cannot read the run summary ({exc})") from exc
+    if not isinstance(summary, dict):
+        raise UserError(f"{run_dir / 'summary.json'}: not a dlio_ckpt run summary (expected a JSON object)")
+    return summary
+
+
+def _phase_names(events: np.ndarray) -> np.ndarray:
+    return np.asarray(PHASES, dtype=object)[events["phase"]]
+
+
+def _rank_figures(rank: RankEvents) -> dict[str, Any]:
+    ev = rank.events
+    ops = ev["op"]
+    reads, writes = ops == _READ, ops == _WRITE
+    write_like = writes | (ops == _FSYNC)
+    meta = ~np.isin(ops, _DATA_OPS)
+    return {
+        "rank": rank.rank,
+        "label": f"rank {rank.rank} ({rank.hostname})",
+        "hostname": rank.hostname,
+        "bytes_read": int(ev["length"][reads].sum()),
+        "bytes_written": int(ev["length"][writes].sum()),
+        "reads": int(reads.sum()),
+        "writes": int(writes.sum()),
+        "read_s": busy_time(ev["start"][reads], ev["end"][reads]),
+        "write_s": busy_time(ev["start"][write_like], ev["end"][write_like]),
+        "meta_s": busy_time(ev["start"][meta], ev["end"][meta]),
+    }
+
+
+def _per_rank(ranks: list[RankEvents], summary: dict[str, Any]) -> list[dict[str, Any]]:
+    extra = {r.get("rank"): r for r in summary.get("ranks", []) if isinstance(r, dict)}
+    out = []
+    for rank in ranks:
+        fig = _rank_figures(rank)
+        fig["io_s"] = fig["read_s"] + fig["write_s"] + fig["meta_s"]
+        fig["read_mib_per_s"] = rate_mib_per_s(fig["bytes_read"], fig["read_s"])
+        fig["write_mib_per_s"] = rate_mib_per_s(fig["bytes_written"], fig["write_s"])
+        for key in ("samples", "steps", "peak_rss_bytes"):
+            if key in extra.get(rank.rank, {}):
+                fig[key] = extra[rank.rank][key]
+        out.append(fig)
+    return out
+
+
+def _per_phase(ranks: list[RankEvents]) -> dict[str, dict[str, Any]]:
+    """Totals per phase; a phase's time is its slowest rank's busy time (docs/metrics.md)."""
+    table: dict[str, dict[str, Any]] = {}
+    present = sorted({int(p) for r in ranks for p in np.unique(r.events["phase"])})
+    for code in present:
+        name = PHASES[code]
+        br = bw = ops = nreads = nwrites = 0
+        read_times, write_times = [], []
+        first, last = np.inf, -np.inf
+        for rank in ranks:
+            ev = rank.events[rank.events["phase"] == code]
+            if not len(ev):
+                continue
+            reads, writes = ev["op"] == _READ, ev["op"] == _WRITE
+            write_like = writes | (ev["op"] == _FSYNC)
+            br += int(ev["length"][reads].sum())
+            bw += int(ev["length"][writes].sum())
+            ops += len(ev)
+            nreads += int(reads.sum())
+            nwrites += int(writes.sum())
+            read_times.append(busy_time(ev["start"][reads], ev["end"][reads]))
+            write_times.append(busy_time(ev["start"][write_like], ev["end"][write_like]))
+            first, last = min(first, float(ev["start"].min())), max(last, float(ev["end"].max()))
+        entry = phase_entry(br, bw, max(read_times, default=0.0), max(write_times, default=0.0),
+                            sum(read_times), sum(write_times), ops, nreads, nwrites)
+        entry["first_start_s"], entry["last_end_s"] = first, last
+        table[name] = entry
+    return table
+
+
+def _files(ranks: list[RankEvents]) -> dict[str, Any]:
+    per_path: dict[str, dict[str, Any]] = {}
+    for rank in ranks:
+        ev = rank.events
+        for op_code, key in ((_READ, "bytes_read"), (_WRITE, "bytes_written")):
+            sel = ev["op"] == op_code
+            sums = np.bincount(ev["file"][sel].astype(np.int64), weights=ev["length"][sel], minlength=len(rank.paths))
+            for index, nbytes in enumerate(sums):
+                entry = per_path.setdefault(rank.paths[index], {"bytes_read": 0, "bytes_written": 0, "ranks": set()})
+                entry[key] += int(nbytes)
+        for index in np.unique(ev["file"]):
+            per_path.setdefault(rank.paths[int(index)], {"bytes_read": 0, "bytes_written": 0, "ranks": set()})["ranks"].add(rank.rank)
+    counts = {"read_only": 0, "write_only": 0, "read_write": 0, "metadata_only": 0}
+    for entry in per_path.values():
+        r, w = entry["bytes_read"] > 0, entry["bytes_written"] > 0
+        counts["read_write" if r and w else "read_only" if r else "write_only" if w else "metadata_only"] += 1
+    top = sorted(per_path.items(), key=lambda kv: -(kv[1]["bytes_read"] + kv[1]["bytes_written"]))[:_TOP_FILES]
+    return {
+        "count": len(per_path), **counts,
+        "top": [{"path": p, "bytes_read": e["bytes_read"], "bytes_written": e["bytes_written"], "ranks": len(e["ranks"])}
+                for p, e in top],
+        "listed": len(top),
+    }
+
+
+def _io_share(per_phase: dict[str, dict[str, Any]], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Share of summed busy time: training/eval reads vs checkpoint+restore I/O vs the rest."""
+    read_s = sum(per_phase[p]["read_s_sum"] for p in _READ_PHASES if p in per_phase)
+    ckpt_s = sum(per_phase[p]["read_s_sum"] + per_phase[p]["write_s_sum"] for p in _CHECKPOINT_PHASES if p in per_phase)
+    total_s = sum(p["read_s_sum"] + p["write_s_sum"] for p in per_phase.values()) + sum(r.get("meta_s", 0.0) for r in per_rank)
+    other_s = max(0.0, total_s - read_s - ckpt_s)
+    return {"read": share(read_s, total_s), "checkpoint": share(ckpt_s, total_s), "other": share(other_s, total_s),
+            "read_s": read_s, "checkpoint_s": ckpt_s, "other_s": other_s,
+            "basis": "busy time summed over ranks: reads in train+eval vs all I/O in checkpoint+restore vs the "
+                     "rest (generate, metadata, other)"}
+
+
+def _timeline(ranks: list[RankEvents], per_phase: dict[str, dict[str, Any]]) -> Timeline | None:
+    if not ranks or not any(len(r.events) for r in ranks):
+        return None
+    span = max(float(r.events["end"].max()) for r in ranks if len(r.events))
+    width, nbins = grid(span)
+    out = {}
+    for op_name, code in (("read", _READ), ("write", _WRITE)):
+        rows, starts, ends, lengths = [], [], [], []
+        for row, rank in enumerate(ranks):
+            sel = rank.events["op"] == code
+            ev = rank.events[sel]
+            rows.append(np.full(len(ev), row))
+            starts.append(ev["start"])
+            ends.append(ev["end"])
+            lengths.append(ev["length"])
+        out[op_name] = spread(np.concatenate(rows), np.concatenate(starts), np.concatenate(ends),
+                              np.concatenate(lengths), len(ranks), width, nbins)
+    spans = [(name, p["first_start_s"], p["last_end_s"]) for name, p in per_phase.items()]
+    return Timeline(width, out["read"], out["write"], [f"rank {r.rank}" for r in ranks], "events", spans)
+
+
+def _from_summary_only(summary: dict[str, Any]) -> tuple[dict, list, int, int]:
+    io = summary.get("io", {}) or {}
+    per_phase = {}
+    for name, p in (io.get("by_phase") or {}).items():
+        # summary.json's by_phase times are sums over ranks: the slowest rank's time is unknown
+        per_phase[name] = phase_entry(p.get("bytes_read", 0), p.get("bytes_written", 0), None, None,
+                                      p.get("read_s", 0.0), p.get("write_s", 0.0), p.get("ops", 0), 0, 0)
+    per_rank = []
+    for r in summary.get("ranks", []) or []:
+        fig = {k: r.get(k) for k in ("rank", "hostname", "bytes_read", "bytes_written", "read_s", "write_s", "samples", "steps", "peak_rss_bytes")}
+        fig["label"] = f"rank {r.get('rank')} ({r.get('hostname')})"
+        fig["meta_s"] = 0.0
+        fig["io_s"] = (r.get("read_s") or 0.0) + (r.get("write_s") or 0.0)
+        fig["read_mib_per_s"] = rate_mib_per_s(r.get("bytes_read") or 0, r.get("read_s") or 0.0)
+        fig["write_mib_per_s"] = rate_mib_per_s(r.get("bytes_written") or 0, r.get("write_s") or 0.0)
+        per_rank.append(fig)
+    return per_phase, per_rank, int(io.get("bytes_read", 0) or 0), int(io.get("bytes_written", 0) or 0)
+
+
+def _headline(summary: dict[str, Any], analysis: JobAnalysis) -> dict[str, Any]:
+    train = summary.get("train") or {}
+    ckpt = summary.get("checkpoint") or {}
+    ranks = analysis.per_rank
+    read_s = max((r.get("read_s") or 0.0 for r in ranks), default=0.0)
+    write_s = max((r.get("write_s") or 0.0 for r in ranks), default=0.0)
+    return {
+        "workload": summary.get("workload"),
+        "mode": summary.get("mode"),
+        "strategy": ckpt.get("strategy"),
+        "ranks": summary.get("world_size", len(ranks)),
+        "bytes_read": analysis.bytes_read,
+        "bytes_written": analysis.bytes_written,
+        "read_s": read_s,
+        "write_s": write_s,
+        "read_mib_per_s": rate_mib_per_s(analysis.bytes_read, read_s),
+        "write_mib_per_s": rate_mib_per_s(analysis.bytes_written, write_s),
+        "slowest_rank_io_s": analysis.slowest_rank["io_s"] if analysis.slowest_rank else None,
+        "read_share": analysis.io_time_share.get("read"),
+        "checkpoint_share": analysis.io_time_share.get("checkpoint"),
+        "files": analysis.files.get("count"),
+        "wall_s": summary.get("wall_s"),
+        "samples_per_s": train.get("samples_per_s"),
+        "au": train.get("au"),
+        "train_read_mib_per_s": train.get("read_mib_per_s"),
+        "checkpoint_write_gib_per_s": ckpt.get("write_gib_per_s"),
+        "checkpoint_write_gib_per_s_min_rank": ckpt.get("write_gib_per_s_min_rank"),
+        "checkpoint_blocking_s_max": ckpt.get("blocking_s_max"),
+        "training_time_lost_fraction": ckpt.get("training_time_lost_fraction"),
+        "restore_gib_per_s": ckpt.get("restore_gib_per_s"),
+    }
+
+
+def _crosscheck(run_dir: Path, summary: dict[str, Any], analysis: JobAnalysis) -> None:
+    """A Darshan log of the same run must report the same bytes as the events."""
+    rel = (summary.get("traces") or {}).get("darshan")
+    if not rel:
+        return
+    path = run_dir / rel
+    if not path.is_file():
+        analysis.warnings.append(f"summary.json names a Darshan log {rel} that is not in the run folder")
+        return
+    try:
+        from dlio_ckpt.analysis.darshan_logs import load_logs  # PyDarshan is optional for run folders
+
+        log = load_logs([path])[0]
+        c = log.report.records["POSIX"].to_df()["counters"] if "POSIX" in log.report.records else None
+        br = int(c["POSIX_BYTES_READ"].sum()) if c is not None else 0
+        bw = int(c["POSIX_BYTES_WRITTEN"].sum()) if c is not None else 0
+    except UserError as exc:
+        analysis.warnings.append(f"Darshan log {rel} not cross-checked: {exc}")
+        return
+    agrees = (br, bw) == (analysis.bytes_read, analysis.bytes_written)
+    analysis.extra["darshan_crosscheck"] = {"path": str(path), "bytes_read": br, "bytes_written": bw, "agrees": agrees}
+    if not agrees:
+        analysis.warnings.append(f"Darshan log {rel} reports {br} bytes read / {bw} written, events {analysis.bytes_read} / {analysis.bytes_written}")
+
+
+def analyse_run(run_dir: Path, label: str | None = None, timeline: bool = True) -> JobAnalysis:
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir)
+    ranks = load_run_events(run_dir) if (run_dir / "events").is_dir() else []
+    warnings = [f"summary.json: {w}" for w in summary.get("warnings", []) or []]
+    job = {k: summary.get(k) for k in ("workload", "mode", "world_size", "hostnames", "started_at", "wall_s", "tool_version")}
+    job["run_dir"] = str(run_dir)
+    extra = {"summary": {k: summary.get(k) for k in ("train", "checkpoint", "dataset") if summary.get(k)}}
+    if ranks:
+        per_rank = _per_rank(ranks, summary)
+        per_phase = _per_phase(ranks)
+        bytes_read = sum(r["bytes_read"] for r in per_rank)
+        bytes_written = sum(r["bytes_written"] for r in per_rank)
+        read_sizes = np.concatenate([r.events["length"][r.events["op"] == _READ] for r in ranks])
+        write_sizes = np.concatenate([r.events["length"][r.events["op"] == _WRITE] for r in ranks])
+        histogram = {"buckets": list(SIZE_BUCKETS), "read": histogram_from_sizes(read_sizes),
+                     "write": histogram_from_sizes(write_sizes), "source": "event lengths in Darshan's size buckets"}
+        files = _files(ranks)
+        io = summary.get("io") or {}
+        for key, value in (("bytes_read", bytes_read), ("bytes_written", bytes_written)):
+            if key in io and int(io[key]) != value:
+                warnings.append(f"events total {key}={value} differs from summary.json io.{key}={io[key]}")
+    else:
+        warnings.append("no events/ in the run folder: figures come from summary.json (no histogram, files or timeline)")
+        per_phase, per_rank, bytes_read, bytes_written = _from_summary_only(summary)
+        histogram = {"buckets": list(SIZE_BUCKETS), "read": [0] * len(SIZE_BUCKETS), "write": [0] * len(SIZE_BUCKETS),
+                     "source": "unavailable (no events)"}
+        files = {"count": None, "top": []}
+    slow = max(per_rank, key=lambda r: r.get("io_s") or 0.0) if per_rank else None
+    slowest = ({"rank": slow["rank"], "label": slow["label"], "io_s": slow["io_s"],
+                "bytes": (slow.get("bytes_read") or 0) + (slow.get("bytes_written") or 0),
+                "basis": "busy time in reads + writes/fsyncs + metadata operations"} if slow else None)
+    analysis = JobAnalysis(
+        label=label or run_dir.name, kind="run", inputs=[str(run_dir)], bytes_read=int(bytes_read),
+        bytes_written=int(bytes_written), per_phase=per_phase, per_rank=per_rank, slowest_rank=slowest,
+        histogram=histogram, files=files, io_time_share=_io_share(per_phase, per_rank), job=job,
+        extra=extra, warnings=warnings,
+    )
+    analysis.headline = _headline(summary, analysis)
+    if timeline and ranks:
+        analysis.timeline = _timeline(ranks, per_phase)
+    _crosscheck(run_dir, summary, analysis)
+    return analysis

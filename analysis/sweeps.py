@@ -1,0 +1,79 @@
+"""Sweep folders -> one JobAnalysis per job, labelled by what the job changed.
+
+A sweep exists to be compared, so each job keeps its row of sweep_summary.csv (overrides and the
+headline metrics the sweep recorded) beside what is recomputed from its run folder. A row whose
+folder is gone still appears, with the CSV's figures only, so a partly deleted sweep still compares.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from dlio_ckpt.analysis.inputs import is_run_folder
+from dlio_ckpt.analysis.model import JobAnalysis
+from dlio_ckpt.analysis.run_folders import analyse_run
+from dlio_ckpt.errors import UserError
+
+
+def _number(text: str) -> Any:
+    """CSV cells back to numbers where they are numbers, so the compare table can plot them."""
+    if text is None:
+        return None
+    text = text.strip()
+    if text == "":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            continue
+    return text
+
+
+def read_sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    try:
+        with open(sweep_dir / "sweep_summary.csv", newline="", encoding="utf-8") as handle:
+            rows = [{k: _number(v) for k, v in row.items() if k is not None} for row in csv.DictReader(handle)]
+    except (OSError, csv.Error) as exc:
+        raise UserError(f"{sweep_dir / 'sweep_summary.csv'}: cannot read the sweep summary ({exc})") from exc
+    return rows
+
+
+def _job_label(row: dict[str, Any]) -> str:
+    overrides = row.get("overrides")
+    return f"job {row.get('job')}" + (f": {overrides}" if overrides not in (None, "") else "")
+
+
+def _csv_only(sweep_dir: Path, row: dict[str, Any]) -> JobAnalysis:
+    headline = {k: v for k, v in row.items() if k not in ("job", "overrides")}
+    return JobAnalysis(
+        label=_job_label(row), kind="run", inputs=[str(sweep_dir / str(row.get("job")))],
+        bytes_read=int(row.get("bytes_read") or 0), bytes_written=int(row.get("bytes_written") or 0),
+        per_phase={}, per_rank=[], slowest_rank=None, histogram={}, files={"count": None, "top": []},
+        io_time_share={}, job={"sweep": str(sweep_dir), "job": row.get("job")}, headline=headline,
+        extra={"sweep_row": row}, warnings=[f"run folder {row.get('job')} missing: figures from sweep_summary.csv"],
+    )
+
+
+def analyse_sweep(sweep_dir: Path, timeline: bool = True) -> list[JobAnalysis]:
+    rows = read_sweep_rows(sweep_dir)
+    if not rows:
+        rows = [{"job": p.name} for p in sorted(sweep_dir.iterdir(), key=lambda p: (len(p.name), p.name)) if is_run_folder(p)]
+    jobs = []
+    for row in rows:
+        folder = sweep_dir / str(row.get("job"))
+        if not is_run_folder(folder):
+            jobs.append(_csv_only(sweep_dir, row))
+            continue
+        analysis = analyse_run(folder, label=_job_label(row), timeline=timeline)
+        analysis.extra["sweep_row"] = row
+        analysis.job["sweep"] = str(sweep_dir)
+        for key, value in row.items():
+            # world_size is the "ranks" row already; job/overrides label the column
+            if key not in ("job", "overrides", "world_size") and analysis.headline.get(key) is None:
+                analysis.headline[key] = value
+        analysis.headline["overrides"] = row.get("overrides")
+        jobs.append(analysis)
+    return jobs

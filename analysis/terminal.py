@@ -1,0 +1,76 @@
+"""What a person at the terminal sees: the headline and where the full report went.
+
+The terminal gets a short view (rich tables); the report file and --json carry everything, so
+nothing here has to be parseable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dlio_ckpt.analysis.model import JobAnalysis
+from dlio_ckpt.analysis.report import fmt, fmt_bytes, fmt_share, fmt_size
+
+_RANKS_SHOWN = 8
+
+
+def _job(console: Console, job: JobAnalysis) -> None:
+    table = Table(title=job.label, show_header=False)
+    table.add_column("figure")
+    table.add_column("value", overflow="fold")
+    table.add_row("bytes read", fmt_bytes(job.bytes_read))
+    table.add_row("bytes written", fmt_bytes(job.bytes_written))
+    for module in ("stdio", "mpiio"):
+        other = job.extra.get(module)
+        if other:
+            table.add_row(f"{module.upper()} (not in totals)", f"read {fmt_size(other['bytes_read'])}, written {fmt_size(other['bytes_written'])}")
+    if job.slowest_rank:
+        table.add_row("slowest rank", f"{job.slowest_rank['label']} ({fmt(job.slowest_rank['io_s'])} s)")
+    share = job.io_time_share
+    if share:
+        table.add_row("I/O time share", f"read {fmt_share(share.get('read'))}, checkpoint {fmt_share(share.get('checkpoint'))}, "
+                                        f"other {fmt_share(share.get('other'))}")
+    if job.files.get("count") is not None:
+        table.add_row("files touched", fmt(job.files["count"]))
+    console.print(table)
+    if job.per_phase:
+        phases = Table(title="per phase (bandwidth = bytes / slowest rank's time)")
+        for col in ("phase", "bytes read", "bytes written", "read s", "write s", "read MiB/s", "write MiB/s"):
+            phases.add_column(col, justify="right")
+        for name, p in job.per_phase.items():
+            phases.add_row(name, fmt_size(p["bytes_read"]), fmt_size(p["bytes_written"]), fmt(p["read_s"]), fmt(p["write_s"]),
+                           fmt(p["read_mib_per_s"]), fmt(p["write_mib_per_s"]))
+        console.print(phases)
+    if job.per_rank:
+        ranks = Table(title=f"slowest ranks (of {len(job.per_rank)})")
+        for col in ("rank", "bytes read", "bytes written", "I/O s"):
+            ranks.add_column(col, justify="right")
+        for r in sorted(job.per_rank, key=lambda r: -(r.get("io_s") or 0.0))[:_RANKS_SHOWN]:
+            ranks.add_row(r["label"], fmt_size(r.get("bytes_read")), fmt_size(r.get("bytes_written")), fmt(r.get("io_s")))
+        console.print(ranks)
+    for warning in job.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def comparison(console: Console, table: dict[str, Any]) -> None:
+    view = Table(title="comparison")
+    view.add_column("metric")
+    for i, run in enumerate(table["runs"]):
+        view.add_column(f"{i + 1}: {run}", justify="right", overflow="fold")
+    for row in table["rows"]:
+        view.add_row(row["label"], *[fmt(row["values"].get(run)) for run in table["runs"]])
+    console.print(view)
+
+
+def show(jobs: list[JobAnalysis], table: dict[str, Any] | None, written: list[str], compare_only: bool) -> None:
+    console = Console()
+    if table is not None:
+        comparison(console, table)
+    if not compare_only:
+        for job in jobs:
+            _job(console, job)
+    for path in written:
+        console.print(f"wrote {path}")
