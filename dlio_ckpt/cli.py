@@ -106,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if info:
         _run_hydra(flags + overrides, task=lambda cfg: None)
         return
+    from dlio_ckpt.trace.runtime import prepare_darshan_init, prepare_darshan_runtime
+
+    darshan_preloaded = prepare_darshan_init(os.environ, job_name="dlio_ckpt")
     world = World.from_environment()
     try:
         from dlio_ckpt.config.load import validate_command_line
@@ -115,11 +118,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     except UserError as exc:
         fail(world, str(exc))
         return
+    darshan_runtime = None
+    if darshan_preloaded:
+        darshan_runtime = prepare_darshan_runtime(os.environ, folder, world.size, folder.name, rank=world.rank,
+                                                  mpi=world.comm is not None)
+        if darshan_runtime is not None and world.is_root:
+            print(f"dlio_ckpt: {darshan_runtime.message}", file=sys.stderr, flush=True)
     injected = [o for o in overrides if not o.startswith(key + "=")] + [f"{key}={folder}"]
     if not world.is_root:
         injected += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     run_id = folder.name if not multirun else f"{folder.name}"
-    _run_hydra(flags + injected, task=make_task(world, run_id, multirun))
+    _run_hydra(flags + injected, task=make_task(world, run_id, multirun, darshan_runtime))
     if multirun and world.is_root:
         from dlio_ckpt.sweep import combine_sweep
 
@@ -127,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"sweep summary: {table}")
 
 
-def make_task(world: World, run_id: str, multirun: bool):
+def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
     """The Hydra task function: build the RunConfig and run the job on this rank."""
 
     def task(cfg) -> None:
@@ -141,7 +150,7 @@ def make_task(world: World, run_id: str, multirun: bool):
         job_id = f"{run_id}-{hydra.job.num}" if multirun else run_id
         try:
             config = to_run_config(cfg, explicit_keys(list(hydra.overrides.task)), str(run_dir))
-            run_job(world, config, run_dir, job_id)
+            run_job(world, config, run_dir, job_id, darshan_runtime=darshan_runtime)
         except UserError as exc:
             print(f"dlio_ckpt: error{f' (rank {world.rank})' if world.parallel else ''}: {exc}", file=sys.stderr, flush=True)
             world.abort(USAGE_EXIT_CODE)

@@ -69,8 +69,12 @@ def make_context(world: World, config: RunConfig, run_dir: Path, run_id: str) ->
     return RunContext(config=config, world=world, run_dir=run_dir, run_id=run_id, clock=clock, recorder=recorder, storage=storage)
 
 
-def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str) -> dict[str, Any] | None:
-    """Run the job and return the summary on rank 0 (None on other ranks)."""
+def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan_runtime: Any = None) -> dict[str, Any] | None:
+    """Run the job and return the summary on rank 0 (None on other ranks).
+
+    `darshan_runtime` (a trace.runtime.RuntimeInfo) says a preloaded darshan-runtime records
+    this run, so no emulated Darshan log is written beside its log.
+    """
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     start = time.perf_counter()
     if config.mode == "plan":
@@ -125,7 +129,7 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str) -> dict
         summary["replay"] = _sum_replay([r["replay"] for r in everyone])
     summary["io"] = summaries.io_section(everyone)
     summary["peak_rss_bytes_max"] = max(r["peak_rss_bytes"] for r in everyone)
-    summary["traces"] = _write_traces(ctx, everyone, wall_s)
+    summary["traces"] = _write_traces(ctx, everyone, darshan_runtime)
     summary["warnings"] = warnings
     summaries.write_summary(run_dir, summary)
     print_report(summary, config.progress)
@@ -141,18 +145,20 @@ def _sum_replay(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def _write_traces(ctx: RunContext, everyone: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+def _write_traces(ctx: RunContext, everyone: list[dict[str, Any]], darshan_runtime: Any) -> dict[str, Any]:
     config = ctx.config
     traces: dict[str, Any] = {"events": "events" if config.trace.events else None, "darshan": None, "chrome": None}
-    if not (config.trace.darshan or config.trace.chrome):
+    if not (config.trace.darshan or config.trace.chrome or darshan_runtime is not None):
         return traces
     from dlio_ckpt.storage.events import load_run_events
-    from dlio_ckpt.trace.outputs import job_info, write_trace_outputs
+    from dlio_ckpt.trace.darshan_writer import JobInfo
+    from dlio_ckpt.trace.outputs import write_trace_outputs
 
     ranks = load_run_events(ctx.run_dir)
-    job = job_info(ctx, [r["hostname"] for r in everyone], wall_s)
-    written = write_trace_outputs(ctx.run_dir, ranks, job, darshan=config.trace.darshan, chrome=config.trace.chrome)
-    traces.update(written)
+    job = JobInfo.for_run(ctx.world.size, ctx.clock.job_start_wall, time.time(), [r["hostname"] for r in everyone],
+                          metadata={"run_id": ctx.run_id, "workload": config.workload}, mpi=ctx.world.parallel)
+    traces.update(write_trace_outputs(ctx.run_dir, ranks, job, darshan=config.trace.darshan, chrome=config.trace.chrome,
+                                      runtime=darshan_runtime))
     if not config.trace.events:
         for path in (ctx.run_dir / "events").glob("rank-*.npz"):
             os.unlink(path)

@@ -1,0 +1,154 @@
+"""A replay plan from a Darshan log's DXT_POSIX traces: which files, and each rank's reads and writes.
+
+DXT keeps every POSIX read and write call (offset, bytes moved, start and end) per rank and file,
+which is enough to re-issue the same I/O on another system and compare the two with the analysis
+command. The plan is a value: files get a place under storage.root/replay/<log stem>/ (the
+original tree below the longest common folder) and a size (the furthest byte any call touched),
+and every log rank gets its calls in start-time order. Nothing here touches the storage.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.optional import require
+
+READ, WRITE = 0, 1
+OP_DTYPE = np.dtype([("op", "u1"), ("file", "u4"), ("offset", "i8"), ("length", "i8"), ("start", "f8"), ("end", "f8")])
+
+
+@dataclass(frozen=True)
+class ReplayFile:
+    original: str  # the path in the log
+    relative: str  # where it goes under storage.root/replay/<stem>/
+    size: int  # the furthest byte any call in the log touched
+    read: bool  # some call reads it: it must exist with contents before the replay starts
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    log: str
+    stem: str
+    nprocs: int  # ranks of the logged job
+    files: tuple[ReplayFile, ...]
+    ops: tuple[np.ndarray, ...]  # per log rank: OP_DTYPE calls in start-time order
+
+    @property
+    def log_ranks(self) -> int:
+        return len(self.ops)
+
+    def ranks_for(self, world_rank: int, world_size: int) -> list[int]:
+        """Log ranks a world rank replays: log rank r goes to world rank r % world_size."""
+        return [r for r in range(self.log_ranks) if r % world_size == world_rank]
+
+    def ops_for(self, world_rank: int, world_size: int) -> np.ndarray:
+        """The calls a world rank replays, merged in start-time order when it replays several log ranks."""
+        mine = [self.ops[r] for r in self.ranks_for(world_rank, world_size)]
+        if not mine:
+            return np.zeros(0, OP_DTYPE)
+        merged = np.concatenate(mine)
+        return merged[np.argsort(merged["start"], kind="stable")]
+
+    def totals(self) -> dict[str, int]:
+        every = np.concatenate(self.ops) if self.ops else np.zeros(0, OP_DTYPE)
+        reads, writes = every[every["op"] == READ], every[every["op"] == WRITE]
+        return {"reads": len(reads), "writes": len(writes), "bytes_read": int(reads["length"].sum()),
+                "bytes_written": int(writes["length"].sum())}
+
+
+def _bad(message: str) -> ConfigError:
+    return ConfigError(f"replay.log: {message}")
+
+
+def _open_report(path: str):
+    darshan = require("darshan")
+    if not path:
+        raise _bad("is empty; set replay.log=FILE.darshan, a Darshan log with DXT_POSIX traces")
+    if not os.path.isfile(path):
+        raise _bad(f"no such file '{path}'; give the path of a .darshan log with DXT_POSIX traces")
+    try:
+        report = darshan.DarshanReport(path, read_all=False)
+    except Exception as exc:  # PyDarshan raises RuntimeError, ValueError, ... for bad input
+        raise _bad(f"'{path}' is not a Darshan log PyDarshan can read ({' '.join(str(exc).split()) or type(exc).__name__})") from None
+    if "DXT_POSIX" not in report.modules:
+        raise _bad(f"'{path}' has no DXT_POSIX traces; record the run with DARSHAN_MOD_ENABLE=DXT_POSIX "
+                   "(darshan-runtime) or trace.darshan=true (dlio_ckpt)")
+    return report
+
+
+def _segments(frame, op: int, file_index: int, rank_calls: list) -> int:
+    """Append one record's segments (a pandas frame, empty when there are none); return the max extent."""
+    if frame is None or len(frame) == 0:
+        return 0
+    count = len(frame)
+    calls = np.zeros(count, OP_DTYPE)
+    calls["op"] = op
+    calls["file"] = file_index
+    calls["offset"] = frame["offset"].to_numpy()
+    calls["length"] = frame["length"].to_numpy()
+    calls["start"] = frame["start_time"].to_numpy()
+    calls["end"] = frame["end_time"].to_numpy()
+    rank_calls.append(calls)
+    return int((calls["offset"] + calls["length"]).max())
+
+
+def _relative_paths(originals: list[str]) -> list[str]:
+    """Each path below the longest folder all of them share (at least the file name)."""
+    folders = [os.path.dirname(p) or "/" for p in originals]
+    try:
+        common = os.path.commonpath(folders) if folders else "/"
+    except ValueError:  # a mix of absolute and relative names
+        common = ""
+    out = []
+    for path in originals:
+        rel = os.path.relpath(path, common) if common else path.lstrip("/")
+        rel = os.path.normpath(rel).lstrip("/")
+        if rel.startswith(".."):
+            rel = path.lstrip("/")
+        out.append(rel)
+    return out
+
+
+def load_replay_plan(path: str | Path) -> ReplayPlan:
+    """Read the log's DXT_POSIX records into a ReplayPlan (ConfigError naming replay.log on bad input)."""
+    path = str(path)
+    report = _open_report(path)
+    report.mod_read_all_dxt_records("DXT_POSIX", dtype="pandas")
+    names: dict[int, str] = dict(report.name_records)
+    nprocs = int(report.metadata["job"]["nprocs"])
+    file_index: dict[str, int] = {}
+    extents: list[int] = []
+    read_files: set[int] = set()
+    per_rank: dict[int, list] = {}
+    for record in report.records["DXT_POSIX"].to_df():
+        name = names.get(record["id"])
+        if not name or name.startswith("<"):
+            continue
+        index = file_index.setdefault(name, len(file_index))
+        if index == len(extents):
+            extents.append(0)
+        rank = max(int(record["rank"]), 0)
+        calls = per_rank.setdefault(rank, [])
+        extents[index] = max(extents[index], _segments(record["write_segments"], WRITE, index, calls))
+        read_extent = _segments(record["read_segments"], READ, index, calls)
+        if int(record.get("read_count", 0)) > 0:
+            read_files.add(index)
+        extents[index] = max(extents[index], read_extent)
+    if not file_index:
+        raise _bad(f"'{path}' has DXT_POSIX records but no traced reads or writes of named files")
+    ranks = max(max(per_rank) + 1, nprocs if nprocs > 0 else 1)
+    ops = []
+    for rank in range(ranks):
+        calls = per_rank.get(rank)
+        merged = np.concatenate(calls) if calls else np.zeros(0, OP_DTYPE)
+        ops.append(merged[np.argsort(merged["start"], kind="stable")])
+    originals = list(file_index)
+    files = tuple(ReplayFile(original=o, relative=r, size=extents[i], read=i in read_files)
+                  for i, (o, r) in enumerate(zip(originals, _relative_paths(originals))))
+    stem = Path(path).name.split(".darshan")[0] or "log"
+    return ReplayPlan(log=os.path.abspath(path), stem=stem, nprocs=nprocs, files=files, ops=tuple(ops))
