@@ -8,8 +8,8 @@ wrong value gives one line naming the key and what is allowed, exit code 2, and 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
-from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -32,7 +32,9 @@ def _data_dir(name: str) -> Path:
     source = Path(__file__).resolve().parents[2] / name
     if source.is_dir():
         return source
-    return Path(str(resources.files(f"dlio_ckpt.{name}")))
+    # A data-only folder installs as a namespace package: its __path__ holds the real folder.
+    package = importlib.import_module(f"dlio_ckpt.{name}")
+    return Path(list(package.__path__)[0])
 
 
 def conf_dir() -> Path:
