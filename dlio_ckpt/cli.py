@@ -9,6 +9,7 @@ waiting in a collective.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import time
@@ -127,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     injected = [o for o in overrides if not o.startswith(key + "=")] + [f"{key}={folder}"]
     if not world.is_root:
         injected += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    run_id = folder.name if not multirun else f"{folder.name}"
+    # The run's own checkpoint folder is named after it: unique even when two run folders share a name.
+    run_id = f"{folder.name}-{hashlib.sha1(str(folder).encode()).hexdigest()[:8]}"
     _run_hydra(flags + injected, task=make_task(world, run_id, multirun, darshan_runtime))
     if multirun and world.is_root:
         from dlio_ckpt.sweep import combine_sweep

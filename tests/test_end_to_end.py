@@ -109,7 +109,7 @@ def test_mpi_run_shards_and_counts_bytes(workdir):
     assert summary["world_size"] == 2
     assert summary["train"]["bytes_read"] == 2 * on_disk
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
-    assert sum(r["bytes_read"] for r in summary["ranks"]) == 2 * on_disk
+    assert sum(r["train_bytes_read"] for r in summary["ranks"]) == 2 * on_disk
     assert sum(r["samples"] for r in summary["ranks"]) == 16
     assert sorted(p.name for p in (run / "events").iterdir()) == ["rank-00000.npz", "rank-00001.npz"]
     assert [p.name for p in run.rglob(".hydra")] == [".hydra"]
@@ -232,3 +232,25 @@ def test_tensorflow_reader_reads_every_tfrecord_file(workdir):
     on_disk = sum(p.stat().st_size for p in train_files(root, "resnet"))
     assert summary["train"]["samples"] == 8 * 8
     assert summary["train"]["bytes_read"] == on_disk
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("strategy", ["sharded", "single_writer", "async"])
+def test_mpi_checkpoints_put_the_planned_bytes_on_disk_and_restore(workdir, strategy):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(["workload=llama3_8b", "scale=tiny", "progress=false", f"checkpoint.strategy={strategy}", "checkpoint.restore=true",
+            "checkpoint.drop_caches=false", f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd", ranks=2)
+    summary = load_summary(run)
+    ckpt = summary["checkpoint"]
+    folders = sorted(p for p in (root / "checkpoints").glob("*/*") if p.is_dir())
+    assert ckpt["writes"] == len(folders) >= 1
+    for folder, record in zip(folders, ckpt["per_checkpoint"]):
+        manifest = json.loads((folder / "dlio_ckpt_manifest.json").read_text())
+        data = sum((folder / f["path"]).stat().st_size for f in manifest["files"])
+        assert data == record["bytes"]
+    assert ckpt["restore_verified"] is True
+    writers = {r["rank"]: r["bytes_written"] for r in summary["ranks"]}
+    if strategy == "single_writer":
+        assert writers[1] == 0  # rank 1 only sent its state to rank 0
+    else:
+        assert writers[1] > 0

@@ -103,8 +103,6 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
         warnings.extend(phase_warnings)
 
     local["io"] = _io_by_phase(ctx.recorder)
-    local["bytes_written"] = sum(ctx.recorder.bytes_written.values())
-    local["write_s"] = sum(ctx.recorder.write_seconds.values())
     local["peak_rss_bytes"] = peak_rss_bytes()
     if config.trace.events or config.trace.darshan or config.trace.chrome:
         ctx.recorder.save(run_dir / "events", local["hostname"])
@@ -122,12 +120,12 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
         summary[key] = value
     if "train" in everyone[0]:
         summary["train"] = summaries.train_section(everyone, config)
-        summary["ranks"] = summaries.rank_rows(everyone)
         if config.evaluation.enabled:
             summary["eval"] = summaries.eval_section(everyone)
     if "replay" in everyone[0]:
         summary["replay"] = _sum_replay([r["replay"] for r in everyone])
     summary["io"] = summaries.io_section(everyone)
+    summary["ranks"] = summaries.rank_rows(everyone)
     summary["peak_rss_bytes_max"] = max(r["peak_rss_bytes"] for r in everyone)
     summary["traces"] = _write_traces(ctx, everyone, darshan_runtime)
     summary["warnings"] = warnings

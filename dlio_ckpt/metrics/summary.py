@@ -87,12 +87,21 @@ def eval_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def rank_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    keys = ("rank", "hostname", "samples", "steps", "train_bytes_read", "train_read_s", "bytes_written", "write_s", "peak_rss_bytes")
+    """One row per rank: what it moved in every phase, and its training figures when it trained."""
     rows = []
     for rank in ranks:
-        row = {key: rank[key] for key in keys}
-        row["bytes_read"] = row.pop("train_bytes_read")
-        row["read_s"] = row.pop("train_read_s")
+        row = {
+            "rank": rank["rank"],
+            "hostname": rank["hostname"],
+            "bytes_read": int(sum(p["bytes_read"] for p in rank["io"].values())),
+            "bytes_written": int(sum(p["bytes_written"] for p in rank["io"].values())),
+            "read_s": float(sum(p["read_s"] for p in rank["io"].values())),
+            "write_s": float(sum(p["write_s"] for p in rank["io"].values())),
+            "peak_rss_bytes": rank["peak_rss_bytes"],
+        }
+        if "train" in rank:
+            row.update(samples=rank["samples"], steps=rank["steps"], train_bytes_read=rank["train_bytes_read"],
+                       train_read_s=rank["train_read_s"])
         rows.append(row)
     return rows
 
