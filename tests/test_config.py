@@ -86,3 +86,15 @@ def test_sweep_validates_every_job():
         validate_command_line(["workload=unet3d,nope", "scale=tiny"], multirun=True)
     with pytest.raises(ConfigError, match="reader.batch_size: must be at least 1"):
         validate_command_line(["scale=tiny", "reader.batch_size=4,0"], multirun=True)
+
+
+def test_tiny_keeps_a_sample_budget_for_single_file_datasets():
+    config = load_config(["workload=megatron_deepspeed", "scale=tiny"])
+    assert config.dataset.num_files_train == 1
+    assert config.dataset.num_samples_per_file == 64  # 8 files x 8 samples, in one file
+
+
+def test_tiny_shortens_the_pause_between_mlperf_checkpoints():
+    full = load_config(["workload=llama3_8b"])
+    tiny = load_config(["workload=llama3_8b", "scale=tiny"])
+    assert full.checkpoint.sleep_between_s > tiny.checkpoint.sleep_between_s == pytest.approx(0.1)

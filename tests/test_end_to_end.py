@@ -254,3 +254,17 @@ def test_mpi_checkpoints_put_the_planned_bytes_on_disk_and_restore(workdir, stra
         assert writers[1] == 0  # rank 1 only sent its state to rank 0
     else:
         assert writers[1] > 0
+
+
+def test_every_workload_runs_at_tiny_scale(workdir):
+    from dlio_ckpt.config.load import workload_names
+
+    for name in [w for w in workload_names() if w != "replay"]:
+        run = workdir / name
+        run_ok([f"workload={name}", "scale=tiny", "progress=false", "checkpoint.drop_caches=false",
+                f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"], workdir / "cwd")
+        summary = load_summary(run)
+        assert summary["workload"] == name
+        assert summary["io"]["bytes_read"] + summary["io"]["bytes_written"] > 0
+        if summary["mode"] == "train":
+            assert summary["train"]["steps"] >= 1

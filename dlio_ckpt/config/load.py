@@ -220,8 +220,13 @@ def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
         return changes
 
     ds = config.dataset
+    # A dataset of fewer files than the cap (one big indexed file, say) may keep more samples per
+    # file: the scale's budget is max_files x max_samples_per_file samples in all.
+    samples_cap = scale.max_samples_per_file
+    if samples_cap and scale.max_files:
+        samples_cap = max(samples_cap, scale.max_files * scale.max_samples_per_file // max(1, min(ds.num_files_train, scale.max_files)))
     ds_changes = cap(ds, "dataset", num_files_train=scale.max_files, num_files_eval=scale.max_eval_files,
-                     num_samples_per_file=scale.max_samples_per_file, record_length_bytes=scale.max_sample_bytes)
+                     num_samples_per_file=samples_cap, record_length_bytes=scale.max_sample_bytes)
     if "record_length_bytes" in ds_changes and "dataset.record_length_bytes_stdev" not in explicit:
         ratio = ds_changes["record_length_bytes"] / ds.record_length_bytes
         ds_changes["record_length_bytes_stdev"] = int(ds.record_length_bytes_stdev * ratio)
@@ -253,7 +258,8 @@ def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
 
     ck = config.checkpoint
     ck_changes = cap(ck, "checkpoint", checkpoint_after_epoch=scale.max_epochs, epochs_between_checkpoints=scale.max_epochs,
-                     num_checkpoints_write=scale.max_checkpoints, num_checkpoints_read=scale.max_checkpoints)
+                     num_checkpoints_write=scale.max_checkpoints, num_checkpoints_read=scale.max_checkpoints,
+                     sleep_between_s=scale.max_checkpoint_sleep_s)
     if ck.steps_between_checkpoints and scale.max_steps and "checkpoint.steps_between_checkpoints" not in explicit:
         every = max(1, scale.max_steps // max(scale.max_checkpoints, 1))
         ck_changes["steps_between_checkpoints"] = min(ck.steps_between_checkpoints, every)

@@ -245,6 +245,7 @@ class ScaleConfig:
     max_computation_time: float
     max_checkpoints: int
     max_batch_size: int
+    max_checkpoint_sleep_s: float
 
 
 @dataclass(frozen=True)
