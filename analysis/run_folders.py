@@ -27,6 +27,7 @@ from dlio_ckpt.analysis.model import (
 )
 from dlio_ckpt.analysis.timeline import grid, spread
 from dlio_ckpt.errors import UserError
+from dlio_ckpt.metrics.timing import busy_seconds
 from dlio_ckpt.storage.events import OPS, PHASES, RankEvents, load_run_events
 
 _READ = OPS.index("read")
@@ -36,17 +37,6 @@ _DATA_OPS = (_READ, _WRITE, _FSYNC)
 _READ_PHASES = ("train", "eval")
 _CHECKPOINT_PHASES = ("checkpoint", "restore")
 _TOP_FILES = 50
-
-
-def busy_time(start: np.ndarray, end: np.ndarray) -> float:
-    """Length of the union of [start, end] intervals: Darshan's overlap-free timer."""
-    if len(start) == 0:
-        return 0.0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], end[order]
-    reach = np.maximum.accumulate(e)
-    before = np.concatenate(([-np.inf], reach[:-1]))
-    return float(np.clip(e - np.maximum(s, before), 0.0, None).sum())
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
@@ -78,9 +68,9 @@ def _rank_figures(rank: RankEvents) -> dict[str, Any]:
         "bytes_written": int(ev["length"][writes].sum()),
         "reads": int(reads.sum()),
         "writes": int(writes.sum()),
-        "read_s": busy_time(ev["start"][reads], ev["end"][reads]),
-        "write_s": busy_time(ev["start"][write_like], ev["end"][write_like]),
-        "meta_s": busy_time(ev["start"][meta], ev["end"][meta]),
+        "read_s": busy_seconds(ev["start"][reads], ev["end"][reads]),
+        "write_s": busy_seconds(ev["start"][write_like], ev["end"][write_like]),
+        "meta_s": busy_seconds(ev["start"][meta], ev["end"][meta]),
     }
 
 
@@ -119,8 +109,8 @@ def _per_phase(ranks: list[RankEvents]) -> dict[str, dict[str, Any]]:
             ops += len(ev)
             nreads += int(reads.sum())
             nwrites += int(writes.sum())
-            read_times.append(busy_time(ev["start"][reads], ev["end"][reads]))
-            write_times.append(busy_time(ev["start"][write_like], ev["end"][write_like]))
+            read_times.append(busy_seconds(ev["start"][reads], ev["end"][reads]))
+            write_times.append(busy_seconds(ev["start"][write_like], ev["end"][write_like]))
             first, last = min(first, float(ev["start"].min())), max(last, float(ev["end"].max()))
         entry = phase_entry(br, bw, max(read_times, default=0.0), max(write_times, default=0.0),
                             sum(read_times), sum(write_times), ops, nreads, nwrites)

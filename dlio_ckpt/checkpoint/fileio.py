@@ -111,19 +111,17 @@ class _Hashing(io.RawIOBase):
         return self._h.fileno()
 
 
-def checksum_file(handle: Any, size: int, hasher: Any, chunk_bytes: int) -> str:
-    """Read a file back in chunks into one reused buffer and return its hex digest."""
-    buffer = bytearray(min(chunk_bytes, max(size, 1)))
-    view = memoryview(buffer)
+def read_back(handle: Any, size: int, hasher: Any, buffer: memoryview) -> int:
+    """Read `size` bytes of a file through one reused buffer into `hasher`; return the bytes read."""
     offset = 0
     while offset < size:
-        count = handle.read_at_into(view[: min(len(buffer), size - offset)], offset)
+        count = handle.read_at_into(buffer[: min(len(buffer), size - offset)], offset)
         if count <= 0:
             break
         if hasher is not None:
-            hasher.update(view[:count])
+            hasher.update(buffer[:count])
         offset += count
-    return hasher.hexdigest() if hasher is not None else ""
+    return offset
 
 
 def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt: Any,
@@ -142,7 +140,9 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
         elif wrapper.sequential and wrapper.expected == size:
             digest = wrapper._hasher.hexdigest()
         else:
-            digest = checksum_file(handle, size, new_hasher(checksum), chunk_bytes)
+            hasher = new_hasher(checksum)
+            read_back(handle, size, hasher, memoryview(bytearray(min(chunk_bytes, max(size, 1)))))
+            digest = hasher.hexdigest()
     finally:
         handle.close()
     return size, digest
@@ -157,14 +157,7 @@ def verify_file(storage: Any, abspath: str, size: int, checksum: str, algorithm:
     try:
         actual = handle.size()
         hasher = new_hasher(algorithm)
-        read = 0
-        while read < actual:
-            count = handle.read_at_into(buffer[: min(len(buffer), actual - read)], read)
-            if count <= 0:
-                break
-            if hasher is not None:
-                hasher.update(buffer[:count])
-            read += count
+        read = read_back(handle, actual, hasher, buffer)
     finally:
         handle.close()
     if actual != size:

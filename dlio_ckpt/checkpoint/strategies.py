@@ -38,14 +38,18 @@ class SyncStrategy:
     def files_to_write(self) -> tuple[PlannedFile, ...]:
         return self.engine.plan.files_by_rank[self.engine.world.rank]
 
+    def write(self, step: int) -> list[FileEntry]:
+        """This rank's part of checkpoint `step`; returns the entries of the files it wrote."""
+        e = self.engine
+        return e.write_planned(self.files_to_write(), step, lambda pf: e.source_chunks(pf.owner, step))
+
     def save(self, index: int, step: int, epoch: int) -> CheckpointRecord:
         e = self.engine
         start = now()
-        files = self.files_to_write()
         entries: list[FileEntry] = []
         error = None
         try:
-            entries = e.write_planned(files, step, lambda pf: e.source_chunks(pf.owner, step))
+            entries = self.write(step)
         except Exception as exc:  # reported through the commit so no rank waits forever
             error = exc
         write_s = now() - start
@@ -78,29 +82,14 @@ class SingleWriterStrategy(SyncStrategy):
             return ()
         return tuple(pf for rank_files in e.plan.files_by_rank for pf in rank_files)
 
-    def save(self, index: int, step: int, epoch: int) -> CheckpointRecord:
+    def write(self, step: int) -> list[FileEntry]:
         e = self.engine
         if not e.world.parallel:
-            return super().save(index, step, epoch)
-        start = now()
-        entries: list[FileEntry] = []
-        error = None
-        try:
-            if e.world.is_root:
-                entries = e.write_planned(self.files_to_write(), step, lambda pf: self._chunks(pf, step))
-            else:
-                self._send_own_state(step)
-        except Exception as exc:  # reported through the commit so no rank waits forever
-            error = exc
-        write_s = now() - start
-        metadata, commit_s = e.commit(index, step, epoch, entries, error)
-        total = now() - start
-        return CheckpointRecord(
-            index=index, step=step, epoch=epoch, bytes=sum(x.size for x in entries), files=len(entries),
-            blocking_s=total, persist_s=total, write_s=write_s if entries else 0.0, strategy=self.name,
-            folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
-            peak_rss_bytes=peak_rss_bytes(),
-        )
+            return super().write(step)
+        if e.world.is_root:
+            return e.write_planned(self.files_to_write(), step, lambda pf: self._chunks(pf, step))
+        self._send_own_state(step)
+        return []
 
     def _send_own_state(self, step: int) -> None:
         """Stream this rank's tensors to rank 0 in write-chunk messages, in the plan's order."""

@@ -204,22 +204,3 @@ class PosixStorage:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-    def write_atomic(self, path: str, data: bytes) -> None:
-        """Small metadata files: temporary name, fsync, rename, fsync the folder."""
-        tmp = f"{path}.tmp-{os.getpid()}"
-        handle = self.open_write(tmp)
-        try:
-            handle.write(data)
-            handle.fsync()
-        finally:
-            handle.close()
-        self.rename(tmp, path)
-        self.fsync_dir(str(Path(path).parent))
-
-    def read_whole(self, path: str) -> bytes:
-        handle = self.open_read(path)
-        try:
-            return handle.read_at(0, handle.size())
-        finally:
-            handle.close()
