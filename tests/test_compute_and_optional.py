@@ -33,3 +33,12 @@ def test_missing_optional_dependency_gives_an_install_hint(monkeypatch):
     with pytest.raises(MissingDependency) as info:
         require("tensorflow")
     assert "pip install 'dlio_ckpt[tensorflow]'" in str(info.value)
+
+
+def test_a_run_that_needs_a_missing_library_stops_before_writing(monkeypatch):
+    from dlio_ckpt.config.load import validate_command_line
+
+    real_find_spec = __import__("importlib.util").util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "tensorflow" else real_find_spec(name, *a))
+    with pytest.raises(MissingDependency, match=r"pip install 'dlio_ckpt\[tensorflow\]'"):
+        validate_command_line(["workload=resnet", "scale=tiny", "reader.name=tensorflow"], multirun=False)

@@ -177,7 +177,21 @@ def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: 
     check_override_keys(overrides)
     jobs = expand_sweep(overrides) if multirun else [list(overrides)]
     for job in jobs[:MAX_VALIDATED_SWEEP_JOBS]:
-        check_world_fit(to_run_config(compose(job), explicit_keys(job)), world_size)
+        config = to_run_config(compose(job), explicit_keys(job))
+        check_world_fit(config, world_size)
+        check_dependencies(config)
+
+
+def check_dependencies(config: RunConfig) -> None:
+    """Optional libraries the chosen features need, checked before anything is written."""
+    from dlio_ckpt.optional import check_installed
+
+    if config.reader.name == "tensorflow":
+        check_installed("tensorflow")
+    if config.checkpoint.enabled or config.mode == "checkpoint":
+        needs = {"tensorflow": "tensorflow", "torch": "torch"}.get(config.checkpoint.format)
+        if needs:
+            check_installed(needs)
 
 
 def check_world_fit(config: RunConfig, world_size: int) -> None:
