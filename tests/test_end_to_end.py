@@ -268,3 +268,24 @@ def test_every_workload_runs_at_tiny_scale(workdir):
         assert summary["io"]["bytes_read"] + summary["io"]["bytes_written"] > 0
         if summary["mode"] == "train":
             assert summary["train"]["steps"] >= 1
+
+
+def test_direct_io_counts_whole_blocks_the_kernel_read(workdir):
+    root, run = workdir / "store", workdir / "run"
+    # 5000-byte samples: each O_DIRECT read moves the 4 KiB blocks around it, up to 8 KiB + 4 KiB.
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "storage.direct_io=true",
+                       "dataset.record_length_bytes=5000", "dataset.record_length_bytes_stdev=0", "dataset.num_samples_per_file=4",
+                       "dataset.record_length_bytes_min=1"], workdir / "cwd")
+    summary = load_summary(run)
+    with np.load(run / "events" / "rank-00000.npz") as data:
+        events = data["events"]
+        phases = json.loads(str(data["meta"]))["phases"]
+    reads = events[(events["phase"] == phases.index("train")) & (events["op"] == 2)]
+    file_size = 4 * 5000
+    expected = 0
+    for offset in reads["offset"]:
+        first, last = offset - offset % 4096, -(-(offset + 5000) // 4096) * 4096
+        expected += min(last, file_size) - first  # the kernel stops at the end of the file
+    assert summary["train"]["bytes_read"] == int(reads["length"].sum()) == expected
+    assert summary["train"]["payload_bytes"] == len(reads) * 5000
+    assert summary["train"]["bytes_read"] > summary["train"]["payload_bytes"]

@@ -37,6 +37,10 @@ class PosixFile(io.RawIOBase):
         # O_DIRECT gets its own descriptor so unaligned pieces (headers, tails) can use the other.
         self._direct_fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_DIRECT) if self.direct else -1
         self._position = 0
+        self._scratch: mmap.mmap | None = None  # reused aligned buffer for O_DIRECT transfers
+        # Bytes the last read system call moved: with O_DIRECT the kernel reads whole blocks, so
+        # this can exceed what the caller asked for, and it is what the tracer counts.
+        self.last_moved = 0
 
     # io.RawIOBase protocol -------------------------------------------------------------
     def readable(self) -> bool:
@@ -99,17 +103,30 @@ class PosixFile(io.RawIOBase):
             if self._direct_fd >= 0:
                 os.close(self._direct_fd)
             os.close(self._fd)
+            if self._scratch is not None:
+                self._scratch.close()
+                self._scratch = None
         super().close()
+
+    def _aligned(self, size: int) -> mmap.mmap:
+        if self._scratch is None or len(self._scratch) < size:
+            if self._scratch is not None:
+                self._scratch.close()
+            self._scratch = _aligned_buffer(size)
+        return self._scratch
 
     # explicit offsets ------------------------------------------------------------------
     def read_at(self, offset: int, size: int) -> bytes:
         if size <= 0:
+            self.last_moved = 0
             return b""
         if self.direct:
             buffer = bytearray(size)
             count = self.read_at_into(buffer, offset)
             return bytes(buffer[:count])
-        return os.pread(self._fd, size, offset)
+        data = os.pread(self._fd, size, offset)
+        self.last_moved = len(data)
+        return data
 
     def read_at_into(self, buffer, offset: int) -> int:
         view = memoryview(buffer).cast("B")
@@ -117,18 +134,18 @@ class PosixFile(io.RawIOBase):
         if size == 0:
             return 0
         if not self.direct:
-            return os.preadv(self._fd, [view], offset)
+            self.last_moved = os.preadv(self._fd, [view], offset)
+            return self.last_moved
         # O_DIRECT: read the aligned superset into an aligned buffer, copy out what was asked.
         start = offset - offset % DIRECT_ALIGNMENT
         stop = -(-(offset + size) // DIRECT_ALIGNMENT) * DIRECT_ALIGNMENT
-        aligned = _aligned_buffer(stop - start)
-        try:
-            got = os.preadv(self._direct_fd, [memoryview(aligned)[: stop - start]], start)
+        aligned = self._aligned(stop - start)
+        with memoryview(aligned) as window:
+            got = os.preadv(self._direct_fd, [window[: stop - start]], start)
             count = max(min(size, got - (offset - start)), 0)
-            view[:count] = aligned[offset - start : offset - start + count]
-            return count
-        finally:
-            aligned.close()
+            view[:count] = window[offset - start : offset - start + count]
+        self.last_moved = got
+        return count
 
     def write_at(self, data, offset: int) -> int:
         """Write all of `data`: one pwrite may move less (2 GiB cap, signals, network file systems)."""
@@ -147,12 +164,10 @@ class PosixFile(io.RawIOBase):
         whole = len(view) - len(view) % DIRECT_ALIGNMENT
         written = 0
         if whole:
-            aligned = _aligned_buffer(whole)
-            try:
-                aligned[:whole] = view[:whole]
-                written = os.pwrite(self._direct_fd, memoryview(aligned)[:whole], offset)
-            finally:
-                aligned.close()
+            aligned = self._aligned(whole)
+            with memoryview(aligned) as window:
+                window[:whole] = view[:whole]
+                written = os.pwrite(self._direct_fd, window[:whole], offset)
         if written < len(view):
             written += os.pwrite(self._fd, view[written:], offset + written)
         return written

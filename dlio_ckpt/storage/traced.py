@@ -50,7 +50,11 @@ class TracedFile(io.RawIOBase):
         start = clock.now()
         result = call(*args)
         end = clock.now()
-        length = result if isinstance(result, int) else len(result) if result is not None else 0
+        if op == "read":
+            # What the system call moved (whole blocks under O_DIRECT), not just what was asked for.
+            length = self._inner.last_moved if hasattr(self._inner, "last_moved") else len(result) if not isinstance(result, int) else result
+        else:
+            length = result if isinstance(result, int) else len(result) if result is not None else 0
         self._recorder.record(op, self._phase, self.path, offset, length, start, end)
         return result
 
