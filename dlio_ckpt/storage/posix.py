@@ -132,6 +132,7 @@ class PosixFile(io.RawIOBase):
         view = memoryview(buffer).cast("B")
         size = len(view)
         if size == 0:
+            self.last_moved = 0
             return 0
         if not self.direct:
             self.last_moved = os.preadv(self._fd, [view], offset)
