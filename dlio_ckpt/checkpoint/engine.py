@@ -21,13 +21,13 @@ import time
 from typing import Any, Callable, Iterator
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
-from dlio_ckpt.checkpoint.fileio import (FileEntry, now, peak_rss_bytes, tensor_key, verify_file,
-                                         write_file)
+from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, peak_rss_bytes, tensor_key,
+                                         verify_file, write_file, write_framework_file)
 from dlio_ckpt.checkpoint.formats import get_format
 from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.errors import CorruptCheckpoint
+from dlio_ckpt.errors import ConfigError, CorruptCheckpoint
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.model import TensorSpec
 
@@ -45,6 +45,13 @@ class CheckpointEngineImpl:
         self.plan = plan or build_checkpoint_plan(ctx.config, ctx.world.size)
         self.layout = self.plan.layout
         self.fmt = get_format(self.cfg.format)
+        needs = getattr(self.fmt, "needs_layout", None)
+        if needs and needs != self.layout.name:
+            raise ConfigError(f"checkpoint.format={self.fmt.name} writes {needs}'s own file names; "
+                              f"use checkpoint.layout={needs} (not {self.layout.name})")
+        # Formats whose framework opens and names its own files (TensorFlow) are staged per rank
+        # and merged by the coordinator at commit; see formats.py.
+        self.framework_writes = bool(getattr(self.fmt, "writes_paths", False))
         self.storage = ctx.storage.with_phase("checkpoint")
         self.restore_storage = ctx.storage.with_phase("restore")
         self.root = ctx.checkpoint_root()
@@ -115,8 +122,12 @@ class CheckpointEngineImpl:
             if parent not in made:
                 self.storage.makedirs(parent)
                 made.add(parent)
-            size, digest = write_file(self.storage, path, pf.tensors, self.fmt, chunks_for(pf), self.cfg.fsync,
-                                      self.cfg.checksum, self.cfg.write_chunk_bytes)
+            if self.framework_writes:
+                size, digest = write_framework_file(self.storage, path, pf.owner, pf.tensors, self.fmt, chunks_for(pf),
+                                                    self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes)
+            else:
+                size, digest = write_file(self.storage, path, pf.tensors, self.fmt, chunks_for(pf), self.cfg.fsync,
+                                          self.cfg.checksum, self.cfg.write_chunk_bytes)
             entries.append(FileEntry(rel, size, digest, pf.owner, self.world.rank))
         return entries
 
@@ -143,7 +154,14 @@ class CheckpointEngineImpl:
     def _write_manifest(self, index: int, step: int, epoch: int, files: list[dict]) -> int:
         folder = self.folder_path(step)
         metadata = 0
-        for name in self.layout.coordinator_files(step, self.world.size):
+        coordinator_files = self.layout.coordinator_files(step, self.world.size)
+        if self.framework_writes:  # the framework writes its own index when it merges the shards
+            for path, size, digest in merge_framework_files(self.storage, folder, [f["path"] for f in files], self.fmt,
+                                                            self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes):
+                files = files + [{"path": path, "size": size, "checksum": digest, "owner": 0, "writer": 0}]
+                metadata += size
+            coordinator_files = []
+        for name in coordinator_files:
             content = json.dumps({
                 "step": step,
                 "layout": self.layout.name,

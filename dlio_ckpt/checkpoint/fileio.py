@@ -148,6 +148,73 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
     return size, digest
 
 
+def settle_file(storage: Any, abspath: str, fsync: bool, checksum: str, chunk_bytes: int) -> tuple[int, str]:
+    """fsync a file some other writer produced and read it back for its checksum, through the
+    traced storage; returns (size on disk, checksum)."""
+    handle = storage.open_read(abspath)
+    try:
+        if fsync:
+            handle.fsync()
+        size = handle.size()
+        hasher = new_hasher(checksum)
+        if hasher is not None:
+            read_back(handle, size, hasher, memoryview(bytearray(min(chunk_bytes, max(size, 1)))))
+        digest = hasher.hexdigest() if hasher is not None else ""
+    finally:
+        handle.close()
+    return size, digest
+
+
+def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[TensorSpec, ...], fmt: Any,
+                         chunks: Callable[[TensorSpec], Iterator[memoryview]], fsync: bool, checksum: str,
+                         chunk_bytes: int) -> tuple[int, str]:
+    """Write one file with a format whose framework opens its own files (`fmt.writes_paths`).
+
+    The framework's system calls bypass the traced storage, so the save call is timed here and
+    one write event per file it produced is recorded with the file's size on disk: the data file
+    over the whole call, its metadata files as instants at the call's end (TF writes the index last,
+    inside the same call; giving it the span too would count the call's time twice). The data
+    file is then fsynced and read back for its checksum through the traced storage. Returns (size,
+    checksum) of the data file; the coordinator's merge renames it to `abspath`, bytes unchanged.
+    """
+    clock = storage.recorder.clock
+    start = clock.now()
+    staged = fmt.write_paths(abspath, owner, tensors, chunks)
+    end = clock.now()
+    storage.recorder.record("write", storage.phase, staged.data, 0, os.path.getsize(staged.data), start, end)
+    for other in staged.others:
+        storage.recorder.record("write", storage.phase, other, 0, os.path.getsize(other), end, end)
+    return settle_file(storage, staged.data, fsync, checksum, chunk_bytes)
+
+
+def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt: Any, fsync: bool, checksum: str,
+                          chunk_bytes: int) -> list[tuple[str, int, str]]:
+    """The coordinator's half of a path-writing format: merge the ranks' staged files into the
+    framework's final names (`fmt.merge`), record what the framework did, fsync what it wrote and
+    the folder (so its renames are durable), and return (path relative to `folder`, size,
+    checksum) of each file it wrote, for the manifest. The merge call's time goes to the file it
+    wrote; its renames and deletions are recorded as instants at its end (TF does not time them
+    one by one)."""
+    clock = storage.recorder.clock
+    start = clock.now()
+    merged = fmt.merge([os.path.join(folder, p) for p in data_paths])
+    end = clock.now()
+    sizes = {path: os.path.getsize(path) for path in merged.written}
+    for path in merged.written:
+        storage.recorder.record("write", storage.phase, path, 0, sizes[path], start, end)
+    for source, _ in merged.renamed:
+        storage.recorder.record("rename", storage.phase, source, -1, 0, end, end)
+    for path in merged.removed:
+        storage.recorder.record("unlink", storage.phase, path, -1, 0, end, end)
+    entries = []
+    for path in merged.written:
+        size, digest = settle_file(storage, path, fsync, checksum, chunk_bytes)
+        entries.append((os.path.relpath(path, folder), size, digest))
+    if fsync:
+        storage.fsync_dir(folder)
+    return entries
+
+
 def verify_file(storage: Any, abspath: str, size: int, checksum: str, algorithm: str,
                 buffer: memoryview) -> tuple[int, str | None]:
     """Read a whole file; return (bytes read, problem or None). Every byte is read, as a restore would."""

@@ -1,17 +1,27 @@
 """Checkpoint file formats (`checkpoint.format=`): how one file's tensors become bytes.
 
 A format writes to a file-like object the engine opened through the traced storage, pulling each
-tensor's contents chunk by chunk, so no format ever needs a whole shard in memory (torch.save is
-the exception: it serialises whole tensors, so it holds one file's tensors at a time).
+tensor's contents chunk by chunk, so no format ever needs a whole shard in memory (torch.save and
+TensorFlow's SaveV2 are the exceptions: they take whole tensors, so they hold one file's tensors at
+a time).
 
 `sequential` says whether the format only appends; the engine then checksums bytes as they pass.
 Formats that seek back (zip headers, HDF5 metadata) are checksummed by reading the file back after
 its fsync, outside the timed write.
+
+A format whose framework must open and name its own files (TensorFlow's SaveV2 and
+MergeV2Checkpoints take a path prefix, never a file object) says `writes_paths = True` and offers
+`write_paths` (one rank's file, staged under the framework's temporary name) and `merge` (the
+coordinator's step that gives the staged files their final names and writes the shared index).
+The engine then records the writes the framework did on the rank's EventRecorder itself, fsyncs
+the files and reads them back for the manifest's checksums through the traced storage.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import re
 import zipfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -168,12 +178,114 @@ class TorchFormat:
         return None
 
 
+@dataclass(frozen=True)
+class StagedFiles:
+    """What a path-writing format wrote for one planned file, before the coordinator's merge."""
+
+    data: str  # holds the tensor bytes; renamed to the planned name by `merge`
+    others: tuple[str, ...]  # framework metadata written beside it (deleted or merged later)
+
+
+@dataclass(frozen=True)
+class MergedFiles:
+    """What the coordinator's merge did: renames (staged -> final), files it wrote and deleted."""
+
+    renamed: tuple[tuple[str, str], ...]
+    written: tuple[str, ...]  # the merged index, to be fsynced and listed in the manifest
+    removed: tuple[str, ...]
+
+
+_TF_DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5})-of-(?P<shards>\d{5})$")
+
+
+@dataclass(frozen=True)
+class TensorflowFormat:
+    """A real TensorFlow checkpoint (tensor bundle: `.index` table + `.data` shards), written by TF.
+
+    It is written the way TF's own MultiDeviceSaver shards a checkpoint, so the storage sees TF's
+    real file operations: every rank saves its tensors with SaveV2 to a temporary prefix
+    `<prefix>_temp/part-0000k-of-0000K` (one data file plus a small index), and after every rank
+    is done the coordinator runs MergeV2Checkpoints, which renames the data files to
+    `<prefix>.data-0000k-of-0000K`, merges the indexes into `<prefix>.index` and deletes the
+    temporary folder. `tf.train.load_checkpoint(prefix)` then reads every tensor back bit for bit.
+
+    SaveV2 takes whole tensors, so a rank holds one file's tensors in memory at a time (as
+    torch.save does); the data files hold exactly the payload bytes, so only the index and the
+    staged indexes add to it. Needs the `tensorflow` layout, whose names are TF's.
+    """
+
+    name: str = "tensorflow"
+    extension: str = "data"
+    sequential: bool = False
+    requires: str | None = "tensorflow"
+    writes_paths: bool = True
+    needs_layout: str = "tensorflow"
+
+    @staticmethod
+    def variable_name(owner: int, tensor: TensorSpec) -> str:
+        """Ranks hold tensors of the same name (optimizer states, ZeRO partitions); one bundle
+        needs unique keys, so the owning rank leads the key, as a per-device scope would."""
+        return f"rank_{owner:05d}/{tensor.name}"
+
+    @staticmethod
+    def _parse(data_path: str) -> re.Match:
+        match = _TF_DATA.match(data_path)
+        if match is None:
+            raise ConfigError(f"checkpoint.format=tensorflow: '{os.path.basename(data_path)}' is not a TensorFlow "
+                              "data file name; use checkpoint.layout=tensorflow")
+        return match
+
+    def staging_prefix(self, data_path: str) -> str:
+        """TF's temporary per-shard prefix for the planned data file (MultiDeviceSaver's naming)."""
+        m = self._parse(data_path)
+        return f"{m['prefix']}_temp/part-{m['shard']}-of-{m['shards']}"
+
+    def write_paths(self, data_path: str, owner: int, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> StagedFiles:
+        """SaveV2 this file's tensors under the staging prefix; the merge gives them `data_path`."""
+        from dlio_ckpt.optional import require
+
+        tf = require("tensorflow")
+        prefix = self.staging_prefix(data_path)
+        values = []
+        for tensor in tensors:  # one numpy buffer at a time; TF keeps its own copy of each
+            data = np.empty(tensor.nbytes, dtype=np.uint8)
+            position = 0
+            for piece in chunks(tensor):
+                data[position : position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+                position += len(piece)
+            values.append(tf.constant(data.view(tensor.dtype)))
+            del data
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[self.variable_name(owner, t) for t in tensors],
+                          shape_and_slices=[""] * len(tensors), tensors=values)
+        return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))
+
+    def merge(self, data_paths: list[str]) -> MergedFiles:
+        """MergeV2Checkpoints the staged shards into `<prefix>.index` + `<prefix>.data-*` files."""
+        from dlio_ckpt.optional import require
+
+        tf = require("tensorflow")
+        parsed = sorted((self._parse(p) for p in data_paths), key=lambda m: int(m["shard"]))
+        prefixes = {m["prefix"] for m in parsed}
+        shards = [int(m["shard"]) for m in parsed]
+        if len(prefixes) != 1 or shards != list(range(len(parsed))) or any(int(m["shards"]) != len(parsed) for m in parsed):
+            raise ValueError(f"TensorFlow shards do not form one complete bundle: {sorted(data_paths)}")
+        prefix = prefixes.pop()
+        staged = [self.staging_prefix(m.string) for m in parsed]
+        tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=staged, destination_prefix=prefix, delete_old_dirs=True)
+        return MergedFiles(renamed=tuple((f"{s}.data-00000-of-00001", m.string) for s, m in zip(staged, parsed)),
+                           written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged))
+
+    def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
+        return sum(t.nbytes for t in tensors)
+
+
 FORMATS: dict[str, type] = {
     "raw": RawFormat,
     "npy": NpyFormat,
     "npz": NpzFormat,
     "hdf5": Hdf5Format,
     "torch": TorchFormat,
+    "tensorflow": TensorflowFormat,
 }
 
 

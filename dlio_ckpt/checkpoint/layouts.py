@@ -12,8 +12,10 @@ Every layout puts one checkpoint in one folder (TensorFlow's flat `ckpt-N.*` fil
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
+
+import numpy as np
 
 from dlio_ckpt.errors import ConfigError, close_match
 from dlio_ckpt.plan.model import ModelPlan, TensorSpec
@@ -165,25 +167,72 @@ class MegatronLayout(Layout):
         return "latest_checkpointed_iteration.txt", str(step)
 
 
+def writing_ranks(model: ModelPlan) -> np.ndarray:
+    """Which running ranks own any tensor (bool per rank), in O(tensors + ranks).
+
+    ModelPlan.rank_tensors answers this for one rank; asking it for every rank from every rank
+    would cost ranks^2 (plan mode plans 1,024 ranks). The ZeRO rule makes DP rank d of a
+    model-parallel shard a writer exactly when d < n for a per-shard n, because a 1/DP partition of
+    a tensor of `numel` elements is empty only for d >= numel: ZeRO-3 partitions everything,
+    ZeRO-1/2 the optimizer state (DP rank 0 also writes the model), ZeRO-0 leaves DP rank 0.
+    tests/test_checkpoint_formats.py checks this against rank_tensors.
+    """
+    limits = []
+    for model_part, optimizer in model.mp_shards:
+        model_max = max((t.numel for t in model_part), default=0)
+        optimizer_max = max((t.numel for t in optimizer), default=0)
+        if model.zero_stage >= 3:
+            n = max(model_max, optimizer_max)
+        elif model.zero_stage >= 1:
+            n = max(1 if model_max else 0, optimizer_max)
+        else:
+            n = 1 if (model_max or optimizer_max) else 0
+        limits.append(min(n, model.dp))
+    ranks = np.arange(model.world_size)
+    pp, rest = np.divmod(ranks, model.dp * model.tp)
+    dp, tp = np.divmod(rest, model.tp)
+    return dp < np.asarray(limits, dtype=np.int64)[pp * model.tp + tp]
+
+
 @dataclass(frozen=True)
 class TensorflowLayout(Layout):
-    """TensorFlow: ckpt-N.data-0000k-of-0000K shards plus ckpt-N.index and a `checkpoint` file."""
+    """TensorFlow: ckpt-N.data-0000k-of-0000K shards plus ckpt-N.index and a `checkpoint` file.
+
+    k counts only the ranks that write (K of them): TF's MergeV2Checkpoints numbers the merged
+    shards densely, and the index records K, so a rank with nothing to save (a DP replica under
+    ZeRO-0) must not leave a gap in the names for `format=tensorflow` to produce a readable bundle.
+    """
 
     name: str = "tensorflow"
     folder_pattern: str = r"^ckpt-(\d+)$"
+    # The plan asks for every rank's files in turn with one layout and one model; the running
+    # count of writers is kept for that model only (a one-entry memo on this instance, holding the
+    # model itself so it is never confused with another), so planning 1,024 ranks stays linear.
+    _writers: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def folder(self, step: int) -> str:
         return f"ckpt-{step}"
 
+    def _shard_numbers(self, model: ModelPlan) -> tuple[np.ndarray, int]:
+        if self._writers.get("model") is not model:
+            writers = writing_ranks(model)
+            self._writers.clear()
+            self._writers.update(model=model, before=np.cumsum(writers) - writers, total=int(writers.sum()))
+        return self._writers["before"], self._writers["total"]
+
     def rank_files(self, model, rank, tensors, ext):
+        if not tensors:
+            return []
+        before, shards = self._shard_numbers(model)
+        shard = int(before[rank])
         # The step is part of TF's names; the folder name carries it, so `{step}` is filled later.
-        return [(f"ckpt-{{step}}.data-{rank:05d}-of-{model.world_size:05d}", tensors)] if tensors else []
+        return [(f"ckpt-{{step}}.data-{shard:05d}-of-{shards:05d}", tensors)]
 
     def coordinator_files(self, step, world):
         return [f"ckpt-{step}.index"]
 
     def tag(self, step):
-        return "checkpoint", f'model_checkpoint_path: "ckpt-{step}/ckpt-{step}"\n'
+        return "checkpoint", f'model_checkpoint_path: "ckpt-{step}/ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}/ckpt-{step}"\n'
 
 
 LAYOUTS: dict[str, type[Layout]] = {
