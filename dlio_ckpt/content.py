@@ -15,6 +15,7 @@ from typing import Iterator
 import numpy as np
 
 _GOLDEN = 0x9E3779B97F4A7C15
+_LAP_SHIFT = 4097  # odd, and not a multiple of any block size
 
 
 @dataclass(frozen=True)
@@ -47,20 +48,24 @@ class ByteSource:
         return ((key * _GOLDEN) + key * 13) % (len(self._pool) // 2)
 
     def chunks(self, key: int, nbytes: int, chunk_bytes: int = 4 << 20) -> Iterator[memoryview]:
-        """Yield memoryviews (zero copy) that together hold item `key`'s `nbytes` bytes."""
+        """Yield memoryviews (zero copy) that together hold item `key`'s `nbytes` bytes.
+
+        An item longer than the pool goes round it in laps; each lap starts 4,097 bytes further
+        on, so no 4 KiB block of an item repeats an earlier block of it (a storage system that
+        deduplicates blocks finds nothing to fold).
+        """
         chunk_bytes = max(1, min(chunk_bytes, self.window))
-        position = self._start(key)
         limit = self.window
-        remaining = nbytes
-        while remaining > 0:
-            take = min(chunk_bytes, remaining)
-            if not self.zeros:
-                position %= limit
-            else:
-                position = 0
+        start = self._start(key)
+        emitted = 0
+        while emitted < nbytes:
+            lap, into_lap = divmod(emitted, limit)
+            position = 0 if self.zeros else (start + lap * _LAP_SHIFT) % limit + into_lap
+            take = min(chunk_bytes, nbytes - emitted, limit - into_lap)
+            if self.zeros:
+                take = min(take, len(self._pool))
             yield memoryview(self._pool[position : position + take])
-            position += take
-            remaining -= take
+            emitted += take
 
     def array(self, key: int, nbytes: int) -> np.ndarray:
         """Item `key` as one uint8 array (a copy only when it spans several pool windows)."""

@@ -1,0 +1,39 @@
+"""Synthetic contents: deterministic, independent of chunking, and not deduplicable by blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dlio_ckpt.content import ByteSource
+
+
+def collect(source: ByteSource, key: int, nbytes: int, chunk: int) -> np.ndarray:
+    return np.concatenate([np.frombuffer(piece, np.uint8) for piece in source.chunks(key, nbytes, chunk)])
+
+
+def test_an_item_longer_than_the_pool_repeats_no_block():
+    source = ByteSource(seed=1, pool_bytes=1 << 20)
+    data = collect(source, 5, 6 << 20, 300_000)  # six laps of the pool
+    blocks = data.reshape(-1, 4096)
+    assert len(np.unique(blocks, axis=0)) == len(blocks)
+
+
+def test_items_do_not_share_blocks():
+    source = ByteSource(seed=1, pool_bytes=1 << 20)
+    a = collect(source, 1, 1 << 20, 1 << 20).reshape(-1, 4096)
+    b = collect(source, 2, 1 << 20, 1 << 20).reshape(-1, 4096)
+    assert len(np.unique(np.concatenate([a, b]), axis=0)) == len(a) + len(b)
+
+
+def test_contents_do_not_depend_on_the_chunk_size_and_are_reproducible():
+    source = ByteSource(seed=9, pool_bytes=1 << 20)
+    reference = collect(source, 3, 3_000_001, 1 << 20)
+    assert np.array_equal(reference, collect(source, 3, 3_000_001, 4097))
+    assert np.array_equal(reference, collect(ByteSource(seed=9, pool_bytes=1 << 20), 3, 3_000_001, 65536))
+    assert np.array_equal(reference, source.array(3, 3_000_001))
+    assert not np.array_equal(reference, collect(ByteSource(seed=10, pool_bytes=1 << 20), 3, 3_000_001, 65536))
+
+
+def test_zeros_for_comparison():
+    data = collect(ByteSource(seed=1, pool_bytes=1 << 20, zeros=True), 4, 9 << 20, 8 << 20)
+    assert len(data) == 9 << 20 and not data.any()
