@@ -254,6 +254,24 @@ def test_mpi_checkpoints_put_the_planned_bytes_on_disk_and_restore(workdir, stra
         assert writers[1] == 0  # rank 1 only sent its state to rank 0
     else:
         assert writers[1] > 0
+    assert not any("only one of 2 ranks writes" in w for w in summary["warnings"])
+
+
+@pytest.mark.mpi
+def test_mpi_sharded_checkpoint_with_one_writer_says_so(workdir):
+    run = workdir / "run"
+    run_ok(["workload=unet3d", "scale=tiny", "progress=false", f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"],
+           workdir / "cwd", ranks=2)
+    summary = load_summary(run)
+    assert summary["checkpoint"]["writes"] == 1
+    written = []
+    for rank in (0, 1):
+        with np.load(run / "events" / f"rank-0000{rank}.npz") as data:
+            events, meta = data["events"], json.loads(str(data["meta"]))
+        mask = (events["phase"] == meta["phases"].index("checkpoint")) & (events["op"] == meta["ops"].index("write"))
+        written.append(int(events["length"][mask].sum()))
+    assert written[0] > 0 and written[1] == 0
+    assert any("only one of 2 ranks writes" in w for w in summary["warnings"])
 
 
 def test_every_workload_runs_at_tiny_scale(workdir):

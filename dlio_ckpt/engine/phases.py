@@ -53,6 +53,21 @@ def make_checkpoints(ctx: RunContext) -> Any:
     return make_checkpoint_engine(ctx)
 
 
+def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
+    """Say when a parallel strategy ends up with one writer, which the config makes easy to miss."""
+    plan = getattr(checkpoints, "plan", None)
+    if plan is None or ctx.world.size < 2 or ctx.config.checkpoint.strategy == "single_writer":
+        return None
+    writers = sum(1 for files in plan.files_by_rank if files)
+    if writers != 1:
+        return None
+    return (
+        f"checkpoint.strategy={ctx.config.checkpoint.strategy}, but only one of {ctx.world.size} ranks writes: "
+        "data-parallel replicas hold the same state and, at model.parallelism.zero_stage=0, only the first writes it; "
+        "set model.parallelism.zero_stage>=1 (optimizer state sharded over ranks) or tensor/pipeline parallelism to spread the writes"
+    )
+
+
 def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Returns (summary sections, this rank's figures, warnings)."""
     config, world = ctx.config, ctx.world
@@ -76,6 +91,9 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
         local: dict[str, Any] = {}
     else:
         checkpoints = make_checkpoints(ctx)
+        note = single_writer_note(ctx, checkpoints)
+        if note:
+            warnings.append(note)
         result = run_training(ctx, plan, fmt, options, checkpoints)
         restore = checkpoints.restore() if config.checkpoint.enabled and config.checkpoint.restore else None
         events = ctx.recorder.array()

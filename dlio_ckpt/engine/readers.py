@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions, SampleReader
+from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions, SampleReader, Scratch
 from dlio_ckpt.plan.read import EpochReadPlan
 
 OPEN_FILES_PER_WORKER = 4
@@ -53,7 +53,10 @@ class _OpenFiles:
         if reader is not None:
             cache.move_to_end(spec.index)
             return reader
-        reader = self._fmt.open(lambda suffix: self._storage.open_read(spec.path + suffix), spec, self._options)
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = Scratch()
+        reader = self._fmt.open(lambda suffix: self._storage.open_read(spec.path + suffix), spec, self._options, scratch)
         cache[spec.index] = reader
         with self._lock:
             self._all.append(reader)

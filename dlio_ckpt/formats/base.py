@@ -47,6 +47,23 @@ class FormatOptions:
     transfer_size: int = 0  # bytes per read call when reading; 0 = whole sample
 
 
+class Scratch:
+    """A reusable read buffer, one per reading thread.
+
+    Opening a file must not cost a fresh sample-sized allocation (zero-filling a 32 MiB buffer
+    per file open took most of a read benchmark's time); readers of one thread take their read
+    buffer from here at read time, so a returned view is valid until that thread's next read.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray(0)
+
+    def view(self, size: int) -> memoryview:
+        if len(self._buffer) < size:
+            self._buffer = bytearray(size)
+        return memoryview(self._buffer)[:size]
+
+
 class SampleReader(Protocol):
     def read(self, sample: int) -> int:
         """Read one sample; return the payload bytes it holds."""
@@ -65,4 +82,4 @@ class DatasetFormat(Protocol):
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None: ...
 
-    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> SampleReader: ...
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions, scratch: Scratch | None = None) -> SampleReader: ...

@@ -21,7 +21,7 @@ import numpy as np
 
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError
-from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener
+from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener, Scratch
 from dlio_ckpt.formats.npz import labels
 
 _CACHE_FLOOR = 1 << 20  # h5py's default chunk cache
@@ -127,7 +127,8 @@ class Hdf5Format:
                 _write_rows(x, spec, source, options)
             h5.create_dataset("y", data=labels(spec))
 
-    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> Hdf5Reader:
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions,
+             scratch: Scratch | None = None) -> Hdf5Reader:
         handle = open_input("")
         try:
             return Hdf5Reader(handle, spec)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener
+from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener, Scratch
 from dlio_ckpt.formats.streams import buffered, read_span, write_samples
 
 MAGIC = b"DLIOIDX\0"
@@ -44,16 +44,17 @@ def parse_index(raw: bytes, path: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 class IndexedReader:
-    def __init__(self, data: Any, offsets: np.ndarray, sizes: np.ndarray, options: FormatOptions) -> None:
+    def __init__(self, data: Any, offsets: np.ndarray, sizes: np.ndarray, options: FormatOptions,
+                 scratch: Scratch | None = None) -> None:
         self._data = data
         self._offsets = offsets
         self._sizes = sizes
         self._transfer = options.transfer_size
-        self._buffer = memoryview(bytearray(int(sizes.max()) if len(sizes) else 0))
+        self._scratch = scratch or Scratch()
 
     def fetch(self, sample: int) -> memoryview:
-        """The sample's bytes; valid until the next call."""
-        view = self._buffer[: self._sizes[sample]]
+        """The sample's bytes; valid until the next read of this thread."""
+        view = self._scratch.view(int(self._sizes[sample]))
         read_span(self._data, view, int(self._offsets[sample]), self._transfer)
         return view
 
@@ -78,7 +79,8 @@ class IndexedBinaryFormat:
         with buffered(open_output(INDEX_SUFFIX), options) as index:
             index.write(index_bytes(offsets, sizes))
 
-    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> IndexedReader:
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions,
+             scratch: Scratch | None = None) -> IndexedReader:
         index = open_input(INDEX_SUFFIX)
         try:
             offsets, sizes = parse_index(index.read_at(0, index.size()), getattr(index, "path", spec.path + INDEX_SUFFIX))
@@ -86,4 +88,4 @@ class IndexedBinaryFormat:
             index.close()
         if len(offsets) != spec.num_samples or (len(sizes) and int(sizes.max()) != spec.sample_bytes):
             raise ValueError(f"{spec.path}{INDEX_SUFFIX}: index describes {len(offsets)} samples, the plan says {spec.num_samples} of {spec.sample_bytes} bytes")
-        return IndexedReader(open_input(""), offsets, sizes, options)
+        return IndexedReader(open_input(""), offsets, sizes, options, scratch)

@@ -13,7 +13,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener
+from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener, Scratch
 from dlio_ckpt.formats.streams import OffsetReader, buffered, write_samples
 
 _HEADER_READERS = {(1, 0): npformat.read_array_header_1_0, (2, 0): npformat.read_array_header_2_0}
@@ -49,11 +49,12 @@ class NpyFormat:
             write_header(out, spec)
             write_samples(out, spec, source, options)
 
-    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> OffsetReader:
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions,
+             scratch: Scratch | None = None) -> OffsetReader:
         handle = open_input("")
         try:
             first = data_offset(handle, spec)
         except BaseException:
             handle.close()
             raise
-        return OffsetReader(handle, spec.sample_bytes, first, spec.sample_bytes, options)
+        return OffsetReader(handle, spec.sample_bytes, first, spec.sample_bytes, options, scratch)

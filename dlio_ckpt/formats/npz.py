@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib import format as npformat
 
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener
+from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener, Scratch
 from dlio_ckpt.formats.npy import write_header
 from dlio_ckpt.formats.streams import buffered, write_samples
 
@@ -67,7 +67,8 @@ class NpzFormat:
             with archive.open("y.npy", "w", force_zip64=True) as member:
                 npformat.write_array(member, labels(spec), allow_pickle=False)
 
-    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> NpzReader:
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions,
+             scratch: Scratch | None = None) -> NpzReader:
         handle = open_input("")
         try:
             return NpzReader(handle, spec)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener
+from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener, Scratch
 from dlio_ckpt.formats.streams import OffsetReader, buffered, write_samples
 
 
@@ -17,5 +17,6 @@ class RawFormat:
         with buffered(open_output(""), options) as out:
             write_samples(out, spec, source, options)
 
-    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> OffsetReader:
-        return OffsetReader(open_input(""), spec.sample_bytes, 0, spec.sample_bytes, options)
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions,
+             scratch: Scratch | None = None) -> OffsetReader:
+        return OffsetReader(open_input(""), spec.sample_bytes, 0, spec.sample_bytes, options, scratch)

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.formats.base import FileSpec, FormatOptions
+from dlio_ckpt.formats.base import FileSpec, FormatOptions, Scratch
 
 
 @contextmanager
@@ -50,17 +50,20 @@ def read_span(handle: Any, buffer: memoryview, offset: int, transfer_size: int) 
 class OffsetReader:
     """Reads fixed-size samples at computable offsets into one reusable buffer."""
 
-    def __init__(self, handle: Any, sample_bytes: int, first: int, stride: int, options: FormatOptions) -> None:
+    def __init__(self, handle: Any, sample_bytes: int, first: int, stride: int, options: FormatOptions,
+                 scratch: Scratch | None = None) -> None:
         self._handle = handle
+        self._sample_bytes = sample_bytes
         self._first = first
         self._stride = stride
         self._transfer = options.transfer_size
-        self._buffer = memoryview(bytearray(sample_bytes))
+        self._scratch = scratch or Scratch()
 
     def fetch(self, sample: int) -> memoryview:
-        """The sample's bytes; valid until the next call."""
-        read_span(self._handle, self._buffer, self._first + sample * self._stride, self._transfer)
-        return self._buffer
+        """The sample's bytes; valid until the next read of this thread."""
+        buffer = self._scratch.view(self._sample_bytes)
+        read_span(self._handle, buffer, self._first + sample * self._stride, self._transfer)
+        return buffer
 
     def read(self, sample: int) -> int:
         return len(self.fetch(sample))

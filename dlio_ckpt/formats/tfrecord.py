@@ -20,7 +20,7 @@ from typing import Any
 import crc32c
 
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener
+from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener, Scratch
 from dlio_ckpt.formats.streams import buffered, read_span
 
 HEADER_BYTES = 12  # uint64 length + uint32 masked crc of it
@@ -101,8 +101,9 @@ def record_header(data_len: int) -> bytes:
 class TFRecordReader:
     """Reads record i at its computed offset and verifies its framing."""
 
-    def __init__(self, handle: Any, spec: FileSpec, options: FormatOptions) -> None:
+    def __init__(self, handle: Any, spec: FileSpec, options: FormatOptions, scratch: Scratch | None = None) -> None:
         self._handle = handle
+        self._scratch = scratch or Scratch()
         prefix, suffix = example_parts(spec.sample_bytes, 0)
         self._data_len = len(prefix) + spec.sample_bytes + len(suffix)
         self._header = record_header(self._data_len)
@@ -110,20 +111,20 @@ class TFRecordReader:
         self._sample_bytes = spec.sample_bytes
         self._stride = HEADER_BYTES + self._data_len + FOOTER_BYTES
         self._transfer = options.transfer_size
-        self._buffer = memoryview(bytearray(self._stride))
 
     def fetch(self, sample: int) -> memoryview:
-        """The sample's image bytes, after checking the record; valid until the next call."""
+        """The sample's image bytes, after checking the record; valid until the next read of this thread."""
         offset = sample * self._stride
-        read_span(self._handle, self._buffer, offset, self._transfer)
+        buffer = self._scratch.view(self._stride)
+        read_span(self._handle, buffer, offset, self._transfer)
         where = f"{getattr(self._handle, 'path', '?')}: record {sample} at offset {offset}"
-        if self._buffer[:HEADER_BYTES] != self._header:
+        if buffer[:HEADER_BYTES] != self._header:
             raise ValueError(f"{where}: length field or its CRC does not match a {self._data_len}-byte record")
-        data = self._buffer[HEADER_BYTES : HEADER_BYTES + self._data_len]
-        (stored,) = struct.unpack_from("<I", self._buffer, HEADER_BYTES + self._data_len)
+        data = buffer[HEADER_BYTES : HEADER_BYTES + self._data_len]
+        (stored,) = struct.unpack_from("<I", buffer, HEADER_BYTES + self._data_len)
         if masked_crc(data) != stored:
             raise ValueError(f"{where}: data CRC mismatch")
-        return self._buffer[self._image_start : self._image_start + self._sample_bytes]
+        return buffer[self._image_start : self._image_start + self._sample_bytes]
 
     def read(self, sample: int) -> int:
         return len(self.fetch(sample))
@@ -150,5 +151,6 @@ class TFRecordFormat:
                 crc = crc32c.crc32c(suffix, value=crc)
                 out.write(suffix + struct.pack("<I", mask(crc)))
 
-    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions) -> TFRecordReader:
-        return TFRecordReader(open_input(""), spec, options)
+    def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions,
+             scratch: Scratch | None = None) -> TFRecordReader:
+        return TFRecordReader(open_input(""), spec, options, scratch)

@@ -48,8 +48,9 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
         _ratio(r["au_compute_s"], r["au_wall_s"]) if measurable else _ratio(r["compute_s"], r["train_wall_s"]) for r in ranks
     ]
     au = sum(au_per_rank) / len(au_per_rank)
-    # DLIO's throughput: per rank samples / wall, summed; its "I/O MB/s" multiplies by the nominal record length.
-    dlio_samples_per_s = sum(_ratio(r["samples"], r["train_wall_s"]) for r in ranks)
+    # DLIO's throughput: per rank samples / wall without checkpoint time, summed; its "I/O MB/s"
+    # multiplies that by the nominal record length.
+    dlio_samples_per_s = sum(_ratio(r["samples"], r["train_wall_s"] - r["checkpoint_s"]) for r in ranks)
     return {
         "epochs": max(r["epochs"] for r in ranks),
         "steps": max(r["steps"] for r in ranks),
