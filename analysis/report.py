@@ -39,7 +39,10 @@ def fmt_size(value: Any) -> str:
 
 
 def fmt(value: Any) -> str:
-    """Numbers with 4 significant digits, shares as percentages are left to the caller."""
+    """Numbers for people: thousands separated, about 4 significant digits, never exponents.
+
+    Shares as percentages are left to the caller.
+    """
     if value is None:
         return "–"
     if isinstance(value, bool):
@@ -47,7 +50,12 @@ def fmt(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        magnitude = abs(value)
+        if magnitude >= 1000:
+            return f"{value:,.0f}"
+        if magnitude == 0 or magnitude >= 0.001:
+            return f"{value:.4g}"
+        return f"{value:.6f}".rstrip("0")
     return str(value)
 
 
