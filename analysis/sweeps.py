@@ -41,15 +41,22 @@ def read_sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _job_label(row: dict[str, Any]) -> str:
-    overrides = row.get("overrides")
+def _distinguishing(rows: list[dict[str, Any]]) -> dict[Any, str]:
+    """Per job, only the overrides that differ between the jobs: what the sweep varied."""
+    split = {row.get("job"): str(row.get("overrides") or "").split() for row in rows}
+    common = set.intersection(*(set(v) for v in split.values())) if split else set()
+    return {job: " ".join(o for o in overrides if o not in common) for job, overrides in split.items()}
+
+
+def _job_label(row: dict[str, Any], varied: dict[Any, str] | None = None) -> str:
+    overrides = (varied or {}).get(row.get("job"), row.get("overrides"))
     return f"job {row.get('job')}" + (f": {overrides}" if overrides not in (None, "") else "")
 
 
-def _csv_only(sweep_dir: Path, row: dict[str, Any]) -> JobAnalysis:
+def _csv_only(sweep_dir: Path, row: dict[str, Any], varied: dict[Any, str]) -> JobAnalysis:
     headline = {k: v for k, v in row.items() if k not in ("job", "overrides")}
     return JobAnalysis(
-        label=_job_label(row), kind="run", inputs=[str(sweep_dir / str(row.get("job")))],
+        label=_job_label(row, varied), kind="run", inputs=[str(sweep_dir / str(row.get("job")))],
         bytes_read=int(row.get("bytes_read") or 0), bytes_written=int(row.get("bytes_written") or 0),
         per_phase={}, per_rank=[], slowest_rank=None, histogram={}, files={"count": None, "top": []},
         io_time_share={}, job={"sweep": str(sweep_dir), "job": row.get("job")}, headline=headline,
@@ -61,13 +68,14 @@ def analyse_sweep(sweep_dir: Path, timeline: bool = True) -> list[JobAnalysis]:
     rows = read_sweep_rows(sweep_dir)
     if not rows:
         rows = [{"job": p.name} for p in sorted(sweep_dir.iterdir(), key=lambda p: (len(p.name), p.name)) if is_run_folder(p)]
+    varied = _distinguishing(rows)
     jobs = []
     for row in rows:
         folder = sweep_dir / str(row.get("job"))
         if not is_run_folder(folder):
-            jobs.append(_csv_only(sweep_dir, row))
+            jobs.append(_csv_only(sweep_dir, row, varied))
             continue
-        analysis = analyse_run(folder, label=_job_label(row), timeline=timeline)
+        analysis = analyse_run(folder, label=_job_label(row, varied), timeline=timeline)
         analysis.extra["sweep_row"] = row
         analysis.job["sweep"] = str(sweep_dir)
         for key, value in row.items():

@@ -425,3 +425,12 @@ def test_missing_matplotlib_fails_before_any_work(tmp_path, monkeypatch, capsys)
     assert main([str(tmp_path / "run"), "--out-dir", str(tmp_path / "out")]) == 2
     assert "matplotlib" in capsys.readouterr().err and not (tmp_path / "out").exists()
     assert main([str(tmp_path / "run"), "--out-dir", str(tmp_path / "out"), "--no-plots"]) == 0  # report still possible
+
+
+def test_sweep_jobs_are_labelled_by_what_they_varied():
+    from dlio_ckpt.analysis.sweeps import _distinguishing, _job_label
+
+    rows = [{"job": 0, "overrides": "checkpoint.strategy=sharded workload=unet3d scale=tiny"},
+            {"job": 1, "overrides": "checkpoint.strategy=async workload=unet3d scale=tiny"}]
+    varied = _distinguishing(rows)
+    assert [_job_label(r, varied) for r in rows] == ["job 0: checkpoint.strategy=sharded", "job 1: checkpoint.strategy=async"]
