@@ -28,7 +28,8 @@ from dlio_ckpt.world import World
 class NoCheckpoints:
     """The checkpoint engine of a run with checkpointing off."""
 
-    records: list = []
+    def __init__(self) -> None:
+        self.records: list = []
 
     def due(self, step: int, epoch: int, epoch_end: bool) -> bool:
         return False
