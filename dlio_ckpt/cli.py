@@ -83,13 +83,17 @@ def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool)
 
     def create() -> Path:
         given = _given(overrides, key)
-        if given is not None:
-            folder = Path(given).resolve()
-            folder.mkdir(parents=True, exist_ok=True)
-            return folder
-        stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
-        job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or str(os.getpid())
-        return create_unique_folder(f"{'multirun' if multirun else 'runs'}/{stamp}-{job}")
+        try:
+            if given is not None:
+                folder = Path(given).resolve()
+                folder.mkdir(parents=True, exist_ok=True)
+                return folder
+            stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
+            job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or str(os.getpid())
+            return create_unique_folder(f"{'multirun' if multirun else 'runs'}/{stamp}-{job}")
+        except OSError as exc:
+            raise UserError(f"{key}: cannot create the run folder {exc.filename or given}: {exc.strerror}; "
+                            f"choose a writable folder with {key}=PATH") from None
 
     return key, world.root_first(create)
 

@@ -171,11 +171,16 @@ def test_sweep_runs_every_job_and_writes_a_table(workdir):
         (["workload=resnett"], "did you mean 'resnet'"),
         (["dataset.num_files_train=-3"], "dataset.num_files_train: must be at least 1"),
         (["scale=tiny", "reader.batch_size=100000"], "larger than the dataset"),
+        (["scale=tiny", "storage.root={file}/data"], "is not a folder"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(workdir, args, message):
     cwd = workdir / "cwd"
-    done = run_cli(args + [f"storage.root={workdir / 'store'}"], cwd)
+    (workdir / "a-file").write_text("not a folder")
+    args = [a.format(file=workdir / "a-file") for a in args]
+    if not any(a.startswith("storage.root=") for a in args):
+        args.append(f"storage.root={workdir / 'store'}")
+    done = run_cli(args, cwd)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("dlio_ckpt: error:")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import itertools
+import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -180,6 +181,7 @@ def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: 
         config = to_run_config(compose(job), explicit_keys(job))
         check_world_fit(config, world_size)
         check_dependencies(config)
+        check_storage_root(config)
 
 
 def check_dependencies(config: RunConfig) -> None:
@@ -192,6 +194,23 @@ def check_dependencies(config: RunConfig) -> None:
         needs = {"tensorflow": "tensorflow", "torch": "torch"}.get(config.checkpoint.format)
         if needs:
             check_installed(needs)
+
+
+def check_storage_root(config: RunConfig) -> None:
+    """storage.root must be a folder we can create or write to: checked without writing."""
+    if config.mode == "plan":
+        return
+    root = os.path.abspath(config.storage.root)
+    probe = root
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise ConfigError(f"storage.root: {probe} is not a folder, so {root} cannot be used; choose a folder path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"storage.root: no permission to write in {probe}; choose a writable folder for storage.root")
 
 
 def check_world_fit(config: RunConfig, world_size: int) -> None:
