@@ -312,3 +312,14 @@ def test_direct_io_counts_whole_blocks_the_kernel_read(workdir):
     assert summary["train"]["bytes_read"] == int(reads["length"].sum()) == expected
     assert summary["train"]["payload_bytes"] == len(reads) * 5000
     assert summary["train"]["bytes_read"] > summary["train"]["payload_bytes"]
+
+
+@pytest.mark.mpi
+def test_mpi_sweep_runs_every_job_on_every_rank(workdir):
+    sweep = workdir / "sweep"
+    run_ok(["-m", "workload=unet3d,resnet", "scale=tiny", "checkpoint.enabled=false", "progress=false",
+            f"storage.root={workdir / 'store'}", f"hydra.sweep.dir={sweep}"], workdir / "cwd", ranks=2)
+    with open(sweep / "sweep_summary.csv") as table:
+        rows = list(csv.DictReader(table))
+    assert [(r["workload"], r["world_size"], r["status"]) for r in rows] == [("unet3d", "2", "ok"), ("resnet", "2", "ok")]
+    assert sorted(p.parent.name for p in sweep.rglob(".hydra")) == ["0", "1"]
