@@ -137,13 +137,13 @@ def test_concurrent_runs_get_their_own_folders(workdir):
 @pytest.mark.mpi
 def test_a_failing_rank_ends_the_job_promptly(workdir):
     env = cli_env()
-    env["DLIO_CKPT_FAIL_RANK"] = "1"
+    env["DLIO_CKPT_FAULT"] = "train@1"
     command = [str(BIN / "mpirun"), "-n", "2", str(BIN / "dlio_ckpt"), *TINY_RAW, f"storage.root={workdir / 'store'}",
                f"hydra.run.dir={workdir / 'run'}", "train.computation_time=5"]
     started = time.monotonic()
     done = subprocess.run(command, cwd=workdir / "cwd", env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
-    assert "failure injected on rank 1" in done.stderr
+    assert "failure injected at train on rank 1" in done.stderr
     assert not (workdir / "run" / "summary.json").exists()
     # 2 epochs x 2 steps of 5 s would take 20 s on rank 0 if it waited for the dead rank
     assert time.monotonic() - started < 60
@@ -323,3 +323,34 @@ def test_mpi_sweep_runs_every_job_on_every_rank(workdir):
         rows = list(csv.DictReader(table))
     assert [(r["workload"], r["world_size"], r["status"]) for r in rows] == [("unet3d", "2", "ok"), ("resnet", "2", "ok")]
     assert sorted(p.parent.name for p in sweep.rglob(".hydra")) == ["0", "1"]
+
+
+@pytest.mark.mpi
+def test_a_rank_killed_mid_checkpoint_leaves_a_torn_checkpoint_that_restore_skips(workdir):
+    root = workdir / "store"
+    common = ["workload=llama3_8b", "scale=tiny", "progress=false", "checkpoint.drop_caches=false", f"storage.root={root}"]
+    env = cli_env()
+    env["DLIO_CKPT_FAULT"] = "checkpoint-step:2@1:kill"  # rank 1 dies (SIGKILL) after its first file of step 2
+    crashed = subprocess.run([str(BIN / "mpirun"), "-n", "2", str(BIN / "dlio_ckpt"), *common, "mode=train",
+                              "checkpoint.steps_between_checkpoints=1", "train.total_steps=3", f"hydra.run.dir={workdir / 'crashed'}"],
+                             cwd=workdir / "cwd", env=env, capture_output=True, text=True, timeout=120)
+    assert crashed.returncode != 0
+    (folder,) = (root / "checkpoints").iterdir()
+    steps = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    assert steps == ["global_step1", "global_step2"]
+    assert (folder / "global_step1" / "dlio_ckpt_manifest.json").exists()
+    assert not (folder / "global_step2" / "dlio_ckpt_manifest.json").exists()
+    assert any((folder / "global_step2").iterdir())  # data was written, never committed
+
+    run = workdir / "restore"
+    run_ok(common + ["mode=restore", f"checkpoint.restore_from={folder}", f"hydra.run.dir={run}"], workdir / "cwd", ranks=2)
+    ckpt = load_summary(run)["checkpoint"]
+    assert ckpt["restore_verified"] is True and ckpt["restore_step"] == 1
+    assert any("global_step2" in s and "torn" in s for s in ckpt["restore_skipped"])
+    manifest = json.loads((folder / "global_step1" / "dlio_ckpt_manifest.json").read_text())
+    assert ckpt["restore_bytes"] == sum(f["size"] for f in manifest["files"])
+
+
+def test_restore_mode_needs_an_existing_folder(workdir):
+    done = run_cli(["workload=llama3_8b", "scale=tiny", "mode=restore", f"checkpoint.restore_from={workdir / 'none'}"], workdir / "cwd")
+    assert done.returncode == 2 and "checkpoint.restore_from" in done.stderr

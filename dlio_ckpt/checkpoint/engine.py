@@ -28,6 +28,7 @@ from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError, CorruptCheckpoint
+from dlio_ckpt.faults import fault_point
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.model import TensorSpec
 
@@ -129,6 +130,7 @@ class CheckpointEngineImpl:
                 size, digest = write_file(self.storage, path, pf.tensors, self.fmt, chunks_for(pf), self.cfg.fsync,
                                           self.cfg.checksum, self.cfg.write_chunk_bytes)
             entries.append(FileEntry(rel, size, digest, pf.owner, self.world.rank))
+            fault_point(f"checkpoint-step:{step}", self.world.rank)
         return entries
 
     def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry], error: BaseException | None = None) -> tuple[int, float]:

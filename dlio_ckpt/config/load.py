@@ -215,7 +215,7 @@ def check_storage_root(config: RunConfig) -> None:
 
 def check_world_fit(config: RunConfig, world_size: int) -> None:
     """Constraints that depend on the number of ranks (plan mode plans for world.size instead)."""
-    if config.mode in ("plan", "checkpoint") or config.workload == "replay":
+    if config.mode in ("plan", "checkpoint", "restore") or config.workload == "replay":
         return
     ds = config.dataset
     samples = ds.num_files_train * ds.num_samples_per_file
@@ -316,5 +316,12 @@ def check_consistency(config: RunConfig) -> None:
         raise ConfigError(f"reader.name: 'tensorflow' reads tfrecord datasets; dataset.format is '{ds.format}' (use reader.name=native)")
     if ds.record_length_bytes_min > ds.record_length_bytes:
         raise ConfigError("dataset.record_length_bytes_min: larger than dataset.record_length_bytes")
+    if config.mode == "restore" and not os.path.isdir(config.checkpoint.restore_from or "/nonexistent-restore-folder"):
+        raise ConfigError(
+            f"checkpoint.restore_from: '{config.checkpoint.restore_from}' is not a folder; mode=restore needs the checkpoint "
+            "folder of an earlier run (storage.root/checkpoints/<run id>)"
+        )
+    if config.checkpoint.restore_from and config.mode != "restore":
+        raise ConfigError("checkpoint.restore_from: applies to mode=restore only (set mode=restore, or clear it)")
     if config.evaluation.enabled and ds.num_files_eval < 1:
         raise ConfigError("evaluation.enabled: needs dataset.num_files_eval >= 1")

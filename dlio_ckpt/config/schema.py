@@ -190,6 +190,7 @@ class CheckpointConfig:
     max_in_flight: int
     keep_last: int
     restore: bool
+    restore_from: str
     num_checkpoints_write: int
     num_checkpoints_read: int
     sleep_between_s: float
@@ -261,7 +262,7 @@ class RunConfig:
     workload: str
     description: str
     source: str
-    mode: Literal["train", "plan", "generate", "checkpoint"]
+    mode: Literal["train", "plan", "generate", "checkpoint", "restore"]
     seed: int
     progress: bool
     world: WorldConfig

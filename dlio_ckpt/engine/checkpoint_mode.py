@@ -29,13 +29,42 @@ def drop_page_cache() -> str:
         return f"not possible ({exc.strerror or exc}); reads may be served from the page cache"
 
 
+def _with_checkpointing(ctx: Any) -> Any:
+    """The mode is the request: checkpointing is on whatever the workload says."""
+    ck = ctx.config.checkpoint
+    if ck.enabled:
+        return ctx
+    return dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, checkpoint=dataclasses.replace(ck, enabled=True)))
+
+
+def run_restore_mode(ctx: Any) -> dict:
+    """mode=restore: restore (read and verify) the newest complete checkpoint of an earlier run.
+
+    This is how a restart after a crash is measured: a torn checkpoint left by a rank that died
+    mid-write is skipped with a message and the previous complete one is read. The run must use
+    the same workload and checkpoint settings (layout) that wrote it; the world size may differ.
+    """
+    ctx = _with_checkpointing(ctx)
+    world = ctx.world
+    engine = make_checkpoint_engine(ctx)
+    world.barrier()
+    record = engine.restore()
+    reads = world.gather(record.as_dict() if record else None)
+    summary = None
+    if world.is_root:
+        if all(r is None for r in reads):
+            summary = {"mode": "restore", "restored_from": engine.root, "restore_verified": False,
+                       "restore_message": f"no checkpoint folders in {engine.root} for layout {engine.layout.name}"}
+        else:
+            summary = checkpoint_summary([[] for _ in reads], reads, 0.0, ctx.config)
+            summary.update(mode="restore", restored_from=engine.root)
+    return world.bcast(summary)
+
+
 def run_checkpoint_mode(ctx: Any) -> dict:
+    ctx = _with_checkpointing(ctx)
     config = ctx.config
     ck = config.checkpoint
-    if not ck.enabled:  # the mode is the request: checkpointing is on whatever the workload says
-        config = dataclasses.replace(config, checkpoint=dataclasses.replace(ck, enabled=True))
-        ctx = dataclasses.replace(ctx, config=config)
-        ck = config.checkpoint
     world = ctx.world
     engine = make_checkpoint_engine(ctx)
 

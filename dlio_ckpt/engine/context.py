@@ -27,7 +27,10 @@ class RunContext:
         return ByteSource(seed=seed, pool_bytes=self.config.generate.pool_bytes, zeros=zeros)
 
     def checkpoint_root(self) -> str:
-        """This run's own checkpoint folder: retention never deletes outside it."""
+        """This run's own checkpoint folder (retention never deletes outside it), or, in
+        mode=restore, the earlier run's folder named by checkpoint.restore_from."""
         import os
 
+        if self.config.mode == "restore":
+            return os.path.abspath(self.config.checkpoint.restore_from)
         return os.path.abspath(os.path.join(self.config.storage.root, self.config.checkpoint.folder, self.run_id))

@@ -11,6 +11,7 @@ import psutil
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.generate import ensure_dataset, format_options
 from dlio_ckpt.engine.train import run_training
+from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats import get_format
 from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.plan.dataset import plan_dataset
@@ -84,9 +85,7 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
         if failure:
             warnings.append(failure)
     world.barrier()
-    if os.environ.get("DLIO_CKPT_FAIL_RANK") == str(world.rank):
-        # Test aid: prove that one rank's failure ends the whole job instead of hanging it.
-        raise RuntimeError(f"failure injected on rank {world.rank} (DLIO_CKPT_FAIL_RANK)")
+    fault_point("train", world.rank)
     if config.mode == "generate":
         local: dict[str, Any] = {}
     else:

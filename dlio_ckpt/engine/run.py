@@ -95,6 +95,10 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
         from dlio_ckpt.engine.checkpoint_mode import run_checkpoint_mode
 
         sections["checkpoint"] = run_checkpoint_mode(ctx)
+    elif config.mode == "restore":
+        from dlio_ckpt.engine.checkpoint_mode import run_restore_mode
+
+        sections["checkpoint"] = run_restore_mode(ctx)
     else:
         from dlio_ckpt.engine.phases import run_training_phases
 
