@@ -98,3 +98,9 @@ def test_tiny_shortens_the_pause_between_mlperf_checkpoints():
     full = load_config(["workload=llama3_8b"])
     tiny = load_config(["workload=llama3_8b", "scale=tiny"])
     assert full.checkpoint.sleep_between_s > tiny.checkpoint.sleep_between_s == pytest.approx(0.1)
+
+
+def test_drop_last_with_a_batch_larger_than_a_rank_share_is_rejected():
+    with pytest.raises(ConfigError, match="would leave no step"):
+        validate_command_line(["scale=tiny", "dataset.format=raw", "dataset.num_files_train=4", "dataset.num_samples_per_file=1",
+                               "reader.batch_size=3", "reader.drop_last=true"], multirun=False, world_size=2)

@@ -224,6 +224,12 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
             f"{world_size} ranks but only {samples} training samples (dataset.num_files_train x dataset.num_samples_per_file); "
             "raise dataset.num_files_train or run fewer ranks"
         )
+    if config.reader.drop_last and samples // world_size < config.reader.batch_size:
+        raise ConfigError(
+            f"reader.batch_size: {config.reader.batch_size} is larger than a rank's share of the dataset "
+            f"({samples} samples over {world_size} ranks) and reader.drop_last=true would leave no step; "
+            "lower reader.batch_size, add files, or set reader.drop_last=false"
+        )
     if config.reader.name == "tensorflow" and ds.num_files_train < world_size:
         raise ConfigError(
             f"reader.name=tensorflow reads whole files: {world_size} ranks need dataset.num_files_train >= {world_size} "
