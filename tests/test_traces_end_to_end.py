@@ -72,14 +72,16 @@ def test_darshan_summary_report_renders(workdir):
     assert "POSIX" in html.read_text()
 
 
-def test_replaying_a_run_reproduces_its_bytes_and_operations(workdir):
+@pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=pytest.mark.mpi)])
+def test_replaying_a_run_reproduces_its_bytes_and_operations(workdir, ranks):
     original = workdir / "original"
-    assert run_cli(ARGS + [f"storage.root={workdir / 'store'}", f"hydra.run.dir={original}"], workdir / "cwd").returncode == 0
+    done = run_cli(ARGS + [f"storage.root={workdir / 'store'}", f"hydra.run.dir={original}"], workdir / "cwd", mpi_ranks=ranks)
+    assert done.returncode == 0, done.stderr[-2000:]
     log = original / load_summary(original)["traces"]["darshan"]
     expected = posix_totals(log)
     replayed = workdir / "replayed"
     done = run_cli(["workload=replay", f"replay.log={log}", "progress=false", "trace.darshan=true",
-                    f"storage.root={workdir / 'replay-store'}", f"hydra.run.dir={replayed}"], workdir / "cwd")
+                    f"storage.root={workdir / 'replay-store'}", f"hydra.run.dir={replayed}"], workdir / "cwd", mpi_ranks=ranks)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = load_summary(replayed)
     assert summary["replay"]["bytes_read"] == expected["BYTES_READ"]

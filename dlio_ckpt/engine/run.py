@@ -128,7 +128,7 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
         if config.evaluation.enabled:
             summary["eval"] = summaries.eval_section(everyone)
     if "replay" in everyone[0]:
-        summary["replay"] = _sum_replay([r["replay"] for r in everyone])
+        summary["replay"] = everyone[0]["replay"]  # run_replay already reduced over ranks
     summary["io"] = summaries.io_section(everyone)
     summary["ranks"] = summaries.rank_rows(everyone)
     summary["peak_rss_bytes_max"] = max(r["peak_rss_bytes"] for r in everyone)
@@ -137,15 +137,6 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
     summaries.write_summary(run_dir, summary)
     print_report(summary, config.progress)
     return summary
-
-
-def _sum_replay(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    total: dict[str, Any] = {}
-    for part in parts:
-        for key, value in part.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                total[key] = max(total.get(key, 0), value) if key.endswith("_s") else total.get(key, 0) + value
-    return total
 
 
 def _write_traces(ctx: RunContext, everyone: list[dict[str, Any]], darshan_runtime: Any) -> dict[str, Any]:
