@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import time
 from pathlib import Path

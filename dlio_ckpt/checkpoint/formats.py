@@ -42,6 +42,16 @@ def _npy_header(numel: int, dtype: str) -> bytes:
     return buffer.getvalue()
 
 
+def whole_tensor(tensor: TensorSpec, chunks: Chunks) -> np.ndarray:
+    """One tensor assembled from its chunks, for libraries that only save whole tensors."""
+    data = np.empty(tensor.nbytes, dtype=np.uint8)
+    position = 0
+    for piece in chunks(tensor):
+        data[position : position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+        position += len(piece)
+    return data.view(tensor.dtype)
+
+
 @dataclass(frozen=True)
 class RawFormat:
     """Tensors back to back: one contiguous stream per file, what O_DIRECT writes best."""
@@ -164,14 +174,7 @@ class TorchFormat:
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         import torch
 
-        state = {}
-        for tensor in tensors:
-            data = np.empty(tensor.nbytes, dtype=np.uint8)
-            position = 0
-            for piece in chunks(tensor):
-                data[position : position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-                position += len(piece)
-            state[tensor.name] = torch.from_numpy(data.view(tensor.dtype))
+        state = {tensor.name: torch.from_numpy(whole_tensor(tensor, chunks)) for tensor in tensors}
         torch.save(state, handle)
 
     def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
@@ -248,13 +251,7 @@ class TensorflowFormat:
         prefix = self.staging_prefix(data_path)
         values = []
         for tensor in tensors:  # one numpy buffer at a time; TF keeps its own copy of each
-            data = np.empty(tensor.nbytes, dtype=np.uint8)
-            position = 0
-            for piece in chunks(tensor):
-                data[position : position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-                position += len(piece)
-            values.append(tf.constant(data.view(tensor.dtype)))
-            del data
+            values.append(tf.constant(whole_tensor(tensor, chunks)))
         tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[self.variable_name(owner, t) for t in tensors],
                           shape_and_slices=[""] * len(tensors), tensors=values)
         return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -82,7 +82,7 @@ def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, op
     try:
         fmt.write(open_output, spec, source, options)
         written = 0
-        for suffix, handle in opened.items():
+        for handle in opened.values():
             written += handle.size()
             if fsync:
                 handle.fsync()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any, Callable
 
@@ -13,7 +12,6 @@ from dlio_ckpt.engine.generate import ensure_dataset, format_options
 from dlio_ckpt.engine.train import run_training
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats import get_format
-from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.plan.dataset import plan_dataset
 
 GIB = float(1 << 30)
@@ -95,7 +93,6 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
             warnings.append(note)
         result = run_training(ctx, plan, fmt, options, checkpoints)
         restore = checkpoints.restore() if config.checkpoint.enabled and config.checkpoint.restore else None
-        events = ctx.recorder.array()
         local = {
             "train": True,
             "epochs": result.epochs,
@@ -107,12 +104,9 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
             "au_compute_s": result.au_blocks.compute_s,
             "au_wall_s": result.au_blocks.wall_s,
             "checkpoint_s": result.checkpoint_s,
-            "train_bytes_read": ctx.recorder.bytes_read.get("train", 0),
             "train_reads": ctx.recorder.op_counts.get(("train", "read"), 0),
-            "train_read_s": phase_busy_seconds(events, "train", ("read",)),
             "eval_samples": result.eval_samples,
             "eval_wall_s": result.eval_wall_s,
-            "eval_read_s": phase_busy_seconds(events, "eval", ("read",)),
             "checkpoints": [record.as_dict() for record in checkpoints.records],
             "restore": restore.as_dict() if restore is not None else None,
         }

@@ -102,7 +102,7 @@ class NativeReader:
                 pending: list[Future] = []
                 submitted = 0
                 try:
-                    for index in range(count):
+                    for _ in range(count):
                         while submitted < count and len(pending) < self._window:
                             pending.append(pool.submit(self._read_batch, plan.batch(submitted)))
                             submitted += 1

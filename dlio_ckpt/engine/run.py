@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.metrics import summary as summaries
@@ -49,10 +51,9 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _io_by_phase(recorder: EventRecorder) -> dict[str, dict[str, float]]:
+def _io_by_phase(recorder: EventRecorder, events: np.ndarray) -> dict[str, dict[str, float]]:
     phases: dict[str, dict[str, float]] = {}
-    events = recorder.array()
-    for (phase, op), count in recorder.op_counts.items():
+    for (phase, _op), count in recorder.op_counts.items():
         entry = phases.setdefault(phase, {"bytes_read": 0, "bytes_written": 0, "read_s": 0.0, "write_s": 0.0, "ops": 0})
         entry["ops"] += count
     for phase, entry in phases.items():
@@ -107,10 +108,11 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
         local.update(phase_local)
         warnings.extend(phase_warnings)
 
-    local["io"] = _io_by_phase(ctx.recorder)
+    events = ctx.recorder.array()  # once: a long run holds millions of events
+    local["io"] = _io_by_phase(ctx.recorder, events)
     local["peak_rss_bytes"] = peak_rss_bytes()
     if config.trace.events or config.trace.darshan or config.trace.chrome:
-        ctx.recorder.save(run_dir / "events", local["hostname"])
+        ctx.recorder.save(run_dir / "events", local["hostname"], events)
     everyone = world.gather(local)
     world.barrier()
     if not world.is_root:

@@ -22,6 +22,11 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else 0.0
 
 
+def _phase(rank: dict[str, Any], phase: str, figure: str) -> float:
+    """One rank's figure of one phase (its io entry), 0 when the phase did no I/O."""
+    return rank["io"].get(phase, {}).get(figure, 0)
+
+
 def io_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     phases: dict[str, dict[str, float]] = {}
     for rank in ranks:
@@ -37,8 +42,8 @@ def io_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
-    bytes_read = sum(r["train_bytes_read"] for r in ranks)
-    read_s_max = max(r["train_read_s"] for r in ranks)
+    bytes_read = sum(_phase(r, "train", "bytes_read") for r in ranks)
+    read_s_max = max(_phase(r, "train", "read_s") for r in ranks)
     wall_s = max(r["train_wall_s"] for r in ranks)
     samples = sum(r["samples"] for r in ranks)
     # DLIO leaves each block's first step out; a run too short for that falls back to the
@@ -77,13 +82,12 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
 
 
 def eval_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    bytes_read = sum(r["io"].get("eval", {}).get("bytes_read", 0) for r in ranks)
-    wall = max(r["eval_wall_s"] for r in ranks)
+    bytes_read = sum(_phase(r, "eval", "bytes_read") for r in ranks)
     return {
         "samples": sum(r["eval_samples"] for r in ranks),
         "bytes_read": int(bytes_read),
-        "wall_s": wall,
-        "read_mib_per_s": _ratio(bytes_read, max(r["eval_read_s"] for r in ranks)) / MIB,
+        "wall_s": max(r["eval_wall_s"] for r in ranks),
+        "read_mib_per_s": _ratio(bytes_read, max(_phase(r, "eval", "read_s") for r in ranks)) / MIB,
     }
 
 
@@ -101,8 +105,8 @@ def rank_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "peak_rss_bytes": rank["peak_rss_bytes"],
         }
         if "train" in rank:
-            row.update(samples=rank["samples"], steps=rank["steps"], train_bytes_read=rank["train_bytes_read"],
-                       train_read_s=rank["train_read_s"])
+            row.update(samples=rank["samples"], steps=rank["steps"], train_bytes_read=int(_phase(rank, "train", "bytes_read")),
+                       train_read_s=_phase(rank, "train", "read_s"))
         rows.append(row)
     return rows
 

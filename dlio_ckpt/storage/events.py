@@ -99,8 +99,10 @@ class EventRecorder:
     def array(self) -> np.ndarray:
         return np.array(self._events, dtype=EVENT_DTYPE) if self._events else np.zeros(0, EVENT_DTYPE)
 
-    def save(self, folder: Path, hostname: str) -> Path:
-        """Write this rank's events as `events/rank-NNNNN.npz` (array + path table + metadata)."""
+    def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:
+        """Write this rank's events as `events/rank-NNNNN.npz` (array + path table + metadata).
+
+        `events` is this recorder's array() when the caller already built it."""
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"rank-{self.rank:05d}.npz"
         meta = {
@@ -114,7 +116,7 @@ class EventRecorder:
         tmp = target.with_suffix(".tmp.npz")
         with open(tmp, "wb") as out:
             paths = np.array(self.paths, dtype=str) if self.paths else np.zeros(0, "U1")
-            np.savez(out, events=self.array(), paths=paths, meta=np.array(json.dumps(meta)))
+            np.savez(out, events=self.array() if events is None else events, paths=paths, meta=np.array(json.dumps(meta)))
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)

@@ -13,7 +13,6 @@ import mmap
 import os
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 DIRECT_ALIGNMENT = 4096
 

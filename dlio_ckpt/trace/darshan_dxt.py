@@ -52,8 +52,13 @@ def dxt_records(rank: RankEvents, hostname: str, cwd: str | None = None) -> list
     data = events[(events["op"] == _READ) | (events["op"] == _WRITE)]
     records = []
     order = dict.fromkeys(data["file"].tolist())  # first-touch order, each file once
-    for file_index in order:
-        mine = data[data["file"] == file_index]
+    # Group by file once (a stable sort keeps each file's calls in time order) rather than
+    # masking the whole array per file, which is quadratic for datasets of many files.
+    grouped = data[np.argsort(data["file"], kind="stable")]
+    firsts = np.searchsorted(grouped["file"], np.fromiter(order, dtype=grouped["file"].dtype), side="left")
+    lasts = np.searchsorted(grouped["file"], np.fromiter(order, dtype=grouped["file"].dtype), side="right")
+    for file_index, first, last in zip(order, firsts.tolist(), lasts.tolist()):
+        mine = grouped[first:last]
 
         def segments(op: int) -> np.ndarray:
             chosen = mine[mine["op"] == op]
