@@ -104,7 +104,6 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
             "au_compute_s": result.au_blocks.compute_s,
             "au_wall_s": result.au_blocks.wall_s,
             "checkpoint_s": result.checkpoint_s,
-            "train_reads": ctx.recorder.op_counts.get(("train", "read"), 0),
             "eval_samples": result.eval_samples,
             "eval_wall_s": result.eval_wall_s,
             "checkpoints": [record.as_dict() for record in checkpoints.records],

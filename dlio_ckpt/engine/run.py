@@ -14,13 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import print_report
-from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.storage import make_backend
 from dlio_ckpt.storage.events import EventRecorder, JobClock
 from dlio_ckpt.storage.traced import TracedStorage
@@ -49,19 +46,6 @@ class NoCheckpoints:
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _io_by_phase(recorder: EventRecorder, events: np.ndarray) -> dict[str, dict[str, float]]:
-    phases: dict[str, dict[str, float]] = {}
-    for (phase, _op), count in recorder.op_counts.items():
-        entry = phases.setdefault(phase, {"bytes_read": 0, "bytes_written": 0, "read_s": 0.0, "write_s": 0.0, "ops": 0})
-        entry["ops"] += count
-    for phase, entry in phases.items():
-        entry["bytes_read"] = recorder.bytes_read.get(phase, 0)
-        entry["bytes_written"] = recorder.bytes_written.get(phase, 0)
-        entry["read_s"] = phase_busy_seconds(events, phase, ("read",)) if len(events) else recorder.read_seconds.get(phase, 0.0)
-        entry["write_s"] = phase_busy_seconds(events, phase, ("write", "fsync")) if len(events) else recorder.write_seconds.get(phase, 0.0)
-    return phases
 
 
 def make_context(world: World, config: RunConfig, run_dir: Path, run_id: str) -> RunContext:
@@ -109,7 +93,7 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
         warnings.extend(phase_warnings)
 
     events = ctx.recorder.array()  # once: a long run holds millions of events
-    local["io"] = _io_by_phase(ctx.recorder, events)
+    local["io"] = summaries.rank_io(events)
     local["peak_rss_bytes"] = peak_rss_bytes()
     if config.trace.events or config.trace.darshan or config.trace.chrome:
         ctx.recorder.save(run_dir / "events", local["hostname"], events)

@@ -11,7 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dlio_ckpt import __version__
+from dlio_ckpt.metrics.timing import phase_busy_seconds
+from dlio_ckpt.storage.events import totals_by_phase
 
 SCHEMA_VERSION = 1
 MIB = float(1 << 20)
@@ -27,11 +31,23 @@ def _phase(rank: dict[str, Any], phase: str, figure: str) -> float:
     return rank["io"].get(phase, {}).get(figure, 0)
 
 
+def rank_io(events: np.ndarray) -> dict[str, dict[str, float]]:
+    """One rank's figures per phase, all derived from its events: bytes and calls as the
+    tracer counted them, and overlap-free read and write (+fsync) time."""
+    phases: dict[str, dict[str, float]] = {}
+    for phase, totals in totals_by_phase(events).items():
+        phases[phase] = {**totals,
+                         "read_s": phase_busy_seconds(events, phase, ("read",)),
+                         "write_s": phase_busy_seconds(events, phase, ("write", "fsync"))}
+    return phases
+
+
 def io_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     phases: dict[str, dict[str, float]] = {}
     for rank in ranks:
         for phase, figures in rank["io"].items():
-            total = phases.setdefault(phase, {"bytes_read": 0, "bytes_written": 0, "read_s": 0.0, "write_s": 0.0, "ops": 0})
+            total = phases.setdefault(phase, {"bytes_read": 0, "bytes_written": 0, "reads": 0, "writes": 0,
+                                              "read_s": 0.0, "write_s": 0.0, "ops": 0})
             for key in total:
                 total[key] += figures[key]
     return {
@@ -63,7 +79,7 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
         "samples": samples,
         "samples_per_s": _ratio(samples, wall_s),
         "bytes_read": int(bytes_read),
-        "reads": int(sum(r["train_reads"] for r in ranks)),
+        "reads": int(sum(_phase(r, "train", "reads") for r in ranks)),
         "read_s_max": read_s_max,
         "read_mib_per_s": _ratio(bytes_read, read_s_max) / MIB,
         "payload_bytes": int(sum(r["payload_bytes"] for r in ranks)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,43 +62,54 @@ class JobClock:
 
 @dataclass
 class EventRecorder:
-    """Collects one rank's events; `counters` keep running totals so metrics need no scan."""
+    """Collects one rank's events; every total is derived from them (`totals_by_phase`).
+
+    `record` is called at once from reader threads, the async persist thread and the training
+    thread. It keeps no running totals, because an unlocked read-modify-write of a shared
+    counter loses updates between threads; it only appends one tuple (a single atomic
+    `list.append` in CPython) and looks up the file's index, taking a lock only the first time a
+    path is seen, so the common call stays cheap and nothing is ever lost.
+    """
 
     rank: int
     clock: JobClock
-    enabled: bool = True
     paths: list[str] = field(default_factory=list)
     _path_index: dict[str, int] = field(default_factory=dict)
+    _path_lock: threading.Lock = field(default_factory=threading.Lock)
     _events: list[tuple] = field(default_factory=list)
-    bytes_read: dict[str, int] = field(default_factory=dict)
-    bytes_written: dict[str, int] = field(default_factory=dict)
-    read_seconds: dict[str, float] = field(default_factory=dict)
-    write_seconds: dict[str, float] = field(default_factory=dict)
-    op_counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def path_id(self, path: str) -> int:
         index = self._path_index.get(path)
         if index is None:
-            index = len(self.paths)
-            self.paths.append(path)
-            self._path_index[path] = index
+            with self._path_lock:  # two threads adding paths must not take the same index
+                index = self._path_index.get(path)
+                if index is None:
+                    index = len(self.paths)
+                    self.paths.append(path)
+                    self._path_index[path] = index
         return index
 
     def record(self, op: str, phase: str, path: str, offset: int, length: int, start: float, end: float) -> None:
-        key = (phase, op)
-        self.op_counts[key] = self.op_counts.get(key, 0) + 1
-        if op == "read":
-            self.bytes_read[phase] = self.bytes_read.get(phase, 0) + length
-            self.read_seconds[phase] = self.read_seconds.get(phase, 0.0) + (end - start)
-        elif op in ("write", "fsync"):
-            if op == "write":
-                self.bytes_written[phase] = self.bytes_written.get(phase, 0) + length
-            self.write_seconds[phase] = self.write_seconds.get(phase, 0.0) + (end - start)
-        if self.enabled:
-            self._events.append((OP_CODE[op], PHASE_CODE[phase], self.path_id(path), offset, length, start, end))
+        self._events.append((OP_CODE[op], PHASE_CODE[phase], self.path_id(path), offset, length, start, end))
+
+    @property
+    def bytes_read(self) -> dict[str, int]:
+        """Bytes moved by read calls, per phase that read (derived from the events)."""
+        return {phase: t["bytes_read"] for phase, t in totals_by_phase(self.array()).items() if t["reads"]}
+
+    @property
+    def bytes_written(self) -> dict[str, int]:
+        """Bytes moved by write calls, per phase that wrote (derived from the events)."""
+        return {phase: t["bytes_written"] for phase, t in totals_by_phase(self.array()).items() if t["writes"]}
+
+    @property
+    def op_counts(self) -> dict[tuple[str, str], int]:
+        """Operations per (phase, op) (derived from the events)."""
+        return op_counts(self.array())
 
     def array(self) -> np.ndarray:
-        return np.array(self._events, dtype=EVENT_DTYPE) if self._events else np.zeros(0, EVENT_DTYPE)
+        events = list(self._events)  # a snapshot: other threads may still be appending
+        return np.array(events, dtype=EVENT_DTYPE) if events else np.zeros(0, EVENT_DTYPE)
 
     def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:
         """Write this rank's events as `events/rank-NNNNN.npz` (array + path table + metadata).
@@ -121,6 +133,35 @@ class EventRecorder:
             os.fsync(out.fileno())
         os.replace(tmp, target)
         return target
+
+
+def op_counts(events: np.ndarray) -> dict[tuple[str, str], int]:
+    """Number of events per (phase, op), only those that occurred."""
+    codes = events["phase"].astype(np.int64) * len(OPS) + events["op"]
+    counts = np.bincount(codes, minlength=len(PHASES) * len(OPS))
+    return {(PHASES[code // len(OPS)], OPS[code % len(OPS)]): int(n) for code, n in enumerate(counts) if n}
+
+
+def totals_by_phase(events: np.ndarray) -> dict[str, dict[str, int]]:
+    """Per phase that has events: bytes moved by reads and by writes, and the number of reads,
+    writes and operations of any kind. Exact: summed from the events, never kept running."""
+    totals: dict[str, dict[str, int]] = {}
+    counts = op_counts(events)
+    for phase in PHASES:
+        mask = events["phase"] == PHASE_CODE[phase]
+        ops = sum(n for (p, _), n in counts.items() if p == phase)
+        if not ops:
+            continue
+        selected = events[mask]
+        lengths = selected["length"]
+        totals[phase] = {
+            "bytes_read": int(lengths[selected["op"] == OP_CODE["read"]].sum()),
+            "bytes_written": int(lengths[selected["op"] == OP_CODE["write"]].sum()),
+            "reads": counts.get((phase, "read"), 0),
+            "writes": counts.get((phase, "write"), 0),
+            "ops": ops,
+        }
+    return totals
 
 
 @dataclass(frozen=True)
