@@ -49,8 +49,8 @@ def test_explicit_overrides_beat_the_scale_caps():
 
 
 def test_sizes_accept_units():
-    config = load_config(["dataset.record_length_bytes=3MiB", "storage.block_size=2KB"])
-    assert config.dataset.record_length_bytes == 3 << 20 and config.storage.block_size == 2000
+    config = load_config(["dataset.record_length_bytes=3MiB", "storage.s3.part_size=6MB"])
+    assert config.dataset.record_length_bytes == 3 << 20 and config.storage.s3.part_size == 6_000_000
 
 
 @pytest.mark.parametrize(

@@ -15,16 +15,35 @@ FORMATS = ("npz", "npy", "hdf5", "tfrecord", "raw", "indexed_binary")
 
 
 @dataclass(frozen=True)
+class S3Options:
+    """storage.s3.*: read by the s3 backend (storage/s3.py), which also checks the bucket is set."""
+
+    bucket: str
+    prefix: str
+    endpoint_url: str  # empty: AWS; else MinIO, Ceph RGW or any S3-compatible endpoint
+    region: str
+    part_size: Bytes
+    concurrency: int
+    addressing_style: Literal["auto", "path", "virtual"]
+
+    def validate(self, key: str) -> None:
+        require(5 << 20 <= self.part_size <= 5 << 30, f"{key}part_size: S3 multipart parts are 5MiB to 5GiB (got {self.part_size})")
+        require(self.concurrency >= 1, f"{key}concurrency: must be at least 1 (got {self.concurrency})")
+
+
+@dataclass(frozen=True)
 class StorageConfig:
-    backend: Literal["posix"]
+    backend: str  # a name of dlio_ckpt.storage.BACKENDS
     root: str
     direct_io: bool
     fsync: bool
-    block_size: Bytes
     drop_caches: bool
+    s3: S3Options
 
     def validate(self, key: str) -> None:
-        require(self.block_size > 0, f"{key}block_size: must be positive (got {self.block_size})")
+        from dlio_ckpt.storage import BACKENDS
+
+        BACKENDS.canonical(self.backend)
         require(self.root != "", f"{key}root: must be a folder path")
 
 

@@ -1,16 +1,36 @@
-"""Storage backends, chosen by name (`storage.backend=`), and the tracing wrapper."""
+"""Storage backends, chosen by name (`storage.backend=`), and the tracing wrapper.
+
+The contract every backend meets is storage/base.py; a backend class is registered here by
+"module:Class" and offers `from_config(storage_config, root)`, which reads and validates its own
+options (`storage.<backend>.*`).
+"""
 
 from __future__ import annotations
 
-from dlio_ckpt.config.schema import StorageConfig
-from dlio_ckpt.errors import ConfigError, close_match
-from dlio_ckpt.storage.posix import PosixStorage
+from typing import Any
 
-_BACKENDS = {"posix": PosixStorage}
+from dlio_ckpt.registry import Registry
+from dlio_ckpt.storage.base import Capabilities, StorageBackend, StorageFile
+
+BACKENDS = Registry(
+    key="storage.backend",
+    entries={
+        "posix": "dlio_ckpt.storage.posix:PosixStorage",
+        "s3": "dlio_ckpt.storage.s3:S3Storage",
+    },
+    install_hints={"s3": "pip install 'dlio_ckpt[s3]'"},
+)
 
 
-def make_backend(config: StorageConfig) -> PosixStorage:
-    factory = _BACKENDS.get(config.backend)
-    if factory is None:
-        raise ConfigError(f"storage.backend: unknown backend '{config.backend}'{close_match(config.backend, _BACKENDS)}; choose one of: {', '.join(_BACKENDS)}")
-    return factory(direct_io=config.direct_io, block_size=config.block_size)
+def backend_class(name: str) -> Any:
+    """The class of backend `name` (imported now; MissingDependency names the extra to install)."""
+    return BACKENDS.load(name)
+
+
+def make_backend(config: Any, root: str | None = None) -> StorageBackend:
+    """The backend `config.backend` (a StorageConfig) built from its own options, for `root`
+    (default: config.root)."""
+    return backend_class(config.backend).from_config(config, config.root if root is None else root)
+
+
+__all__ = ["BACKENDS", "Capabilities", "StorageBackend", "StorageFile", "backend_class", "make_backend"]

@@ -1,9 +1,10 @@
 """POSIX storage: buffered or O_DIRECT file access with explicit offsets, and fsync.
 
-Files are file-like objects (read, readinto, write, seek, tell, truncate, flush) so that numpy,
-h5py and the TFRecord code can work through them, plus `read_at` for explicit-offset reads.
-Every operation goes through os.pread / os.pwrite on a descriptor, so the bytes counted are
-the bytes the kernel returned, and a tracing wrapper sees one call per system call.
+Implements the StorageBackend protocol of storage/base.py with every capability. Files are
+file-like objects (read, readinto, write, seek, tell, truncate, flush) so that numpy, h5py and
+the TFRecord code can work through them, plus `read_at` for explicit-offset reads. Every
+operation goes through os.pread / os.pwrite on a descriptor, so the bytes counted are the bytes
+the kernel returned, and a tracing wrapper sees one call per system call.
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import secrets
 import shutil
 from dataclasses import dataclass
+from typing import Any
+
+from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.storage.base import Capabilities, write_staged
 
 DIRECT_ALIGNMENT = 4096
 
@@ -22,19 +28,45 @@ def _aligned_buffer(size: int) -> mmap.mmap:
     return mmap.mmap(-1, max(size, DIRECT_ALIGNMENT))
 
 
-class PosixFile(io.RawIOBase):
-    """A file opened for reading, or for reading and writing, at explicit offsets."""
+def staging_name(path: str) -> str:
+    """A temporary name beside `path`, unique over processes and threads (pid + random), so two
+    writers of one file never share a temporary file and a crash leaves a recognisable `.tmp-`."""
+    return f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
 
-    def __init__(self, path: str, writable: bool, direct: bool, block_size: int) -> None:
+
+def fsync_folder(path: str) -> None:
+    """Make a rename durable: fsync the folder that holds the new name."""
+    fd = os.open(path or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PosixFile(io.RawIOBase):
+    """A file opened for reading, or for reading and writing, at explicit offsets.
+
+    A staged write handle (`publish_as` set) writes under a temporary name and renames it to
+    `publish_as` when closed (then fsyncs the folder if the data was fsynced), so nothing is at
+    the final name until close() returns; abort() removes the temporary file instead.
+    """
+
+    def __init__(self, path: str, writable: bool, direct: bool, publish_as: str | None = None) -> None:
         super().__init__()
-        self.path = path
+        self.path = publish_as or path
+        self._open_path = path
+        self._publish_as = publish_as
         self._writable = writable
+        self._synced = False
         self.direct = direct and hasattr(os, "O_DIRECT")
-        self.block_size = block_size
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC if writable else os.O_RDONLY
         self._fd = os.open(path, flags, 0o644)
         # O_DIRECT gets its own descriptor so unaligned pieces (headers, tails) can use the other.
-        self._direct_fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_DIRECT) if self.direct else -1
+        try:
+            self._direct_fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_DIRECT) if self.direct else -1
+        except OSError:
+            os.close(self._fd)
+            raise
         self._position = 0
         self._scratch: mmap.mmap | None = None  # reused aligned buffer for O_DIRECT transfers
         # Bytes the last read system call moved: with O_DIRECT the kernel reads whole blocks, so
@@ -97,15 +129,47 @@ class PosixFile(io.RawIOBase):
     def flush(self) -> None:
         """Writes go straight to the kernel; durability is `fsync`."""
 
-    def close(self) -> None:
-        if not self.closed:
+    def _release(self) -> None:
+        """Close the descriptors and mark the handle closed (publishing is the caller's business)."""
+        try:
             if self._direct_fd >= 0:
                 os.close(self._direct_fd)
+                self._direct_fd = -1
             os.close(self._fd)
             if self._scratch is not None:
                 self._scratch.close()
                 self._scratch = None
-        super().close()
+        finally:
+            super().close()
+
+    def close(self) -> None:
+        """Release the descriptors; a staged handle then publishes its file under the final name."""
+        if self.closed:
+            return
+        self._release()
+        if self._publish_as is not None:
+            try:
+                os.replace(self._open_path, self._publish_as)
+            except BaseException:
+                _unlink_quietly(self._open_path)
+                raise
+            if self._synced:
+                fsync_folder(os.path.dirname(self._publish_as))
+
+    def __del__(self) -> None:
+        # A staged handle dropped unclosed (an exception path) must never publish a partial file.
+        if not getattr(self, "closed", True) and getattr(self, "_publish_as", None) is not None:
+            self.abort()
+        else:
+            super().__del__()
+
+    def abort(self) -> None:
+        """Discard: close, and remove what a write handle wrote (its temporary file when staged)."""
+        if self.closed:
+            return
+        self._release()
+        if self._writable:
+            _unlink_quietly(self._open_path)
 
     def _aligned(self, size: int) -> mmap.mmap:
         if self._scratch is None or len(self._scratch) < size:
@@ -174,6 +238,18 @@ class PosixFile(io.RawIOBase):
 
     def fsync(self) -> None:
         os.fsync(self._fd)
+        self._synced = True
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+POSIX_CAPABILITIES = Capabilities(atomic_rename=True, fsync=True, seekable_write=True, direct_io=hasattr(os, "O_DIRECT"),
+                                  ranged_read=True, listing=True, local_paths=True)
 
 
 @dataclass(frozen=True)
@@ -181,21 +257,40 @@ class PosixStorage:
     """Local or parallel file system through the POSIX API."""
 
     direct_io: bool = False
-    block_size: int = 1 << 20
+    root: str = ""  # storage.root; check() looks at it, paths are used as they are
 
     name = "posix"
+    capabilities = POSIX_CAPABILITIES
+
+    @classmethod
+    def from_config(cls, config: Any, root: str) -> "PosixStorage":
+        """The backend for StorageConfig `config` (POSIX has no options of its own)."""
+        return cls(direct_io=config.direct_io, root=root)
 
     def open_read(self, path: str) -> PosixFile:
-        return PosixFile(path, writable=False, direct=self.direct_io, block_size=self.block_size)
+        return PosixFile(path, writable=False, direct=self.direct_io)
 
     def open_write(self, path: str) -> PosixFile:
-        return PosixFile(path, writable=True, direct=self.direct_io, block_size=self.block_size)
+        return PosixFile(path, writable=True, direct=self.direct_io)
+
+    def open_staged(self, path: str) -> PosixFile:
+        return PosixFile(staging_name(path), writable=True, direct=self.direct_io, publish_as=path)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        write_staged(self, path, data)
+
+    def read_whole(self, path: str) -> bytes:
+        with open(path, "rb") as handle:
+            return handle.read()
 
     def makedirs(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
 
     def file_size(self, path: str) -> int:
         return os.stat(path).st_size
@@ -213,9 +308,29 @@ class PosixStorage:
         shutil.rmtree(path, ignore_errors=False)
 
     def fsync_dir(self, path: str) -> None:
-        """Make a rename durable: fsync the directory that holds the new name."""
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Make renames in folder `path` durable (POSIX only: for files a framework wrote by path)."""
+        fsync_folder(path)
+
+    def free_bytes(self, path: str) -> int | None:
+        """Free bytes of the file system holding `path` (its nearest existing folder)."""
+        return shutil.disk_usage(_nearest_existing(os.path.abspath(path))).free
+
+    def check(self) -> None:
+        """storage.root must be a folder we can create or write in: checked without writing."""
+        if not self.root:
+            return
+        root = os.path.abspath(self.root)
+        probe = _nearest_existing(root)
+        if not os.path.isdir(probe):
+            raise ConfigError(f"storage.root: {probe} is not a folder, so {root} cannot be used; choose a folder path")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise ConfigError(f"storage.root: no permission to write in {probe}; choose a writable folder for storage.root")
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path

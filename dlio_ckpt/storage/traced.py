@@ -11,6 +11,7 @@ import io
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dlio_ckpt.storage.base import write_staged
 from dlio_ckpt.storage.events import EventRecorder
 
 
@@ -90,8 +91,23 @@ class TracedFile(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._timed("close", -1, lambda: (self._inner.close(), 0)[1])
-        super().close()
+            try:
+                self._timed("close", -1, lambda: (self._inner.close(), 0)[1])
+            finally:
+                super().close()
+
+    def __del__(self) -> None:
+        # Collected unclosed (an exception path): never publish; the inner handle cleans up after itself.
+        if not self.closed:
+            io.RawIOBase.close(self)
+
+    def abort(self) -> None:
+        """Discard the inner handle's writes (nothing published); not data I/O, not traced."""
+        if not self.closed:
+            try:
+                self._inner.abort()
+            finally:
+                super().close()
 
 
 @dataclass(frozen=True)
@@ -122,6 +138,14 @@ class TracedStorage:
     def open_write(self, path: str) -> TracedFile:
         return self._open(path, self.inner.open_write)
 
+    def open_staged(self, path: str) -> TracedFile:
+        """The backend's commit primitive; its publish step is traced as the handle's close."""
+        return self._open(path, self.inner.open_staged)
+
+    @property
+    def capabilities(self):
+        return self.inner.capabilities
+
     def _meta(self, op: str, path: str, call, *args):
         clock = self.recorder.clock
         start = clock.now()
@@ -151,20 +175,22 @@ class TracedStorage:
     def remove_tree(self, path: str) -> None:
         self.inner.remove_tree(path)
 
+    def isdir(self, path: str) -> bool:
+        return self.inner.isdir(path)
+
+    def free_bytes(self, path: str) -> int | None:
+        return self.inner.free_bytes(path)
+
+    def check(self) -> None:
+        self.inner.check()
+
     def fsync_dir(self, path: str) -> None:
+        """POSIX only (capability local_paths): files a framework wrote by path."""
         self.inner.fsync_dir(path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        """Temporary name, fsync, rename; traced as the write, fsync and rename it is."""
-        tmp = f"{path}.tmp"
-        handle = self.open_write(tmp)
-        try:
-            handle.write(data)
-            handle.fsync()
-        finally:
-            handle.close()
-        self.rename(tmp, path)
-        self.fsync_dir(path.rsplit("/", 1)[0] if "/" in path else ".")
+        """All or nothing through the backend's commit primitive; traced as open, write, fsync, close."""
+        write_staged(self, path, data)
 
     def read_whole(self, path: str) -> bytes:
         handle = self.open_read(path)

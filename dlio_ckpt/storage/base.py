@@ -1,0 +1,181 @@
+"""The storage seam: what every backend (POSIX, S3, ...) promises, and what it can do.
+
+The engine, the checkpoint code and the tracer talk to a `StorageBackend` only through the
+methods below, so a new backend is one module plus one registry line. What a backend cannot do
+is stated in its `Capabilities`, and the loader refuses a dataset format, checkpoint format or
+feature that needs a capability the chosen backend lacks (one line, exit 2, nothing written),
+so no code path has to discover it at run time.
+
+Paths stay absolute strings under `storage.root`; a backend maps them into its own namespace
+(POSIX uses them as they are; an object store turns `root/a/b` into `prefix/a/b` and refuses a
+path outside the root). Only datasets and checkpoints go through a backend; the run folder
+(summary.json, events, traces) is always the local file system.
+
+Commit rule (the same on every backend): whole files are written through `open_staged`, which
+publishes nothing at `path` until `close()` returns, and the checkpoint manifest is written last
+with `write_atomic`; the manifest is the commit, so a reader never trusts a file the manifest
+does not list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; the loader checks a run's needs against these before it starts."""
+
+    atomic_rename: bool  # rename(src, dst) is atomic and cheap (POSIX yes, S3 no: copy + delete)
+    fsync: bool  # a per-file durability call exists; where False, a file is durable once close() returns
+    seekable_write: bool  # a writer may seek back and rewrite (zip header patching, h5py); else append only
+    direct_io: bool  # O_DIRECT: transfers bypass the page cache
+    ranged_read: bool  # read_at at any offset without reading what precedes it
+    listing: bool  # listdir names what lies directly below a folder/prefix
+    local_paths: bool  # paths are files of the local kernel: a library may open them itself
+    #                    (torch.save, TensorFlow's SaveV2), and the page cache can be dropped
+
+    def missing(self, needs: "tuple[str, ...] | frozenset[str]") -> list[str]:
+        """The capabilities among `needs` this backend lacks (unknown names are a bug: KeyError)."""
+        known = {f.name for f in fields(self)}
+        unknown = set(needs) - known
+        if unknown:
+            raise KeyError(f"unknown storage capabilities {sorted(unknown)}; known: {sorted(known)}")
+        return [name for name in sorted(needs) if not getattr(self, name)]
+
+
+CAPABILITY_MEANING = {
+    "atomic_rename": "atomic rename",
+    "fsync": "per-file fsync",
+    "seekable_write": "seekable writes (a writer that seeks back, as zip and HDF5 writers do)",
+    "direct_io": "O_DIRECT",
+    "ranged_read": "ranged reads",
+    "listing": "listing a folder",
+    "local_paths": "files a library can open by path on the local file system",
+}
+
+
+def write_staged(backend: "StorageBackend", path: str, data: bytes) -> None:
+    """`data` at `path` all or nothing through `backend.open_staged`: the usual `write_atomic`."""
+    handle = backend.open_staged(path)
+    try:
+        handle.write(data)
+        handle.fsync()
+    except BaseException:
+        handle.abort()
+        raise
+    handle.close()
+
+
+@runtime_checkable
+class StorageFile(Protocol):
+    """An open file or object. A read handle supports every read method; a write handle `write`.
+
+    A handle counts what it moves: `last_moved` is the bytes the last read call moved at the
+    storage layer (whole blocks under O_DIRECT, so it may exceed what was asked), which is what
+    the tracer records.
+    """
+
+    path: str
+    last_moved: int
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to `size` bytes at `offset` (fewer only at the end); needs `ranged_read` for a random offset."""
+
+    def read_at_into(self, buffer, offset: int) -> int:
+        """Fill `buffer` from `offset`; return the count of bytes placed (fewer only at the end)."""
+
+    def readinto(self, buffer) -> int:
+        """Like read_at_into at the current position, which then advances."""
+
+    def read(self, size: int = -1) -> bytes:
+        """`size` bytes (all that is left when negative) at the current position, which then advances."""
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Move the position. On a write handle without `seekable_write` only a seek to the
+        current end (a no-op) is allowed; anything else raises OSError."""
+
+    def tell(self) -> int: ...
+
+    def size(self) -> int:
+        """Bytes in the file (a write handle: bytes written so far)."""
+
+    def write(self, data) -> int:
+        """Write all of `data` at the position (an append without `seekable_write`); return its length."""
+
+    def fsync(self) -> None:
+        """Make what was written durable; a no-op where `capabilities.fsync` is False
+        (the object becomes durable when close() publishes it)."""
+
+    def close(self) -> None:
+        """Release the handle. A write handle publishes its data: when close() returns the file is
+        complete at its final name (open_staged: renamed; S3: the multipart upload completed).
+        If close() raises, nothing new is published."""
+
+    def abort(self) -> None:
+        """Discard a write handle: nothing is published, temporary or partial data is removed.
+        Safe after a failed write and a no-op on a closed handle; on a read handle it closes."""
+
+
+@runtime_checkable
+class StorageBackend(Protocol):
+    """A place where datasets and checkpoints live. Every method may raise OSError on I/O failure."""
+
+    name: str
+    capabilities: Capabilities
+
+    def open_read(self, path: str) -> StorageFile:
+        """Open an existing file for reading; FileNotFoundError when there is none."""
+
+    def open_write(self, path: str) -> StorageFile:
+        """Create or replace `path`; on an object store it appears when the handle is closed,
+        on POSIX it is visible (growing) while written. Use open_staged for all-or-nothing files."""
+
+    def open_staged(self, path: str) -> StorageFile:
+        """The commit primitive for whole files: nothing (old content, if any, stays) at `path`
+        until close() returns; abort() leaves no trace. POSIX: unique temporary name, fsync,
+        rename, fsync of the folder; S3: a multipart upload completed on close."""
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """A small all-or-nothing file (a manifest): `data` at `path` in full, or nothing changed."""
+
+    def read_whole(self, path: str) -> bytes:
+        """The whole content of `path`."""
+
+    def exists(self, path: str) -> bool:
+        """A file, or a folder (a non-empty prefix on an object store), is at `path`."""
+
+    def isdir(self, path: str) -> bool:
+        """`path` is a folder (a prefix with objects below it on an object store)."""
+
+    def file_size(self, path: str) -> int:
+        """Bytes in the file at `path`; FileNotFoundError when there is none."""
+
+    def listdir(self, path: str) -> list[str]:
+        """Sorted names directly below `path` (files and folders); [] when it does not exist."""
+
+    def makedirs(self, path: str) -> None:
+        """Create folder `path` and its parents (no-op where folders are implied by names)."""
+
+    def remove(self, path: str) -> None:
+        """Delete one file; FileNotFoundError when there is none."""
+
+    def remove_tree(self, path: str) -> None:
+        """Delete `path` and everything below it. Callers pass only a folder of their own run."""
+
+    def free_bytes(self, path: str) -> int | None:
+        """Bytes that can still be written at `path`; None when unknown or unbounded (S3)."""
+
+    def check(self) -> None:
+        """Reachability, credentials and permissions, checked before anything is written;
+        raises dlio_ckpt.errors.UserError with one line naming what to fix."""
+
+
+class BackendClass(Protocol):
+    """What the registry (dlio_ckpt.storage.BACKENDS) points at: a class built from the config."""
+
+    def from_config(self, config, root: str) -> StorageBackend:
+        """The backend for `config` (a config.schema.StorageConfig) serving the paths under `root`
+        (absolute). Reads and validates its own options (`config.<name>`, e.g. `config.s3`) and
+        raises ConfigError naming the key for an impossible one; does no I/O (that is check())."""
