@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from dlio_ckpt.storage.events import EventRecorder, JobClock
+from ckpt_util import data_files, make_ctx
+from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.report import checkpoint_summary
+from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, JobClock
 
 
 # -- exact totals under threads -----------------------------------------------------------------
@@ -46,3 +51,57 @@ def test_recorder_totals_exact_under_threads():
     names = np.array(recorder.paths)[events["file"]]
     offsets = events["offset"]
     assert all(name.endswith(f"/file-{offset % 50}") for name, offset in zip(names[::97], offsets[::97]))
+
+
+# -- checkpoint write time without the read-back; bytes from the tracer -------------------------
+
+def checkpoint_events(ctx, folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The checkpoint-phase events on the data files of one checkpoint folder, and their paths."""
+    events = ctx.recorder.array()
+    paths = np.array(ctx.recorder.paths)
+    data = {str(p) for p in data_files(folder)}
+    on_data = np.isin(paths[events["file"]], list(data)) & (events["phase"] == PHASE_CODE["checkpoint"])
+    return events[on_data], paths[events["file"][on_data]]
+
+
+@pytest.mark.parametrize("fmt", ["npz", "hdf5", "raw"])
+def test_checkpoint_write_s_leaves_the_checksum_read_back_out(tmp_path, fmt):
+    ctx = make_ctx(tmp_path, [f"checkpoint.format={fmt}", "checkpoint.layout=raw"])
+    engine = make_checkpoint_engine(ctx)
+    record = engine.save(3, 1)
+    engine.finish()
+    events, _ = checkpoint_events(ctx, Path(engine.root) / engine.layout.folder(3))
+    first_open = events["start"][events["op"] == OP_CODE["open"]].min()
+    last_fsync = events["end"][events["op"] == OP_CODE["fsync"]].max()
+    reads = events[events["op"] == OP_CODE["read"]]
+    read_back_s = float((reads["end"] - reads["start"]).sum())
+    last_read_back_s = float((reads["end"] - reads["start"])[reads["start"] >= last_fsync].sum())
+    assert record.write_s > 0
+    if fmt == "raw":  # checksummed as the bytes pass: nothing is read back
+        assert len(reads) == 0 and record.verify_s == 0.0
+    else:
+        assert last_read_back_s > 0
+        # the read-back's read calls all lie inside the time reported as verify_s ...
+        assert record.verify_s >= read_back_s
+        # ... and write_s, from the first open to the last fsync, holds none of the read-back after it
+        assert record.write_s < (last_fsync - first_open) + last_read_back_s
+    summary = checkpoint_summary([[record.as_dict()]], [None], 1.0, ctx.config)
+    assert summary["verify_s_max"] == summary["per_checkpoint"][0]["verify_s_max"] == record.verify_s
+    assert summary["write_s_max"] == record.write_s
+
+
+@pytest.mark.parametrize("fmt", ["npz", "hdf5", "raw"])
+@pytest.mark.parametrize("strategy", ["sharded", "async"])
+def test_checkpoint_bytes_are_the_tracers_write_counts(tmp_path, fmt, strategy):
+    """`bytes` counts what the write calls moved (zip and HDF5 rewrite headers, so it can exceed
+    the size on disk); with the coordinator's metadata it is every checkpoint byte traced."""
+    ctx = make_ctx(tmp_path, [f"checkpoint.format={fmt}", "checkpoint.layout=raw", f"checkpoint.strategy={strategy}"])
+    engine = make_checkpoint_engine(ctx)
+    for step in (2, 4):
+        engine.save(step, 1)
+    engine.finish()
+    for record in engine.records:
+        events, _ = checkpoint_events(ctx, Path(engine.root) / engine.layout.folder(record.step))
+        assert record.bytes == int(events["length"][events["op"] == OP_CODE["write"]].sum()) > 0
+    everything = sum(r.bytes + r.metadata_bytes for r in engine.records)
+    assert everything == ctx.recorder.bytes_written["checkpoint"]

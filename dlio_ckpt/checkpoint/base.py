@@ -17,11 +17,11 @@ class CheckpointRecord:
     index: int
     step: int
     epoch: int
-    bytes: int  # bytes this rank wrote
+    bytes: int  # bytes this rank's write calls moved into its data files (the tracer's count)
     files: int  # files this rank wrote
     blocking_s: float  # what training lost (snapshot, or the whole write for sync strategies)
     persist_s: float  # time until the data was durable (write + fsync), from the save call
-    write_s: float  # this rank's data files: first open to last fsync (MLPerf's per-rank duration)
+    write_s: float  # this rank's data files, each from its open to its fsync, summed (MLPerf's per-rank duration)
     strategy: str = ""
     folder: str = ""  # the checkpoint's folder name under the run's checkpoint root
     metadata_bytes: int = 0  # manifest, tag and coordinator files (rank 0)
@@ -30,6 +30,7 @@ class CheckpointRecord:
     commit_s: float = 0.0  # gather of file lists, manifest, tag and retention, as this rank waited
     committed: bool = False  # the manifest is on disk (async: set when the persist is committed)
     peak_rss_bytes: int = 0
+    verify_s: float = 0.0  # reading data files back for their checksums (formats that seek back), not in write_s
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -124,12 +124,13 @@ class CheckpointEngineImpl:
                 self.storage.makedirs(parent)
                 made.add(parent)
             if self.framework_writes:
-                size, digest = write_framework_file(self.storage, path, pf.owner, pf.tensors, self.fmt, chunks_for(pf),
-                                                    self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes)
+                done = write_framework_file(self.storage, path, pf.owner, pf.tensors, self.fmt, chunks_for(pf),
+                                            self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes)
             else:
-                size, digest = write_file(self.storage, path, pf.tensors, self.fmt, chunks_for(pf), self.cfg.fsync,
-                                          self.cfg.checksum, self.cfg.write_chunk_bytes)
-            entries.append(FileEntry(rel, size, digest, pf.owner, self.world.rank))
+                done = write_file(self.storage, path, pf.tensors, self.fmt, chunks_for(pf), self.cfg.fsync,
+                                  self.cfg.checksum, self.cfg.write_chunk_bytes)
+            entries.append(FileEntry(rel, done.size, done.checksum, pf.owner, self.world.rank,
+                                     done.bytes_written, done.write_s, done.verify_s))
             fault_point(f"checkpoint-step:{step}", self.world.rank)
         return entries
 

@@ -12,7 +12,7 @@ import os
 import resource
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from dlio_ckpt.plan.model import TensorSpec
@@ -45,17 +45,34 @@ def peak_rss_bytes() -> int:
 
 
 @dataclass(frozen=True)
+class FileWrite:
+    """What writing one file did: its size on disk and checksum (for the manifest), the bytes
+    its write calls moved as the tracer counted them, and its two timed parts, kept apart
+    because the read-back for a checksum is not part of the write (MLPerf times the write)."""
+
+    size: int
+    checksum: str
+    bytes_written: int
+    write_s: float  # from just before its open to just after its fsync (its last write when fsync is off)
+    verify_s: float = 0.0  # reading it back for the checksum (formats that seek back)
+
+
+@dataclass(frozen=True)
 class FileEntry:
-    """One data file of a checkpoint, as the manifest records it."""
+    """One data file of a checkpoint: what the manifest records (`as_dict`), and what writing it
+    cost this rank (`bytes_written`, `write_s`, `verify_s`; see FileWrite), which stays out of it."""
 
     path: str  # relative to the checkpoint folder
     size: int
     checksum: str
     owner: int  # rank whose state it holds
     writer: int  # rank that wrote it (and reads it back on restore)
+    bytes_written: int = 0
+    write_s: float = 0.0
+    verify_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"path": self.path, "size": self.size, "checksum": self.checksum, "owner": self.owner, "writer": self.writer}
 
 
 class _Hashing(io.RawIOBase):
@@ -67,6 +84,7 @@ class _Hashing(io.RawIOBase):
         self._hasher = hasher
         self.expected = 0
         self.sequential = True
+        self.moved = 0  # what the traced write calls returned: the bytes the tracer counted
 
     def readable(self) -> bool:
         return True
@@ -80,6 +98,7 @@ class _Hashing(io.RawIOBase):
     def write(self, data) -> int:
         position = self._h.tell()
         count = self._h.write(data)
+        self.moved += count
         if self.sequential and position == self.expected and count == len(memoryview(data).cast("B")):
             if self._hasher is not None:
                 self._hasher.update(data)
@@ -124,67 +143,87 @@ def read_back(handle: Any, size: int, hasher: Any, buffer: memoryview) -> int:
     return offset
 
 
+def _checksum_by_reading(storage: Any, handle: Any, size: int, checksum: str, chunk_bytes: int) -> tuple[str, float]:
+    """The file's checksum read back through `handle`, and the seconds that took."""
+    hasher = new_hasher(checksum)
+    if hasher is None:
+        return "", 0.0
+    clock = storage.recorder.clock
+    start = clock.now()
+    read_back(handle, size, hasher, memoryview(bytearray(min(chunk_bytes, max(size, 1)))))
+    return hasher.hexdigest(), clock.now() - start
+
+
 def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt: Any,
                chunks: Callable[[TensorSpec], Iterator[memoryview]], fsync: bool, checksum: str,
-               chunk_bytes: int) -> tuple[int, str]:
-    """Write one file, fsync it, and return (size on disk, checksum)."""
+               chunk_bytes: int) -> FileWrite:
+    """Write one file, fsync it, and checksum it (as it passes, or by reading it back)."""
+    clock = storage.recorder.clock
+    start = clock.now()
     handle = storage.open_write(abspath)
     try:
         wrapper = _Hashing(handle, new_hasher(checksum))
         fmt.write(wrapper, tensors, chunks)
         if fsync:
             handle.fsync()
+        write_s = clock.now() - start
         size = handle.size()
+        verify_s = 0.0
         if checksum == "none":
             digest = ""
         elif wrapper.sequential and wrapper.expected == size:
             digest = wrapper._hasher.hexdigest()
         else:
-            hasher = new_hasher(checksum)
-            read_back(handle, size, hasher, memoryview(bytearray(min(chunk_bytes, max(size, 1)))))
-            digest = hasher.hexdigest()
+            digest, verify_s = _checksum_by_reading(storage, handle, size, checksum, chunk_bytes)
     finally:
         handle.close()
-    return size, digest
+    return FileWrite(size, digest, wrapper.moved, write_s, verify_s)
 
 
-def settle_file(storage: Any, abspath: str, fsync: bool, checksum: str, chunk_bytes: int) -> tuple[int, str]:
+def settle_file(storage: Any, abspath: str, fsync: bool, checksum: str, chunk_bytes: int) -> FileWrite:
     """fsync a file some other writer produced and read it back for its checksum, through the
-    traced storage; returns (size on disk, checksum)."""
+    traced storage. `write_s` covers the open and fsync; `bytes_written` is 0 (it writes nothing)."""
+    clock = storage.recorder.clock
+    start = clock.now()
     handle = storage.open_read(abspath)
     try:
         if fsync:
             handle.fsync()
+        write_s = clock.now() - start
         size = handle.size()
-        hasher = new_hasher(checksum)
-        if hasher is not None:
-            read_back(handle, size, hasher, memoryview(bytearray(min(chunk_bytes, max(size, 1)))))
-        digest = hasher.hexdigest() if hasher is not None else ""
+        digest, verify_s = _checksum_by_reading(storage, handle, size, checksum, chunk_bytes)
     finally:
         handle.close()
-    return size, digest
+    return FileWrite(size, digest, 0, write_s, verify_s)
 
 
 def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[TensorSpec, ...], fmt: Any,
                          chunks: Callable[[TensorSpec], Iterator[memoryview]], fsync: bool, checksum: str,
-                         chunk_bytes: int) -> tuple[int, str]:
+                         chunk_bytes: int) -> FileWrite:
     """Write one file with a format whose framework opens its own files (`fmt.writes_paths`).
 
     The framework's system calls bypass the traced storage, so the save call is timed here and
     one write event per file it produced is recorded with the file's size on disk: the data file
     over the whole call, its metadata files as instants at the call's end (TF writes the index last,
-    inside the same call; giving it the span too would count the call's time twice). The data
-    file is then fsynced and read back for its checksum through the traced storage. Returns (size,
-    checksum) of the data file; the coordinator's merge renames it to `abspath`, bytes unchanged.
+    inside the same call; giving it the span too would count the call's time twice). Those sizes
+    are the only byte figures here that are file sizes, not counted write calls. The data file is
+    then fsynced and read back for its checksum through the traced storage. Returns the data
+    file's size and checksum, the bytes recorded for all its files, the save call plus fsync as
+    `write_s` and the read-back as `verify_s`; the coordinator's merge renames it to `abspath`,
+    bytes unchanged.
     """
     clock = storage.recorder.clock
     start = clock.now()
     staged = fmt.write_paths(abspath, owner, tensors, chunks)
     end = clock.now()
-    storage.recorder.record("write", storage.phase, staged.data, 0, os.path.getsize(staged.data), start, end)
+    recorded = os.path.getsize(staged.data)
+    storage.recorder.record("write", storage.phase, staged.data, 0, recorded, start, end)
     for other in staged.others:
-        storage.recorder.record("write", storage.phase, other, 0, os.path.getsize(other), end, end)
-    return settle_file(storage, staged.data, fsync, checksum, chunk_bytes)
+        size = os.path.getsize(other)
+        storage.recorder.record("write", storage.phase, other, 0, size, end, end)
+        recorded += size
+    settled = settle_file(storage, staged.data, fsync, checksum, chunk_bytes)
+    return FileWrite(settled.size, settled.checksum, recorded, end - start + settled.write_s, settled.verify_s)
 
 
 def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt: Any, fsync: bool, checksum: str,
@@ -208,8 +247,8 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
         storage.recorder.record("unlink", storage.phase, path, -1, 0, end, end)
     entries = []
     for path in merged.written:
-        size, digest = settle_file(storage, path, fsync, checksum, chunk_bytes)
-        entries.append((os.path.relpath(path, folder), size, digest))
+        settled = settle_file(storage, path, fsync, checksum, chunk_bytes)
+        entries.append((os.path.relpath(path, folder), settled.size, settled.checksum))
     if fsync:
         storage.fsync_dir(folder)
     return entries

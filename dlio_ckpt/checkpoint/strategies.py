@@ -51,14 +51,13 @@ class SyncStrategy:
             entries = self.write(step)
         except Exception as exc:  # reported through the commit so no rank waits forever
             error = exc
-        write_s = now() - start
         metadata, commit_s = e.commit(index, step, epoch, entries, error)
         total = now() - start
         return CheckpointRecord(
-            index=index, step=step, epoch=epoch, bytes=sum(x.size for x in entries), files=len(entries),
-            blocking_s=total, persist_s=total, write_s=write_s if entries else 0.0, strategy=self.name,
+            index=index, step=step, epoch=epoch, bytes=sum(x.bytes_written for x in entries), files=len(entries),
+            blocking_s=total, persist_s=total, write_s=sum(x.write_s for x in entries), strategy=self.name,
             folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
-            peak_rss_bytes=peak_rss_bytes(),
+            peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries),
         )
 
     def finish(self) -> None:
@@ -194,10 +193,9 @@ class AsyncStrategy:
         sync_entries: list[FileEntry] = []
         if direct:  # what did not fit in the staging buffer is written while training waits
             sync_entries = e.write_planned(tuple(direct), step, lambda pf: e.source_chunks(pf.owner, step))
-        sync_write_s = now() - snap_start - snapshot_s
         record = CheckpointRecord(
             index=index, step=step, epoch=epoch, bytes=0, files=0, blocking_s=0.0, persist_s=0.0,
-            write_s=sync_write_s, strategy=self.name, folder=e.layout.folder(step), wait_s=wait_s,
+            write_s=sum(x.write_s for x in sync_entries), strategy=self.name, folder=e.layout.folder(step), wait_s=wait_s,
             snapshot_s=snapshot_s, peak_rss_bytes=peak_rss_bytes(),
         )
         if self._executor is None:
@@ -229,11 +227,9 @@ class AsyncStrategy:
 
             return chunks
 
-        begin = now()
         entries = e.write_planned(tuple(pf for pf, _ in staged), step, chunks_for)
-        end = now()
-        record.write_s += end - begin
-        record.persist_s = end - save_start
+        record.write_s += sum(x.write_s for x in entries)
+        record.persist_s = now() - save_start
         return entries
 
     def _commit_done(self, wait_all: bool, oldest: bool = False) -> None:
@@ -253,7 +249,8 @@ class AsyncStrategy:
             entries = list(head.sync_entries) + list(entries)
             metadata, commit_s = e.commit(head.index, head.step, head.epoch, entries, error)
             record = head.record
-            record.bytes = sum(x.size for x in entries)
+            record.bytes = sum(x.bytes_written for x in entries)
+            record.verify_s = sum(x.verify_s for x in entries)
             record.files = len(entries)
             record.metadata_bytes = metadata
             record.commit_s = commit_s
