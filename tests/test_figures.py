@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from ckpt_util import data_files, make_ctx
+from conftest import load_summary, run_cli
 from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.checkpoint.report import checkpoint_summary
-from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, JobClock
+from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, JobClock, load_run_events
 
 
 # -- exact totals under threads -----------------------------------------------------------------
@@ -105,3 +106,31 @@ def test_checkpoint_bytes_are_the_tracers_write_counts(tmp_path, fmt, strategy):
         assert record.bytes == int(events["length"][events["op"] == OP_CODE["write"]].sum()) > 0
     everything = sum(r.bytes + r.metadata_bytes for r in engine.records)
     assert everything == ctx.recorder.bytes_written["checkpoint"]
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+def run_ok(args: list[str], cwd: Path, ranks: int = 0):
+    done = run_cli(args, cwd, mpi_ranks=ranks)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def phase_writes(run: Path, phase: str) -> int:
+    """Bytes moved by write calls in `phase`, all ranks, from the run's event files."""
+    return sum(int(r.events["length"][(r.events["op"] == OP_CODE["write"]) & (r.events["phase"] == PHASE_CODE[phase])].sum())
+               for r in load_run_events(run))
+
+
+def test_generated_and_checkpointed_bytes_are_the_tracers_counts(workdir):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(["workload=unet3d", "scale=tiny", "dataset.format=npz", "progress=false", "train.epochs=1",
+            "checkpoint.enabled=true", "checkpoint.format=npz", "checkpoint.layout=raw", "checkpoint.steps_between_checkpoints=1",
+            f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd")
+    summary = load_summary(run)
+    assert summary["dataset"]["generate_bytes_written"] == phase_writes(run, "generate") > summary["dataset"]["bytes_on_disk"]
+    ckpt = summary["checkpoint"]
+    data_bytes = sum(c["bytes"] for c in ckpt["per_checkpoint"])
+    assert data_bytes + sum(c["metadata_bytes"] for c in ckpt["per_checkpoint"]) == phase_writes(run, "checkpoint")
+    assert ckpt["total_bytes_written"] == data_bytes
+    assert ckpt["verify_s_max"] > 0 and all(c["verify_s_max"] > 0 for c in ckpt["per_checkpoint"])

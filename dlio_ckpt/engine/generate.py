@@ -25,7 +25,6 @@ from dlio_ckpt.plan.dataset import DatasetPlan, generation_share
 class GenerateResult:
     reused: bool
     files_written: int
-    bytes_written: int
     seconds: float
     bytes_on_disk: int
 
@@ -70,8 +69,9 @@ def _matches(storage: Any, plan: DatasetPlan, manifest: dict | None) -> bool:
     return len(sizes) > 0
 
 
-def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool) -> int:
-    """Write one dataset file (and its companions) under temporary names, fsync, rename."""
+def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool) -> None:
+    """Write one dataset file (and its companions) under temporary names, fsync, rename.
+    The bytes it wrote are counted by the traced storage (the generate phase's `bytes_written`)."""
     opened: dict[str, Any] = {}
 
     def open_output(suffix: str) -> Any:
@@ -81,15 +81,12 @@ def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, op
 
     try:
         fmt.write(open_output, spec, source, options)
-        written = 0
         for handle in opened.values():
-            written += handle.size()
             if fsync:
                 handle.fsync()
             handle.close()
         for suffix in opened:
             storage.rename(f"{spec.path}{suffix}.tmp", f"{spec.path}{suffix}")
-        return written
     except BaseException:
         for suffix, handle in opened.items():
             if not handle.closed:
@@ -122,7 +119,7 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
 
     reused = world.root_first(decide)
     start = time.perf_counter()
-    written_files = written_bytes = 0
+    written_files = 0
     if not reused:
         source = ctx.source(seed=config.dataset.seed, zeros=config.dataset.content == "zeros")
         options = format_options(ctx)
@@ -131,7 +128,7 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         failure: BaseException | None = None
         try:
             for spec in share:
-                written_bytes += write_file(storage, fmt, spec, source, options, config.storage.fsync)
+                write_file(storage, fmt, spec, source, options, config.storage.fsync)
                 written_files += 1
                 progress.advance()
         except Exception as exc:  # every rank must learn of it, or the others wait forever
@@ -152,5 +149,5 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         world.root_first(finish)
     seconds = world.allreduce_max(time.perf_counter() - start)
     on_disk = world.root_first(lambda: sum(os.stat(p).st_size for p in all_paths(plan, fmt)))
-    return GenerateResult(reused=reused, files_written=int(world.allreduce_sum(written_files)),
-                          bytes_written=int(world.allreduce_sum(written_bytes)), seconds=seconds, bytes_on_disk=int(on_disk))
+    return GenerateResult(reused=reused, files_written=int(world.allreduce_sum(written_files)), seconds=seconds,
+                          bytes_on_disk=int(on_disk))

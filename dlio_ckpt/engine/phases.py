@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from functools import partial
 from typing import Any, Callable
 
 import psutil
@@ -12,6 +13,7 @@ from dlio_ckpt.engine.generate import ensure_dataset, format_options
 from dlio_ckpt.engine.train import run_training
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats import get_format
+from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.plan.dataset import plan_dataset
 
 GIB = float(1 << 30)
@@ -114,7 +116,7 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
     cache_note = page_cache_warning(generated.bytes_on_disk, config.storage.direct_io, dropped)
     if cache_note and config.mode != "generate":
         warnings.append(cache_note)
-    sections["dataset"] = {
+    dataset = {
         "folder": plan.folder,
         "format": fmt.name,
         "files_train": len(plan.train),
@@ -123,9 +125,9 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
         "bytes_on_disk": generated.bytes_on_disk,
         "reused": generated.reused,
         "generate_s": generated.seconds,
-        "generate_bytes_written": generated.bytes_written,
         "page_cache_risk": cache_note is not None,
     }
+    sections["dataset"] = partial(summaries.dataset_section, dataset)  # byte counts come from every rank's events
     return sections, local, warnings
 
 

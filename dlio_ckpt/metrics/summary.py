@@ -57,6 +57,12 @@ def io_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def dataset_section(dataset: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The dataset's figures, with what generation wrote as the tracer counted it on every rank
+    (dataset files and the dataset manifest; 0 when the dataset was reused)."""
+    return {**dataset, "generate_bytes_written": int(sum(_phase(r, "generate", "bytes_written") for r in ranks))}
+
+
 def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
     bytes_read = sum(_phase(r, "train", "bytes_read") for r in ranks)
     read_s_max = max(_phase(r, "train", "read_s") for r in ranks)
