@@ -21,6 +21,7 @@ class Registry:
     """Names a config key (`key`, e.g. "dataset.format") may take, and where each one lives."""
 
     key: str
+    noun: str  # what a name names, for messages: "format", "backend", ...
     entries: Mapping[str, str]  # name -> "module:attr"
     install_hints: Mapping[str, str] = field(default_factory=dict)  # name -> pip command for its optional dependency
     aliases: Mapping[str, str] = field(default_factory=dict)  # accepted old name -> name
@@ -34,7 +35,7 @@ class Registry:
         name = self.aliases.get(name, name)
         if name not in self.entries:
             hint = close_match(name, list(self.entries) + list(self.aliases))
-            raise ConfigError(f"{self.key}: unknown name '{name}'{hint}; choose one of: {', '.join(self.names())}")
+            raise ConfigError(f"{self.key}: unknown {self.noun} '{name}'{hint}; choose one of: {', '.join(self.names())}")
         return name
 
     def load(self, name: str) -> Any:

@@ -6,6 +6,8 @@ TensorFlow's SaveV2 are the exceptions: they take whole tensors, so they hold on
 a time).
 
 `sequential` says whether the format only appends; the engine then checksums bytes as they pass.
+`write_needs` names the storage capabilities (storage/base.py) the writer needs beyond appending
+through a handle; the loader refuses a format whose needs the chosen backend lacks.
 Formats that seek back (zip headers, HDF5 metadata) are checksummed by reading the file back after
 its fsync, outside the timed write.
 
@@ -60,6 +62,7 @@ class RawFormat:
     extension: str = "bin"
     sequential: bool = True
     requires: str | None = None
+    write_needs: frozenset[str] = frozenset()
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         for tensor in tensors:
@@ -78,6 +81,7 @@ class NpyFormat:
     extension: str = "npy"
     sequential: bool = True
     requires: str | None = None
+    write_needs: frozenset[str] = frozenset()
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         handle.write(_npy_header(sum(t.nbytes for t in tensors), "uint8"))
@@ -101,12 +105,14 @@ class _ZipSink(io.RawIOBase):
         return True
 
     def seekable(self) -> bool:
-        return True
+        return self._h.seekable()  # False (an object upload): zipfile streams instead of seeking back
 
     def write(self, data) -> int:
         return self._h.write(data)
 
     def seek(self, offset: int, whence: int = 0) -> int:
+        if not self.seekable():  # zipfile probes with a seek and streams when it fails
+            raise io.UnsupportedOperation("append-only handle")
         return self._h.seek(offset, whence)
 
     def tell(self) -> int:
@@ -124,6 +130,7 @@ class NpzFormat:
     extension: str = "npz"
     sequential: bool = False
     requires: str | None = None
+    write_needs: frozenset[str] = frozenset()  # zipfile streams (data descriptors) where the handle cannot seek
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         with zipfile.ZipFile(_ZipSink(handle), "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
@@ -145,6 +152,7 @@ class Hdf5Format:
     extension: str = "h5"
     sequential: bool = False
     requires: str | None = "h5py"
+    write_needs: frozenset[str] = frozenset({"seekable_write"})
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         import h5py
@@ -170,6 +178,7 @@ class TorchFormat:
     extension: str = "pt"
     sequential: bool = False
     requires: str | None = "torch"
+    write_needs: frozenset[str] = frozenset()  # torch.save streams: appends only
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         import torch
@@ -221,6 +230,7 @@ class TensorflowFormat:
     extension: str = "data"
     sequential: bool = False
     requires: str | None = "tensorflow"
+    write_needs: frozenset[str] = frozenset({"local_paths", "atomic_rename"})  # TF opens, writes and renames files by path
     writes_paths: bool = True
     needs_layout: str = "tensorflow"
 
@@ -286,12 +296,17 @@ FORMATS: dict[str, type] = {
 }
 
 
-def get_format(name: str):
+def get_format_class(name: str) -> type:
+    """The class of checkpoint format `name` (no optional library imported)."""
     if name not in FORMATS:
         raise ConfigError(
             f"checkpoint.format: unknown format '{name}'{close_match(name, FORMATS)}; choose one of: {', '.join(FORMATS)}"
         )
-    fmt = FORMATS[name]()
+    return FORMATS[name]
+
+
+def get_format(name: str):
+    fmt = get_format_class(name)()
     if fmt.requires:
         from dlio_ckpt.optional import require
 

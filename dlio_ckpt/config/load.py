@@ -181,7 +181,7 @@ def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: 
         config = to_run_config(compose(job), explicit_keys(job))
         check_world_fit(config, world_size)
         check_dependencies(config)
-        check_storage_root(config)
+        check_storage(config)
 
 
 def check_dependencies(config: RunConfig) -> None:
@@ -196,21 +196,17 @@ def check_dependencies(config: RunConfig) -> None:
             check_installed(needs)
 
 
-def check_storage_root(config: RunConfig) -> None:
-    """storage.root must be a folder we can create or write to: checked without writing."""
+def check_storage(config: RunConfig) -> None:
+    """The backend can be built from its options, serves every format and feature the run uses
+    (its capabilities), and is usable (storage.root writable, bucket reachable): all without writing."""
     if config.mode == "plan":
         return
-    root = os.path.abspath(config.storage.root)
-    probe = root
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe):
-        raise ConfigError(f"storage.root: {probe} is not a folder, so {root} cannot be used; choose a folder path")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"storage.root: no permission to write in {probe}; choose a writable folder for storage.root")
+    from dlio_ckpt.config.needs import check_storage_needs
+    from dlio_ckpt.storage import make_backend
+
+    backend = make_backend(config.storage, os.path.abspath(config.storage.root))
+    check_storage_needs(config, config.storage.backend, backend.capabilities)
+    backend.check()
 
 
 def check_world_fit(config: RunConfig, world_size: int) -> None:

@@ -11,9 +11,6 @@ from typing import Literal, Optional
 
 from dlio_ckpt.config.typed import Bytes, require
 
-FORMATS = ("npz", "npy", "hdf5", "tfrecord", "raw", "indexed_binary")
-
-
 @dataclass(frozen=True)
 class S3Options:
     """storage.s3.*: read by the s3 backend (storage/s3.py), which also checks the bucket is set."""
@@ -49,7 +46,7 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    format: Literal["npz", "npy", "hdf5", "tfrecord", "raw", "indexed_binary"]
+    format: str  # a name of dlio_ckpt.formats.DATASET_FORMATS
     folder: str
     num_files_train: int
     num_files_eval: int
@@ -60,7 +57,7 @@ class DatasetConfig:
     num_subfolders_train: int
     num_subfolders_eval: int
     file_prefix: str
-    compression: Literal["none", "gzip", "lzf", "zstd"]
+    compression: Literal["none", "gzip", "lzf"]
     compression_level: int
     chunking: bool
     chunk_size_bytes: Bytes
@@ -68,6 +65,9 @@ class DatasetConfig:
     seed: int
 
     def validate(self, key: str) -> None:
+        from dlio_ckpt.formats import DATASET_FORMATS
+
+        DATASET_FORMATS.canonical(self.format)
         require(self.num_files_train >= 1, f"{key}num_files_train: must be at least 1 (got {self.num_files_train})")
         require(self.num_files_eval >= 0, f"{key}num_files_eval: cannot be negative (got {self.num_files_eval})")
         require(self.num_samples_per_file >= 1, f"{key}num_samples_per_file: must be at least 1 (got {self.num_samples_per_file})")
@@ -78,7 +78,7 @@ class DatasetConfig:
         if self.compression != "none":
             require(
                 self.format in ("hdf5", "npz"),
-                f"{key}compression: '{self.compression}' applies to hdf5 (gzip, lzf) or npz (zstd is not offered); "
+                f"{key}compression: '{self.compression}' applies to hdf5 (gzip, lzf) or npz (gzip); "
                 f"set {key}compression=none for format {self.format}",
             )
         if self.format == "hdf5":

@@ -2,7 +2,10 @@
 
 The engine opens files (through the storage layer, so every byte is traced) and hands a format
 `open_output(suffix)` / `open_input(suffix)` callables; a format that needs a companion file (an
-index) asks for it by suffix. So every format works on every storage backend.
+index) asks for it by suffix. A format still depends on what the handles can do: `write_needs`
+names the storage capabilities (storage/base.py) its writer uses beyond appending (npz and HDF5
+seek back to patch headers), and a format that reads samples by index (`sequential` False) needs
+ranged reads. The loader refuses a format whose needs the chosen backend lacks.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class DatasetFormat(Protocol):
     extension: str
     companion_suffixes: tuple[str, ...]
     sequential: bool  # True: samples come in file order (TFRecord); False: any order by index
+    write_needs: frozenset[str]  # storage capabilities the writer needs (e.g. "seekable_write"); empty: appends only
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None: ...
 

@@ -114,6 +114,7 @@ class Hdf5Format:
     extension = "h5"
     companion_suffixes: tuple[str, ...] = ()
     sequential = False
+    write_needs: frozenset[str] = frozenset({"seekable_write"})  # HDF5 rewrites its superblock and metadata
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         chunks = chunk_shape(spec, options)

@@ -70,6 +70,7 @@ class IndexedBinaryFormat:
     extension = "bin"
     companion_suffixes: tuple[str, ...] = (INDEX_SUFFIX,)
     sequential = False
+    write_needs: frozenset[str] = frozenset()
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         with buffered(open_output(""), options) as out:

@@ -43,6 +43,7 @@ class NpyFormat:
     extension = "npy"
     companion_suffixes: tuple[str, ...] = ()
     sequential = False
+    write_needs: frozenset[str] = frozenset()
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         with buffered(open_output(""), options) as out:

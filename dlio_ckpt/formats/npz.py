@@ -54,6 +54,7 @@ class NpzFormat:
     extension = "npz"
     companion_suffixes: tuple[str, ...] = ()
     sequential = False
+    write_needs: frozenset[str] = frozenset()  # zipfile streams (data descriptors) where the handle cannot seek
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         if options.compression not in _COMPRESSION:

@@ -138,6 +138,7 @@ class TFRecordFormat:
     extension = "tfrecord"
     companion_suffixes: tuple[str, ...] = ()
     sequential = True
+    write_needs: frozenset[str] = frozenset()
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         with buffered(open_output(""), options) as out:

@@ -14,6 +14,7 @@ from dlio_ckpt.storage.base import Capabilities, StorageBackend, StorageFile
 
 BACKENDS = Registry(
     key="storage.backend",
+    noun="backend",
     entries={
         "posix": "dlio_ckpt.storage.posix:PosixStorage",
         "s3": "dlio_ckpt.storage.s3:S3Storage",

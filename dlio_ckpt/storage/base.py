@@ -98,6 +98,10 @@ class StorageFile(Protocol):
 
     def tell(self) -> int: ...
 
+    def seekable(self) -> bool:
+        """False for a write handle without `seekable_write`: writers that can stream instead of
+        seeking back (zipfile) look at this, so npz needs no seekable writes."""
+
     def size(self) -> int:
         """Bytes in the file (a write handle: bytes written so far)."""
 

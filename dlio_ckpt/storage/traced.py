@@ -32,7 +32,7 @@ class TracedFile(io.RawIOBase):
         return self._inner.writable()
 
     def seekable(self) -> bool:
-        return True
+        return self._inner.seekable()
 
     def fileno(self) -> int:
         return self._inner.fileno()
