@@ -37,3 +37,34 @@ def load_summary(run_dir: Path) -> dict:
 def workdir(tmp_path: Path) -> Path:
     (tmp_path / "cwd").mkdir()
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server in its own process on 127.0.0.1 (tests/s3_server.py), started once; the
+    AWS credential variables are set for this process and every run it starts, then restored."""
+    from s3_server import S3Server, credential_env
+
+    server = S3Server().start()
+    variables = credential_env(server.endpoint_url)
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield server
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server) -> str:
+    """A new, empty bucket on the session's server."""
+    import uuid
+
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    s3_server.client().create_bucket(Bucket=name)
+    return name
