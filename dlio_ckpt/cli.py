@@ -9,20 +9,26 @@ waiting in a collective.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import secrets
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Sequence
 
-from dlio_ckpt.errors import USAGE_EXIT_CODE, UserError
+from dlio_ckpt.errors import (INTERRUPTED_EXIT_CODE, RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, RunFailure, UserError,
+                              report_failure)
 from dlio_ckpt.world import World
 
 # Hydra flags that only print something: they run without MPI set-up or validation.
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "--version"}
 _MULTIRUN_FLAGS = {"--multirun", "-m"}
+# Info flags that show the composed config: its overrides are checked first, as for a run.
+_SHOWS_CONFIG = {"--cfg", "-c", "--info", "-i", "--resolve"}
+# Left in a run folder that a run has claimed, so a second run given the same folder is refused.
+RUN_CLAIM = ".dlio_ckpt_run"
+_RUN_OUTPUTS = (RUN_CLAIM, "summary.json", "plan.json", "sweep_summary.csv", "events")
 
 
 def split_command_line(argv: Sequence[str]) -> tuple[list[str], list[str], bool, bool]:
@@ -63,6 +69,31 @@ def _given(overrides: Sequence[str], key: str) -> str | None:
     return None
 
 
+def claim_given_folder(given: str, key: str) -> Path:
+    """Create (or take an empty) folder the user named and claim it atomically for this run.
+
+    Two runs given the same folder would overwrite each other's summary.json, traces and (through
+    the run id) checkpoints, so the second one is refused: the claim is a file created with
+    O_EXCL, and a folder holding an earlier run's outputs counts as claimed.
+    """
+    if not given.strip().strip("'\"").strip():
+        raise UserError(f"{key}: is empty, which would put the run's files in the current folder; give a folder path "
+                        f"({key}=PATH), or leave {key} out for a new folder under runs/ or multirun/")
+    folder = Path(given.strip().strip("'\"")).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    taken = [name for name in _RUN_OUTPUTS if (folder / name).exists()]
+    try:
+        if taken:
+            raise FileExistsError
+        claim = os.open(folder / RUN_CLAIM, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise UserError(f"{key}: {folder} already holds another run ({', '.join(taken) or RUN_CLAIM}); its summary.json "
+                        f"and checkpoints would be overwritten: choose a new folder with {key}=PATH") from None
+    with os.fdopen(claim, "w") as note:
+        note.write(f"pid {os.getpid()} on {os.uname().nodename} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+    return folder
+
+
 def create_unique_folder(base: str) -> Path:
     """Create `base` (or base-2, base-3, ... when taken) atomically and return its absolute path."""
     candidate = Path(base)
@@ -77,28 +108,41 @@ def create_unique_folder(base: str) -> Path:
             candidate = Path(f"{base}-{suffix}")
 
 
-def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool) -> tuple[str, Path]:
-    """Rank 0 picks and creates the run (or sweep) folder; every rank gets (override key, path)."""
+def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool) -> tuple[str, Path, str]:
+    """Rank 0 picks and creates the run (or sweep) folder; every rank gets (override key, path, token).
+
+    The token (random, from rank 0) makes the run id unique even when a folder of the same path
+    is used again later, so a run never writes into (or prunes) an earlier run's checkpoints."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
 
-    def create() -> Path:
+    def create() -> tuple[Path, str]:
         given = _given(overrides, key)
+        token = secrets.token_hex(4)
         try:
             if given is not None:
-                folder = Path(given).resolve()
-                folder.mkdir(parents=True, exist_ok=True)
-                return folder
+                return claim_given_folder(given, key), token
             stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
             job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or str(os.getpid())
-            return create_unique_folder(f"{'multirun' if multirun else 'runs'}/{stamp}-{job}")
+            return create_unique_folder(f"{'multirun' if multirun else 'runs'}/{stamp}-{job}"), token
         except OSError as exc:
             raise UserError(f"{key}: cannot create the run folder {exc.filename or given}: {exc.strerror}; "
                             f"choose a writable folder with {key}=PATH") from None
 
-    return key, world.root_first(create)
+    folder, token = world.root_first(create)
+    return key, folder, token
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The command; Ctrl-C before or after the job (start-up, sweep table) also ends in one line, exit 130."""
+    try:
+        _main(argv)
+    except KeyboardInterrupt:
+        if os.environ.get("PMI_RANK", "0") == "0":
+            print("dlio_ckpt: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED_EXIT_CODE) from None
+
+
+def _main(argv: Sequence[str] | None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
     flags, overrides, multirun, info = split_command_line(arguments)
     from dlio_ckpt.config.load import register_workloads
@@ -109,6 +153,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT_CODE) from None
     if info:
+        if _SHOWS_CONFIG & set(flags):
+            from dlio_ckpt.config.load import validate_for_display
+
+            try:
+                validate_for_display(overrides, multirun)
+            except UserError as exc:
+                print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
+                raise SystemExit(USAGE_EXIT_CODE) from None
         _run_hydra(flags + overrides, task=lambda cfg: None)
         return
     from dlio_ckpt.trace.runtime import prepare_darshan_init, prepare_darshan_runtime
@@ -119,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from dlio_ckpt.config.load import validate_command_line
 
         validate_command_line(overrides, multirun, world.size)
-        key, folder = choose_output_folder(world, overrides, multirun)
+        key, folder, token = choose_output_folder(world, overrides, multirun)
     except UserError as exc:
         fail(world, str(exc))
         return
@@ -132,8 +184,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     injected = [o for o in overrides if not o.startswith(key + "=")] + [f"{key}={folder}"]
     if not world.is_root:
         injected += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-    # The run's own checkpoint folder is named after it: unique even when two run folders share a name.
-    run_id = f"{folder.name}-{hashlib.sha1(str(folder).encode()).hexdigest()[:8]}"
+    # The run's own checkpoint folder is named after it and rank 0's token: unique even when two
+    # run folders share a name or one path is used again.
+    run_id = f"{folder.name}-{token}"
     _run_hydra(flags + injected, task=make_task(world, run_id, multirun, darshan_runtime))
     if multirun and world.is_root:
         from dlio_ckpt.sweep import combine_sweep
@@ -158,8 +211,18 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
             config = to_run_config(cfg, explicit_keys(list(hydra.overrides.task)), str(run_dir))
             run_job(world, config, run_dir, job_id, darshan_runtime=darshan_runtime)
         except UserError as exc:
-            print(f"dlio_ckpt: error{f' (rank {world.rank})' if world.parallel else ''}: {exc}", file=sys.stderr, flush=True)
+            report_failure(str(exc), world)
             world.abort(USAGE_EXIT_CODE)
+        except RunFailure as exc:  # one line per failing rank (it may have printed it already), exit 1
+            if str(exc):
+                report_failure(str(exc), world)
+            if exc.known_everywhere or not world.parallel:
+                raise SystemExit(RUN_FAILURE_EXIT_CODE) from None
+            world.abort(RUN_FAILURE_EXIT_CODE)
+        except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line for the job, exit 130
+            if world.is_root:
+                print(f"dlio_ckpt: interrupted; the run in {run_dir} is incomplete", file=sys.stderr, flush=True)
+            world.abort(INTERRUPTED_EXIT_CODE)
         except BaseException as exc:
             if isinstance(exc, SystemExit) and not world.parallel:
                 raise

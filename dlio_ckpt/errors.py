@@ -1,15 +1,22 @@
-"""Errors that the command line turns into a one-line message and exit code 2.
+"""Errors that the command line turns into a one-line message: exit 2 for bad input, 1 at run time.
 
 A user who mistypes a key or asks for something impossible should see what is wrong and what is
-allowed, not a traceback; everything else is a bug and keeps its traceback.
+allowed, not a traceback; a run that fails (a full disk, a rank that died) says so in one line per
+failing rank and ends every rank promptly; everything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+import errno
+import os
+import shutil
+import sys
+from typing import Any, Iterable
 
 USAGE_EXIT_CODE = 2
+RUN_FAILURE_EXIT_CODE = 1
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report a job ended by Ctrl-C
 
 
 class UserError(Exception):
@@ -22,6 +29,46 @@ class ConfigError(UserError):
 
 class MissingDependency(UserError):
     """An optional dependency that the chosen feature needs is not installed."""
+
+
+class RunFailure(Exception):
+    """A failure at run time: one line (the message; empty when another rank reports it), exit 1.
+
+    `known_everywhere` says every rank raised it from the same collective, so each can end
+    normally; otherwise only this rank knows, and it must end the whole job (MPI_Abort) before
+    the others wait for it in a collective or a point-to-point transfer.
+    """
+
+    def __init__(self, message: str = "", known_everywhere: bool = False) -> None:
+        super().__init__(message)
+        self.known_everywhere = known_everywhere
+
+
+def report_failure(message: str, world: Any) -> None:
+    """Print one rank's failure as one line on stderr, now: a job that is about to be ended
+    (MPI_Abort) may not get the chance later."""
+    where = f" (rank {world.rank})" if world.parallel else ""
+    print(f"dlio_ckpt: error{where}: {message}", file=sys.stderr, flush=True)
+
+
+def storage_failure(exc: OSError, path: str) -> RunFailure:
+    """One line for a failed file operation: the file, the error and, when the disk is full, the free space."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += f" ({free_space_note(path)})"
+    return RunFailure(f"{path}: {reason}")
+
+
+def free_space_note(path: str) -> str:
+    """'N MiB free on FOLDER' for the file system that holds `path` (its nearest existing folder)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return "free space unknown"
+    return f"{free / 2**20:.1f} MiB free on {probe}"
 
 
 class CorruptCheckpoint(Exception):

@@ -1,20 +1,30 @@
 """Deterministic failures at named points: how tests prove that a job fails cleanly.
 
-`DLIO_CKPT_FAULT=<point>@<rank>` raises at that point on that rank; `<point>@<rank>:kill`
-sends the process SIGKILL instead, as a crashed node would (no cleanup, no message). Points:
-`train` (before the first step) and `checkpoint-step:<N>` (after a rank's first file of the
-checkpoint at step N). Unset, a fault point costs one environment lookup.
+`DLIO_CKPT_FAULT=<point>@<rank>[:<how>]` fails at that point on that rank. `how` is
+- (nothing): raise a RunFailure, as a rank that hits an error would;
+- `kill`: send the process SIGKILL, as a crashed node would (no cleanup, no message);
+- `enospc`: raise OSError(ENOSPC) for the file being written, as a full disk would.
+
+Points: `train` (before the first step); `checkpoint-step:<N>` (after a rank's first file of the
+checkpoint at step N: with single_writer, after a non-root rank sent its first file to rank 0);
+`checkpoint-write:<N>` (inside the write of each of a rank's files of checkpoint N, after its first
+chunk reached the file, so a partial file is on disk); `generate-write` (inside the write of a
+rank's first dataset file, after the format wrote it under its temporary name). Unset, a fault
+point costs one environment lookup.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+
+from dlio_ckpt.errors import RunFailure
 
 VARIABLE = "DLIO_CKPT_FAULT"
 
 
-def fault_point(point: str, rank: int) -> None:
+def fault_point(point: str, rank: int, path: str = "") -> None:
     spec = os.environ.get(VARIABLE)
     if not spec:
         return
@@ -24,4 +34,6 @@ def fault_point(point: str, rank: int) -> None:
         return
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    raise RuntimeError(f"failure injected at {point} on rank {rank} ({VARIABLE})")
+    if how == "enospc":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path or None)
+    raise RunFailure(f"failure injected at {point} on rank {rank} ({VARIABLE})")

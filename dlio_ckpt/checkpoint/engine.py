@@ -24,15 +24,15 @@ from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
 from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, peak_rss_bytes, tensor_key,
                                          verify_file, write_file, write_framework_file)
 from dlio_ckpt.checkpoint.formats import get_format
+from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
 from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.errors import ConfigError, CorruptCheckpoint
+from dlio_ckpt.errors import ConfigError, CorruptCheckpoint, RunFailure, storage_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.model import TensorSpec
 
-MANIFEST_VERSION = 1
 
 
 class CheckpointEngineImpl:
@@ -116,42 +116,97 @@ class CheckpointEngineImpl:
         folder = self.folder_path(step)
         made = set()
         entries = []
-        for pf in files:
-            rel = pf.path_for(step)
-            path = os.path.join(folder, rel)
-            parent = os.path.dirname(path)
-            if parent not in made:
-                self.storage.makedirs(parent)
-                made.add(parent)
-            if self.framework_writes:
-                done = write_framework_file(self.storage, path, pf.owner, pf.tensors, self.fmt, chunks_for(pf),
-                                            self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes)
-            else:
-                done = write_file(self.storage, path, pf.tensors, self.fmt, chunks_for(pf), self.cfg.fsync,
-                                  self.cfg.checksum, self.cfg.write_chunk_bytes)
-            entries.append(FileEntry(rel, done.size, done.checksum, pf.owner, self.world.rank,
-                                     done.bytes_written, done.write_s, done.verify_s))
-            fault_point(f"checkpoint-step:{step}", self.world.rank)
+        started: list[str] = []
+        path = folder
+        try:
+            for pf in files:
+                rel = pf.path_for(step)
+                path = os.path.join(folder, rel)
+                parent = os.path.dirname(path)
+                if parent not in made:
+                    self.storage.makedirs(parent)
+                    made.add(parent)
+                started.append(path)
+                chunks = self._with_write_fault_point(chunks_for(pf), step, path)
+                if self.framework_writes:
+                    done = write_framework_file(self.storage, path, pf.owner, pf.tensors, self.fmt, chunks,
+                                                self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes)
+                else:
+                    done = write_file(self.storage, path, pf.tensors, self.fmt, chunks, self.cfg.fsync,
+                                      self.cfg.checksum, self.cfg.write_chunk_bytes)
+                entries.append(FileEntry(rel, done.size, done.checksum, pf.owner, self.world.rank,
+                                         done.bytes_written, done.write_s, done.verify_s))
+                fault_point(f"checkpoint-step:{step}", self.world.rank)
+        except OSError as exc:  # a full disk, say: name the file, and leave no partial files behind
+            self._remove_files(started)
+            raise storage_failure(exc, exc.filename or path) from None
+        except BaseException:
+            self._remove_files(started)
+            raise
         return entries
+
+    def _with_write_fault_point(self, chunks: Callable[[TensorSpec], Iterator[memoryview]], step: int,
+                                path: str) -> Callable[[TensorSpec], Iterator[memoryview]]:
+        """`chunks`, with the `checkpoint-write:<step>` fault point after each tensor's first chunk
+        (the format has written that chunk to `path` before it asks for the next)."""
+        point = f"checkpoint-write:{step}"
+
+        def with_fault_point(tensor: TensorSpec) -> Iterator[memoryview]:
+            for number, piece in enumerate(chunks(tensor)):
+                yield piece
+                if number == 0:
+                    fault_point(point, self.world.rank, path)
+
+        return with_fault_point
+
+    def _remove_files(self, paths: list[str]) -> None:
+        """This rank's files of a checkpoint that failed: they would only fill the disk."""
+        for path in paths:
+            try:
+                if self.storage.exists(path):
+                    self.storage.remove(path)
+            except OSError:
+                pass  # the failure being reported matters more than a leftover file
+
+    def discard_failed(self, step: int) -> None:
+        """Remove the folder of checkpoint `step` of this run when it was never committed (no
+        manifest), with any temporary file its commit left; never anything outside this run's root."""
+        root = os.path.realpath(self.root)
+        folder = os.path.realpath(self.folder_path(step))
+        try:
+            if os.path.dirname(folder) == root and self.storage.isdir(folder) and not os.path.islink(self.folder_path(step)) \
+                    and not self.storage.exists(os.path.join(folder, MANIFEST_NAME)):
+                self.storage.remove_tree(folder)
+            tag = self.layout.tag(step)
+            for name in self.storage.listdir(root) if tag else []:
+                if name.startswith(f"{tag[0]}.tmp"):
+                    self.storage.remove(os.path.join(root, name))
+        except OSError:
+            pass
 
     def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry], error: BaseException | None = None) -> tuple[int, float]:
         """Collective: make checkpoint `step` visible (manifest renamed last). Returns (metadata bytes, seconds)."""
         start = now()
-        gathered = self.world.gather((None if error else [e.as_dict() for e in entries], repr(error) if error else None))
+        mine = _failure_text(error) if error else None
+        gathered = self.world.gather((None if error else [e.as_dict() for e in entries], mine))
         status: tuple[str, Any] = ("ok", 0)
         if self.world.is_root:
-            failures = [msg for _, msg in gathered if msg]
-            if failures:
-                status = ("error", f"checkpoint {self.layout.folder(step)} not committed: a rank failed to write: {failures[0]}")
+            if any(msg for _, msg in gathered):
+                self.discard_failed(step)
+                status = ("failed", 0)
             else:
                 try:
                     files = [e for part, _ in gathered for e in part]
                     status = ("ok", self._write_manifest(index, step, epoch, files))
                 except Exception as exc:  # every rank must hear of it, or they wait forever
-                    status = ("error", f"checkpoint {self.layout.folder(step)} not committed: {exc!r}")
+                    self.discard_failed(step)
+                    mine = _failure_text(exc)
+                    status = ("failed", 0)
         status = self.world.bcast(status)
-        if status[0] == "error":
-            raise RuntimeError(status[1])
+        if status[0] == "failed":
+            # Every rank knows: the ranks that failed say why, in one line each; the others end quietly.
+            raise RunFailure(f"checkpoint {self.layout.folder(step)} not committed: {mine}" if mine else "",
+                             known_everywhere=True)
         return int(status[1]), now() - start
 
     def _write_manifest(self, index: int, step: int, epoch: int, files: list[dict]) -> int:
@@ -176,8 +231,7 @@ class CheckpointEngineImpl:
             files = files + [{"path": name, "size": len(content), "checksum": _digest(content, self.cfg.checksum),
                               "owner": 0, "writer": 0}]
             metadata += len(content)
-        manifest = json.dumps({
-            "version": MANIFEST_VERSION,
+        manifest = encode_manifest({
             "index": index,
             "step": step,
             "epoch": epoch,
@@ -190,7 +244,7 @@ class CheckpointEngineImpl:
             "data_bytes": sum(f["size"] for f in files),
             "files": files,
             "written_at": time.time(),
-        }, indent=1).encode()
+        })
         self.storage.write_atomic(os.path.join(folder, MANIFEST_NAME), manifest)
         metadata += len(manifest)
         tag = self.layout.tag(step)
@@ -208,8 +262,8 @@ class CheckpointEngineImpl:
         for name in self.storage.listdir(self.root):
             step = self.layout.parse_step(name)
             path = os.path.join(self.root, name)
-            if step is not None and os.path.isdir(path):
-                found.append((step, name, os.path.exists(os.path.join(path, MANIFEST_NAME))))
+            if step is not None and self.storage.isdir(path):
+                found.append((step, name, self.storage.exists(os.path.join(path, MANIFEST_NAME))))
         return sorted(found)
 
     def apply_retention(self) -> list[str]:
@@ -242,12 +296,13 @@ class CheckpointEngineImpl:
         candidates = self.world.bcast(candidates)
         if not candidates:
             return None
+        candidates = [int(c) for c in candidates]
         skipped: list[str] = []
         buffer = memoryview(bytearray(self.cfg.write_chunk_bytes))
         for candidate in candidates:
             name = self.layout.folder(candidate)
             folder = self.folder_path(candidate)
-            manifest = self.world.root_first(lambda: self._read_manifest(folder))
+            manifest = self.world.root_first(lambda: self._read_manifest(folder, candidate))
             if isinstance(manifest, str):
                 skipped.append(f"{name}: {manifest}")
                 continue
@@ -269,29 +324,32 @@ class CheckpointEngineImpl:
                 more = f" (+{len(all_problems) - 1} more)" if len(all_problems) > 1 else ""
                 skipped.append(f"{name}: {all_problems[0]}{more}")
                 continue
-            message = f"restored {name} (step {candidate}) verified: {manifest['checksum']} and size of {len(manifest['files'])} files"
+            verified = manifest["checksum"] != "none"
+            message = (f"restored {name} (step {candidate}) verified: {manifest['checksum']} and size of {len(manifest['files'])} files"
+                       if verified else
+                       f"restored {name} (step {candidate}) unverified: written with checkpoint.checksum=none, "
+                       f"only the sizes of {len(manifest['files'])} files were checked")
             if skipped:
                 message += "; skipped newer " + "; ".join(skipped) + " -> fell back to the previous complete checkpoint"
                 self._warn(message)
             return RestoreRecord(checkpoint_index=int(manifest.get("index", -1)), bytes=read, files=files, read_s=read_s,
-                                 verified=True, message=message, checkpoint_step=candidate, folder=name,
+                                 verified=verified, message=message, checkpoint_step=candidate, folder=name,
                                  skipped=skipped, peak_rss_bytes=peak_rss_bytes())
-        message = "no complete checkpoint to restore: " + "; ".join(skipped)
+        message = f"no complete checkpoint to restore in {self.root}: " + "; ".join(skipped)
         self._warn(message)
         return RestoreRecord(checkpoint_index=-1, bytes=0, files=0, read_s=0.0, verified=False, message=message,
                              skipped=skipped, peak_rss_bytes=peak_rss_bytes())
 
-    def _read_manifest(self, folder: str) -> dict | str:
+    def _read_manifest(self, folder: str, step: int) -> dict | str:
+        """The checkpoint's manifest, validated (see manifest.py), or why the checkpoint is rejected."""
         path = os.path.join(folder, MANIFEST_NAME)
-        if not os.path.exists(path):
+        if not self.restore_storage.exists(path):
             return "torn: no manifest (data written but never committed; a rank may have died mid-write)"
         try:
-            manifest = json.loads(self.restore_storage.read_whole(path))
-        except (OSError, ValueError) as exc:
-            return f"unreadable manifest ({exc})"
-        if manifest.get("version") != MANIFEST_VERSION or "files" not in manifest:
-            return "manifest of an unknown version"
-        return manifest
+            raw = self.restore_storage.read_whole(path)
+        except OSError as exc:
+            return f"unreadable manifest ({exc.strerror or exc})"
+        return parse_manifest(raw, folder, step)
 
     def _warn(self, message: str) -> None:
         if self.world.is_root:
@@ -302,6 +360,15 @@ class CheckpointEngineImpl:
         if record is None or not record.verified:
             raise CorruptCheckpoint(record.message if record else "no checkpoint")
         return record
+
+
+def _failure_text(error: BaseException) -> str:
+    """One line for an error that failed a checkpoint on this rank."""
+    if isinstance(error, RunFailure):
+        return str(error)
+    if isinstance(error, OSError):
+        return str(storage_failure(error, error.filename or "checkpoint storage"))
+    return repr(error)
 
 
 def _digest(data: bytes, algorithm: str) -> str:

@@ -93,7 +93,7 @@ class _Hashing(io.RawIOBase):
         return True
 
     def seekable(self) -> bool:
-        return True
+        return self._h.seekable()  # an object upload cannot seek back; zipfile then streams
 
     def write(self, data) -> int:
         position = self._h.tell()
@@ -143,14 +143,19 @@ def read_back(handle: Any, size: int, hasher: Any, buffer: memoryview) -> int:
     return offset
 
 
-def _checksum_by_reading(storage: Any, handle: Any, size: int, checksum: str, chunk_bytes: int) -> tuple[str, float]:
-    """The file's checksum read back through `handle`, and the seconds that took."""
+def _checksum_by_reading(storage: Any, abspath: str, size: int, checksum: str, chunk_bytes: int) -> tuple[str, float]:
+    """The checksum of the file at `abspath` read back through a read handle of the storage (a
+    write handle may not be readable: an object upload), and the seconds that took."""
     hasher = new_hasher(checksum)
     if hasher is None:
         return "", 0.0
     clock = storage.recorder.clock
     start = clock.now()
-    read_back(handle, size, hasher, memoryview(bytearray(min(chunk_bytes, max(size, 1)))))
+    handle = storage.open_read(abspath)
+    try:
+        read_back(handle, size, hasher, memoryview(bytearray(min(chunk_bytes, max(size, 1)))))
+    finally:
+        handle.close()
     return hasher.hexdigest(), clock.now() - start
 
 
@@ -168,21 +173,24 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
             handle.fsync()
         write_s = clock.now() - start
         size = handle.size()
-        verify_s = 0.0
-        if checksum == "none":
-            digest = ""
-        elif wrapper.sequential and wrapper.expected == size:
-            digest = wrapper._hasher.hexdigest()
-        else:
-            digest, verify_s = _checksum_by_reading(storage, handle, size, checksum, chunk_bytes)
-    finally:
-        handle.close()
+    except BaseException:
+        handle.abort()
+        raise
+    handle.close()  # an object store publishes the file here; the manifest still commits the checkpoint
+    verify_s = 0.0
+    if checksum == "none":
+        digest = ""
+    elif wrapper.sequential and wrapper.expected == size:
+        digest = wrapper._hasher.hexdigest()
+    else:
+        digest, verify_s = _checksum_by_reading(storage, abspath, size, checksum, chunk_bytes)
     return FileWrite(size, digest, wrapper.moved, write_s, verify_s)
 
 
 def settle_file(storage: Any, abspath: str, fsync: bool, checksum: str, chunk_bytes: int) -> FileWrite:
     """fsync a file some other writer produced and read it back for its checksum, through the
-    traced storage. `write_s` covers the open and fsync; `bytes_written` is 0 (it writes nothing)."""
+    traced storage. `write_s` covers the open and fsync; `bytes_written` is 0 (it writes nothing).
+    Only for local files (capability local_paths): the loader refuses framework formats elsewhere."""
     clock = storage.recorder.clock
     start = clock.now()
     handle = storage.open_read(abspath)
@@ -191,9 +199,9 @@ def settle_file(storage: Any, abspath: str, fsync: bool, checksum: str, chunk_by
             handle.fsync()
         write_s = clock.now() - start
         size = handle.size()
-        digest, verify_s = _checksum_by_reading(storage, handle, size, checksum, chunk_bytes)
     finally:
         handle.close()
+    digest, verify_s = _checksum_by_reading(storage, abspath, size, checksum, chunk_bytes)
     return FileWrite(size, digest, 0, write_s, verify_s)
 
 
@@ -216,10 +224,10 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
     start = clock.now()
     staged = fmt.write_paths(abspath, owner, tensors, chunks)
     end = clock.now()
-    recorded = os.path.getsize(staged.data)
+    recorded = storage.file_size(staged.data)
     storage.recorder.record("write", storage.phase, staged.data, 0, recorded, start, end)
     for other in staged.others:
-        size = os.path.getsize(other)
+        size = storage.file_size(other)
         storage.recorder.record("write", storage.phase, other, 0, size, end, end)
         recorded += size
     settled = settle_file(storage, staged.data, fsync, checksum, chunk_bytes)
@@ -238,7 +246,7 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
     start = clock.now()
     merged = fmt.merge([os.path.join(folder, p) for p in data_paths])
     end = clock.now()
-    sizes = {path: os.path.getsize(path) for path in merged.written}
+    sizes = {path: storage.file_size(path) for path in merged.written}
     for path in merged.written:
         storage.recorder.record("write", storage.phase, path, 0, sizes[path], start, end)
     for source, _ in merged.renamed:
@@ -256,8 +264,13 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
 
 def verify_file(storage: Any, abspath: str, size: int, checksum: str, algorithm: str,
                 buffer: memoryview) -> tuple[int, str | None]:
-    """Read a whole file; return (bytes read, problem or None). Every byte is read, as a restore would."""
-    if not os.path.exists(abspath):
+    """Read a whole file; return (bytes read, problem or None). Every byte is read, as a restore would.
+    Only algorithm "none" skips the checksum: an unknown name or an empty checksum is a problem."""
+    if algorithm != "none" and new_hasher(algorithm) is None:
+        return 0, f"unknown checksum algorithm {algorithm!r}"
+    if algorithm != "none" and not checksum:
+        return 0, f"no {algorithm} checksum recorded"
+    if not storage.exists(abspath):
         return 0, "missing"
     handle = storage.open_read(abspath)
     try:
@@ -268,7 +281,7 @@ def verify_file(storage: Any, abspath: str, size: int, checksum: str, algorithm:
         handle.close()
     if actual != size:
         return read, f"size {actual} bytes, manifest says {size} (truncated or torn)"
-    if hasher is not None and checksum and hasher.hexdigest() != checksum:
+    if hasher is not None and hasher.hexdigest() != checksum:
         return read, f"{algorithm} checksum mismatch (corrupted contents)"
     return read, None
 

@@ -23,6 +23,8 @@ import numpy as np
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord
 from dlio_ckpt.checkpoint.fileio import FileEntry, now, peak_rss_bytes
+from dlio_ckpt.errors import RunFailure, report_failure
+from dlio_ckpt.faults import fault_point
 from dlio_ckpt.plan.checkpoint import PlannedFile
 
 
@@ -45,12 +47,7 @@ class SyncStrategy:
     def save(self, index: int, step: int, epoch: int) -> CheckpointRecord:
         e = self.engine
         start = now()
-        entries: list[FileEntry] = []
-        error = None
-        try:
-            entries = self.write(step)
-        except Exception as exc:  # reported through the commit so no rank waits forever
-            error = exc
+        entries, error = self.write_or_failure(step)
         metadata, commit_s = e.commit(index, step, epoch, entries, error)
         total = now() - start
         return CheckpointRecord(
@@ -59,6 +56,13 @@ class SyncStrategy:
             folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
             peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries),
         )
+
+    def write_or_failure(self, step: int) -> tuple[list[FileEntry], BaseException | None]:
+        """This rank's entries, or the error that the commit reports to every rank (so none waits forever)."""
+        try:
+            return self.write(step), None
+        except Exception as exc:
+            return [], exc
 
     def finish(self) -> None:
         pass
@@ -69,10 +73,41 @@ class ShardedStrategy(SyncStrategy):
 
 
 GATHER_TAG = 7001
+GATHER_FAILED_TAG = 7002  # a sender failed: the message says why
 
 
 class SingleWriterStrategy(SyncStrategy):
+    """Rank 0 writes everything while the others stream their state to it.
+
+    A failure of rank 0 must not go to the commit: the other ranks are inside point-to-point
+    transfers, not a collective, so the commit's gather would wait forever (rank 0 in the gather,
+    rank 1 in a Send nobody receives). Rank 0 instead removes the partial checkpoint, says why in
+    one line and ends the job (RunFailure, not known everywhere: MPI_Abort). A sender that fails
+    tells rank 0 in a small message and goes to the commit: rank 0 either is still waiting for its
+    data (it gets the message, and fails as above, naming that rank) or has all of it already
+    (the message stays unread, and the commit reports the failure to every rank).
+    """
+
     name = "single_writer"
+
+    def write_or_failure(self, step: int) -> tuple[list[FileEntry], BaseException | None]:
+        e = self.engine
+        if not e.world.parallel:
+            return super().write_or_failure(step)
+        if e.world.is_root:
+            try:
+                return e.write_planned(self.files_to_write(), step, lambda pf: self._chunks(pf, step)), None
+            except Exception as exc:
+                e.discard_failed(step)
+                report_failure(f"checkpoint {e.layout.folder(step)} not written: {_one_line(exc)}", e.world)
+                raise RunFailure() from None
+        try:
+            self._send_own_state(step)
+        except Exception as exc:
+            reason = np.frombuffer(_one_line(exc).encode()[:1024], dtype=np.uint8)
+            e.world.comm.Send(reason, dest=0, tag=GATHER_FAILED_TAG)  # small: sent eagerly, never blocks
+            return [], exc
+        return [], None
 
     def files_to_write(self) -> tuple[PlannedFile, ...]:
         e = self.engine
@@ -80,14 +115,6 @@ class SingleWriterStrategy(SyncStrategy):
             return ()
         return tuple(pf for rank_files in e.plan.files_by_rank for pf in rank_files)
 
-    def write(self, step: int) -> list[FileEntry]:
-        e = self.engine
-        if not e.world.parallel:
-            return super().write(step)
-        if e.world.is_root:
-            return e.write_planned(self.files_to_write(), step, lambda pf: self._chunks(pf, step))
-        self._send_own_state(step)
-        return []
 
     def _send_own_state(self, step: int) -> None:
         """Stream this rank's tensors to rank 0 in write-chunk messages, in the plan's order."""
@@ -95,8 +122,11 @@ class SingleWriterStrategy(SyncStrategy):
         for pf in e.plan.files_by_rank[e.world.rank]:
             chunks = e.source_chunks(pf.owner, step)
             for tensor in pf.tensors:
-                for piece in chunks(tensor):
+                for number, piece in enumerate(chunks(tensor)):
                     e.world.comm.Send(piece, dest=0, tag=GATHER_TAG)
+                    if number == 0:
+                        fault_point(f"checkpoint-write:{step}", e.world.rank)
+            fault_point(f"checkpoint-step:{step}", e.world.rank)
 
     def _chunks(self, pf: PlannedFile, step: int):
         """On rank 0: its own tensors from the source, every other rank's as they arrive."""
@@ -111,12 +141,28 @@ class SingleWriterStrategy(SyncStrategy):
             status = MPI.Status()
             remaining = tensor.nbytes
             while remaining > 0:
-                e.world.comm.Recv(buffer, source=pf.owner, tag=GATHER_TAG, status=status)
+                e.world.comm.Recv(buffer, source=pf.owner, tag=MPI.ANY_TAG, status=status)
                 count = status.Get_count(MPI.BYTE)
+                if status.Get_tag() == GATHER_FAILED_TAG:
+                    raise _SenderFailed(pf.owner, bytes(buffer[:count]).decode(errors="replace"))
                 remaining -= count
                 yield memoryview(buffer[:count])
 
         return received
+
+
+class _SenderFailed(Exception):
+    """On rank 0: a rank failed while sending its state."""
+
+    def __init__(self, rank: int, reason: str) -> None:
+        super().__init__(f"rank {rank} failed: {reason}")
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, RunFailure) else repr(exc)
 
 
 @dataclass
@@ -166,7 +212,7 @@ class AsyncStrategy:
         start = now()
         # Bound the checkpoints in flight: wait for the oldest persist before the next snapshot.
         while len(self._in_flight) >= e.cfg.max_in_flight:
-            self._in_flight[0].future.result()
+            concurrent.futures.wait([self._in_flight[0].future])  # its error, if any, goes to the commit
             self._commit_done(wait_all=False, oldest=True)
         wait_s = now() - start
         self._commit_done(wait_all=False)
@@ -191,8 +237,13 @@ class AsyncStrategy:
                 direct.append(pf)
         snapshot_s = now() - snap_start
         sync_entries: list[FileEntry] = []
+        failed: concurrent.futures.Future | None = None
         if direct:  # what did not fit in the staging buffer is written while training waits
-            sync_entries = e.write_planned(tuple(direct), step, lambda pf: e.source_chunks(pf.owner, step))
+            try:
+                sync_entries = e.write_planned(tuple(direct), step, lambda pf: e.source_chunks(pf.owner, step))
+            except Exception as exc:  # reported through the commit, like a failed persist, so no rank waits forever
+                failed = concurrent.futures.Future()
+                failed.set_exception(exc)
         record = CheckpointRecord(
             index=index, step=step, epoch=epoch, bytes=0, files=0, blocking_s=0.0, persist_s=0.0,
             write_s=sum(x.write_s for x in sync_entries), strategy=self.name, folder=e.layout.folder(step), wait_s=wait_s,
@@ -200,7 +251,7 @@ class AsyncStrategy:
         )
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")
-        future = self._executor.submit(self._persist, staged, buffer, step, start, record)
+        future = failed or self._executor.submit(self._persist, staged, buffer, step, start, record)
         self._in_flight.append(_InFlight(index, step, epoch, record, future, buffer, sync_entries, start))
         record.blocking_s = now() - start
         return record
@@ -238,7 +289,7 @@ class AsyncStrategy:
         while self._in_flight:
             head = self._in_flight[0]
             if wait_all or oldest:
-                head.future.result() if not head.future.done() else None
+                concurrent.futures.wait([head.future])
             local_done = head.future.done()
             if not e.world.agree(local_done):
                 if wait_all:

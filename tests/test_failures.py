@@ -1,0 +1,132 @@
+"""Failures that must be loud and prompt: a failing rank or a full disk ends every rank with one
+line per failing rank and exit 1, leaves no partial files of the failed checkpoint, and the
+previous checkpoint stays restorable; Ctrl-C ends the job with exit 130 and one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ckpt_util import make_ctx
+from conftest import BIN, cli_env
+from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.errors import RunFailure
+from dlio_ckpt.faults import VARIABLE
+from dlio_ckpt.plan.checkpoint import MANIFEST_NAME
+
+# A hang is forever: this only turns one into a failure instead of a stuck suite.
+HANG = 60
+CHECKPOINT_RUN = ["workload=unet3d", "scale=tiny", "mode=checkpoint", "model.parallelism.zero_stage=3",
+                  "checkpoint.num_checkpoints_write=3", "checkpoint.write_chunk_bytes=64KiB", "progress=false"]
+
+
+def run_with_fault(workdir: Path, fault: str, extra: list[str], ranks: int = 2) -> subprocess.CompletedProcess:
+    env = cli_env()
+    env[VARIABLE] = fault
+    command = [str(BIN / "dlio_ckpt"), *CHECKPOINT_RUN, *extra, f"storage.root={workdir / 'store'}",
+               f"hydra.run.dir={workdir / 'run'}"]
+    if ranks:
+        command = [str(BIN / "mpirun"), "-n", str(ranks), *command]
+    return subprocess.run(command, cwd=workdir / "cwd", env=env, capture_output=True, text=True, timeout=HANG)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("dlio_ckpt: error")]
+
+
+def checkpoint_folders(workdir: Path) -> dict[str, bool]:
+    """Checkpoint folder name -> committed (has a manifest), for the run's only checkpoint root."""
+    (root,) = (workdir / "store" / "checkpoints").iterdir()
+    return {p.name: (p / MANIFEST_NAME).exists() for p in root.iterdir() if p.is_dir()}
+
+
+def assert_failed_cleanly(done: subprocess.CompletedProcess, workdir: Path, reason: str) -> None:
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and reason in lines[0] and "step_00000002" in lines[0], done.stderr
+    assert checkpoint_folders(workdir) == {"step_00000001": True}  # the failed one left nothing behind
+    assert not (workdir / "run" / "summary.json").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("strategy", ["sharded", "single_writer", "async"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_failing_mid_checkpoint_ends_the_job(workdir, strategy, rank):
+    done = run_with_fault(workdir, f"checkpoint-step:2@{rank}", [f"checkpoint.strategy={strategy}"])
+    assert_failed_cleanly(done, workdir, f"failure injected at checkpoint-step:2 on rank {rank}")
+
+
+@pytest.mark.mpi
+def test_single_writer_sender_failing_while_rank_0_still_receives(workdir):
+    # rank 1 fails after its first chunk: rank 0 is waiting in a Recv for the rest
+    done = run_with_fault(workdir, "checkpoint-write:2@1", ["checkpoint.strategy=single_writer"])
+    assert_failed_cleanly(done, workdir, "rank 1 failed: failure injected at checkpoint-write:2 on rank 1")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("strategy,rank", [("sharded", 1), ("single_writer", 0), ("async", 0)])
+def test_a_full_disk_mid_checkpoint_ends_the_job(workdir, strategy, rank):
+    done = run_with_fault(workdir, f"checkpoint-write:2@{rank}:enospc", [f"checkpoint.strategy={strategy}"])
+    assert_failed_cleanly(done, workdir, "No space left on device")
+    (line,) = error_lines(done.stderr)
+    assert f"rank_0000{rank}.bin: No space left on device (" in line and " MiB free on " in line
+
+
+def test_a_full_disk_serially_names_the_file_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    ctx = make_ctx(tmp_path, ["checkpoint.write_chunk_bytes=64KiB"])
+    engine = make_checkpoint_engine(ctx)
+    engine.save(1, 1)
+    monkeypatch.setenv(VARIABLE, "checkpoint-write:2@0:enospc")
+    with pytest.raises(RunFailure) as failure:
+        engine.save(2, 1)
+    folder = Path(engine.root) / engine.layout.folder(2)
+    message = str(failure.value)
+    assert message.startswith("checkpoint step_00000002 not committed: ")
+    assert f"{folder / 'rank_00000.bin'}: No space left on device (" in message and " MiB free on " in message
+    assert failure.value.known_everywhere
+    assert not folder.exists()
+    monkeypatch.delenv(VARIABLE)
+    restored = engine.restore()
+    assert restored.verified and restored.checkpoint_step == 1 and not restored.skipped
+
+
+def test_a_full_disk_serially_exits_1_with_one_line(workdir):
+    done = run_with_fault(workdir, "checkpoint-write:2@0:enospc", ["checkpoint.strategy=sharded"], ranks=0)
+    assert_failed_cleanly(done, workdir, "No space left on device")
+
+
+def _interrupt(workdir: Path, ranks: int) -> subprocess.CompletedProcess:
+    """Start a run that checkpoints slowly, wait until its first checkpoint is on disk, then Ctrl-C
+    (SIGINT to the whole process group, as a terminal does)."""
+    command = [str(BIN / "dlio_ckpt"), *CHECKPOINT_RUN, "checkpoint.sleep_between_s=30", "checkpoint.num_checkpoints_write=2",
+               f"storage.root={workdir / 'store'}", f"hydra.run.dir={workdir / 'run'}"]
+    if ranks:
+        command = [str(BIN / "mpirun"), "-n", str(ranks), *command]
+    process = subprocess.Popen(command, cwd=workdir / "cwd", env=cli_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG
+        while not list((workdir / "store").glob("checkpoints/*/step_00000001/" + MANIFEST_NAME)):
+            assert process.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=HANG)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=pytest.mark.mpi)])
+def test_ctrl_c_exits_130_with_one_line(workdir, ranks):
+    done = _interrupt(workdir, ranks)
+    assert done.returncode == 130
+    assert "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("dlio_ckpt:")] == [
+        f"dlio_ckpt: interrupted; the run in {workdir / 'run'} is incomplete"]
