@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_util import make_ctx
-from conftest import BIN, cli_env
+from ckpt_util import SMALL_MODEL, make_ctx
+from conftest import BIN, cli_env, run_cli
 from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.errors import RunFailure
 from dlio_ckpt.faults import VARIABLE
@@ -130,3 +130,43 @@ def test_ctrl_c_exits_130_with_one_line(workdir, ranks):
     assert "Traceback" not in done.stderr
     assert [line for line in done.stderr.splitlines() if line.startswith("dlio_ckpt:")] == [
         f"dlio_ckpt: interrupted; the run in {workdir / 'run'} is incomplete"]
+
+
+def test_restore_of_an_empty_folder_fails_with_one_line(workdir):
+    empty = workdir / "store" / "checkpoints" / "nothing-here"
+    empty.mkdir(parents=True)
+    done = run_cli(["workload=unet3d", "scale=tiny", "mode=restore", f"checkpoint.restore_from={empty}",
+                    f"storage.root={workdir / 'store'}", f"hydra.run.dir={workdir / 'run'}"], workdir / "cwd", timeout=HANG)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert error_lines(done.stderr) == [f"dlio_ckpt: error: nothing restored: no checkpoint folders of layout "
+                                        f"raw in {empty}"]
+    assert not (workdir / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=pytest.mark.mpi)])
+def test_restore_of_only_rejected_checkpoints_fails_naming_each(workdir, ranks):
+    ctx = make_ctx(workdir / "store")
+    engine = make_checkpoint_engine(ctx)
+    for step in (1, 2):
+        engine.save(step, 1)
+    root = Path(engine.root)
+    (root / "step_00000002" / MANIFEST_NAME).unlink()  # torn
+    with open(root / "step_00000001" / "rank_00000.bin", "r+b") as handle:
+        handle.truncate(100)
+    done = run_cli([*SMALL_MODEL, "mode=restore", f"checkpoint.restore_from={root}", f"storage.root={workdir / 'store'}",
+                    f"hydra.run.dir={workdir / 'run'}"], workdir / "cwd", mpi_ranks=ranks, timeout=HANG)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    (line,) = error_lines(done.stderr)
+    assert line.startswith(f"dlio_ckpt: error{' (rank 0)' if ranks else ''}: nothing restored: no complete checkpoint "
+                           f"to restore in {root}: ")
+    assert "step_00000002: torn: no manifest" in line and "step_00000001: rank_00000.bin: size 100 bytes" in line
+    assert not (workdir / "run" / "summary.json").exists()
+
+
+def test_checkpoint_mode_with_nothing_to_write_is_refused_before_anything_is_written(workdir):
+    done = run_cli(["workload=unet3d", "scale=tiny", "mode=checkpoint", "checkpoint.num_checkpoints_write=0",
+                    f"storage.root={workdir / 'store'}", f"hydra.run.dir={workdir / 'run'}"], workdir / "cwd", timeout=HANG)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert error_lines(done.stderr) == ["dlio_ckpt: error: checkpoint.num_checkpoints_write: 0 with mode=checkpoint "
+                                        "leaves nothing to do; set it to 1 or more"]
+    assert not (workdir / "run").exists() and not (workdir / "store").exists()

@@ -286,8 +286,10 @@ class CheckpointEngineImpl:
         return deleted
 
     # restore -------------------------------------------------------------------------------
-    def restore(self, step: int | None = None) -> RestoreRecord | None:
-        """Collective: restore the newest complete, verified checkpoint (or `step`'s)."""
+    def restore(self, step: int | None = None, warn_if_none: bool = True) -> RestoreRecord | None:
+        """Collective: restore the newest complete, verified checkpoint (or `step`'s). None when
+        there is no checkpoint folder; a record with checkpoint_step -1 when every one was rejected
+        (printed on stderr unless `warn_if_none` is off: the caller then reports it)."""
         self.strategy.finish()
         if self.world.is_root:
             candidates = [s for s, _, _ in reversed(self.checkpoint_folders()) if step is None or s == step]
@@ -336,7 +338,8 @@ class CheckpointEngineImpl:
                                  verified=verified, message=message, checkpoint_step=candidate, folder=name,
                                  skipped=skipped, peak_rss_bytes=peak_rss_bytes())
         message = f"no complete checkpoint to restore in {self.root}: " + "; ".join(skipped)
-        self._warn(message)
+        if warn_if_none:
+            self._warn(message)
         return RestoreRecord(checkpoint_index=-1, bytes=0, files=0, read_s=0.0, verified=False, message=message,
                              skipped=skipped, peak_rss_bytes=peak_rss_bytes())
 

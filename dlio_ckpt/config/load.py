@@ -325,5 +325,8 @@ def check_consistency(config: RunConfig) -> None:
         )
     if config.checkpoint.restore_from and config.mode != "restore":
         raise ConfigError("checkpoint.restore_from: applies to mode=restore only (set mode=restore, or clear it)")
+    if config.mode == "checkpoint" and config.checkpoint.num_checkpoints_write < 1:
+        raise ConfigError("checkpoint.num_checkpoints_write: 0 with mode=checkpoint leaves nothing to do; "
+                          "set it to 1 or more")
     if config.evaluation.enabled and ds.num_files_eval < 1:
         raise ConfigError("evaluation.enabled: needs dataset.num_files_eval >= 1")

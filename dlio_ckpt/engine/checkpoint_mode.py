@@ -16,6 +16,7 @@ from typing import Any
 
 from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.checkpoint.report import GIB, checkpoint_summary
+from dlio_ckpt.errors import RunFailure
 
 
 def drop_page_cache() -> str:
@@ -43,21 +44,23 @@ def run_restore_mode(ctx: Any) -> dict:
     This is how a restart after a crash is measured: a torn checkpoint left by a rank that died
     mid-write is skipped with a message and the previous complete one is read. The run must use
     the same workload and checkpoint settings (layout) that wrote it; the world size may differ.
+    A restore that restored nothing is a failure (exit 1), in one line naming the folder and why
+    each checkpoint in it was rejected.
     """
     ctx = _with_checkpointing(ctx)
     world = ctx.world
     engine = make_checkpoint_engine(ctx)
     world.barrier()
-    record = engine.restore()
-    reads = world.gather(record.as_dict() if record else None)
+    record = engine.restore(warn_if_none=False)
+    if record is None or record.checkpoint_step < 0:
+        why = (record.message if record else
+               f"no checkpoint folders of layout {engine.layout.name} in {engine.root}")
+        raise RunFailure(f"nothing restored: {why}" if world.is_root else "", known_everywhere=True)
+    reads = world.gather(record.as_dict())
     summary = None
     if world.is_root:
-        if all(r is None for r in reads):
-            summary = {"mode": "restore", "restored_from": engine.root, "restore_verified": False,
-                       "restore_message": f"no checkpoint folders in {engine.root} for layout {engine.layout.name}"}
-        else:
-            summary = checkpoint_summary([[] for _ in reads], reads, 0.0, ctx.config)
-            summary.update(mode="restore", restored_from=engine.root)
+        summary = checkpoint_summary([[] for _ in reads], reads, 0.0, ctx.config)
+        summary.update(mode="restore", restored_from=engine.root)
     return world.bcast(summary)
 
 
