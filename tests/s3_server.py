@@ -99,3 +99,27 @@ class S3Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def start_with_user(allowed_actions: list[str], bucket: str) -> tuple[S3Server, dict[str, str]]:
+    """A server that checks signatures and IAM policies, with `bucket` and one user allowed only
+    `allowed_actions` (e.g. ["s3:ListBucket", "s3:GetObject"]); returns the server and the user's
+    credential variables. moto enforces authentication once INITIAL_NO_AUTH_ACTION_COUNT requests
+    are spent: the four below (user, key, policy, bucket)."""
+    import json
+
+    import boto3
+
+    server = S3Server(extra_env={"INITIAL_NO_AUTH_ACTION_COUNT": "4"}).start()
+    try:
+        iam = boto3.client("iam", endpoint_url=server.endpoint_url, region_name=TEST_REGION,
+                           aws_access_key_id="setup", aws_secret_access_key="setup")
+        iam.create_user(UserName="limited")
+        key = iam.create_access_key(UserName="limited")["AccessKey"]
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": allowed_actions, "Resource": "*"}]}
+        iam.put_user_policy(UserName="limited", PolicyName="limited", PolicyDocument=json.dumps(policy))
+        server.client().create_bucket(Bucket=bucket)
+    except BaseException:
+        server.stop()
+        raise
+    return server, {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}

@@ -151,32 +151,22 @@ def test_check_without_credentials(s3_server, s3_bucket, monkeypatch):
 
 @pytest.fixture(scope="module")
 def auth_server():
-    """A second server that checks signatures and IAM policies (moto enforces them once the first
-    INITIAL_NO_AUTH_ACTION_COUNT requests are spent): a user allowed only s3:GetObject, one bucket."""
-    import boto3
-    from s3_server import S3Server
+    """A second server that checks signatures and IAM policies: a user allowed only s3:GetObject."""
+    from s3_server import start_with_user
 
-    server = S3Server(extra_env={"INITIAL_NO_AUTH_ACTION_COUNT": "4"}).start()
-    try:
-        iam = boto3.client("iam", endpoint_url=server.endpoint_url, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-        iam.create_user(UserName="reader")
-        key = iam.create_access_key(UserName="reader")["AccessKey"]
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}
-        iam.put_user_policy(UserName="reader", PolicyName="get-only", PolicyDocument=json.dumps(policy))
-        server.client().create_bucket(Bucket="guarded")
-        yield server, key
-    finally:
-        server.stop()
+    server, user = start_with_user(["s3:GetObject"], "guarded")
+    yield server, user
+    server.stop()
 
 
 def test_check_wrong_credentials_and_access_denied(auth_server, monkeypatch):
-    server, key = auth_server
+    server, user = auth_server
     backend = S3Storage(bucket="guarded", endpoint_url=server.endpoint_url, root=ROOT)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG1")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(UserError, match=rf"access denied \(InvalidAccessKeyId\) \(endpoint {server.endpoint_url}, bucket guarded\)"):
         backend.check()
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+    for name, value in user.items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(UserError, match=rf"access denied \(AccessDenied\) \(endpoint {server.endpoint_url}, bucket guarded\)"):
         backend.check()

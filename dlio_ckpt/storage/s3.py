@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import posixpath
 import queue
@@ -76,6 +77,12 @@ def _object_error(exc: BaseException, uri: str, what: str) -> OSError:
     if isinstance(exc, _DENIED):
         return PermissionError(errno.EACCES, f"{what} {uri}: access denied ({_reason(exc)})")
     return OSError(errno.EIO, f"{what} {uri} failed: {_reason(exc)}")
+
+
+def _aws_session(region: str) -> boto3.Session:
+    """The standard AWS credential chain (environment, shared profile, SSO, instance role)."""
+    logging.getLogger("botocore.credentials").setLevel(logging.WARNING)  # not "Found credentials in ..." in every run's log
+    return boto3.Session(region_name=region)
 
 
 class S3ReadFile(io.RawIOBase):
@@ -160,6 +167,9 @@ class S3ReadFile(io.RawIOBase):
 
     def write(self, data) -> int:
         raise io.UnsupportedOperation(f"{self._uri} is open for reading")
+
+    def flush(self) -> None:
+        """Nothing is buffered on a read handle (and flush must work after close, as on POSIX)."""
 
     def fsync(self) -> None:
         """Nothing to make durable on a read handle."""
@@ -372,7 +382,7 @@ class S3Storage:
             endpoint=self.endpoint_url or None,
             region=self.region,
             virtual_hosted_style_request=virtual,
-            credential_provider=Boto3CredentialProvider(boto3.Session(region_name=self.region)),
+            credential_provider=Boto3CredentialProvider(_aws_session(self.region)),
             client_options=client_options,
             retry_config={"max_retries": retries, "retry_timeout": timedelta(seconds=timeout_s)},
         )
@@ -472,7 +482,7 @@ class S3Storage:
 
     def check(self) -> None:
         """Credentials, endpoint, bucket and list access, in one listing, before anything is written."""
-        session = boto3.Session(region_name=self.region)
+        session = _aws_session(self.region)
         if session.get_credentials() is None:
             raise UserError(
                 f"storage.s3: no AWS credentials found for {self.where}; set AWS_ACCESS_KEY_ID and "

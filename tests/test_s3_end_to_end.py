@@ -1,0 +1,154 @@
+"""End-to-end runs on S3 (storage.backend=s3) against a real server process (moto), serially and
+under `mpirun -n 2`: the POSIX end-to-end checks, with the bytes counted against the objects the
+server holds, listed through boto3 (a client independent of the backend's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import load_summary, run_cli
+
+PREFIX = "e2e"
+TINY_CKPT = ["workload=llama3_8b", "scale=tiny", "progress=false", "checkpoint.drop_caches=false"]
+
+
+def s3_args(server, bucket: str, root) -> list[str]:
+    return ["storage.backend=s3", f"storage.s3.bucket={bucket}", f"storage.s3.endpoint_url={server.endpoint_url}",
+            f"storage.s3.prefix={PREFIX}", "storage.s3.part_size=5MiB", "storage.s3.concurrency=2", f"storage.root={root}"]
+
+
+def server_objects(server, bucket: str, under: str = "") -> dict[str, int]:
+    """Key -> size of every object below `PREFIX/under`, listed by the server."""
+    found = {}
+    for page in server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{PREFIX}/{under}"):
+        found.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+    return found
+
+
+def run_ok(args, cwd, ranks=0):
+    done = run_cli(args, cwd, mpi_ranks=ranks)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_train_run_counts_the_bytes_the_server_holds(workdir, s3_server, s3_bucket):
+    root, run = workdir / "store", workdir / "run"
+    run_ok(["workload=unet3d", "scale=tiny", "dataset.format=raw", "progress=false", "checkpoint.drop_caches=false",
+            *s3_args(s3_server, s3_bucket, root), f"hydra.run.dir={run}"], workdir / "cwd")
+    summary = load_summary(run)
+    data = server_objects(s3_server, s3_bucket, "data/unet3d/")
+    train = {k: v for k, v in data.items() if "/train/" in k}
+    checkpoints = server_objects(s3_server, s3_bucket, "checkpoints/")
+    assert len(train) == 8
+    assert summary["train"]["bytes_read"] == 2 * sum(train.values())  # two epochs, every byte once each
+    assert summary["dataset"]["bytes_on_disk"] == sum(train.values())
+    assert summary["io"]["by_phase"]["generate"]["bytes_written"] == sum(data.values())  # files + dataset manifest
+    assert summary["io"]["by_phase"]["checkpoint"]["bytes_written"] == sum(checkpoints.values()) > 0
+    assert any(k.endswith("dlio_ckpt_manifest.json") for k in checkpoints)
+    assert not root.exists()  # nothing of the dataset or checkpoints on the local file system
+    with __import__("numpy").load(run / "events" / "rank-00000.npz") as events:
+        paths = [str(p) for p in events["paths"]]
+    assert any(p.startswith(str(root)) and "/train/" in p for p in paths)
+
+
+@pytest.mark.parametrize("strategy, ranks", [
+    ("sharded", 0),
+    pytest.param("sharded", 2, marks=pytest.mark.mpi),
+    pytest.param("single_writer", 2, marks=pytest.mark.mpi),
+    pytest.param("async", 2, marks=pytest.mark.mpi),
+])
+def test_every_strategy_writes_objects_and_restores_them(workdir, s3_server, s3_bucket, strategy, ranks):
+    run = workdir / "run"
+    run_ok(TINY_CKPT + [*s3_args(s3_server, s3_bucket, workdir / "store"), f"checkpoint.strategy={strategy}",
+                        f"hydra.run.dir={run}"], workdir / "cwd", ranks=ranks)
+    summary = load_summary(run)
+    objects = server_objects(s3_server, s3_bucket, "checkpoints/")
+    manifests = [k for k in objects if k.endswith("dlio_ckpt_manifest.json")]
+    assert summary["world_size"] == max(ranks, 1)
+    ckpt = summary["checkpoint"]
+    assert len(manifests) == ckpt["writes"] >= 1
+    assert ckpt["restore_verified"] is True
+    # The DeepSpeed layout's `latest` pointer object is rewritten at every checkpoint (same length each time).
+    rewritten = sum(size * (ckpt["writes"] - 1) for key, size in objects.items() if key.endswith("/latest"))
+    assert summary["io"]["by_phase"]["checkpoint"]["bytes_written"] == sum(objects.values()) + rewritten
+    listed = json.loads(s3_server.client().get_object(Bucket=s3_bucket, Key=sorted(manifests)[-1])["Body"].read())
+    assert ckpt["restore_bytes"] == sum(f["size"] for f in listed["files"])
+    assert s3_server.client().list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+
+
+def test_restore_rejects_a_corrupted_object(workdir, s3_server, s3_bucket):
+    root = workdir / "store"
+    common = TINY_CKPT + s3_args(s3_server, s3_bucket, root) + ["checkpoint.checksum=blake3"]
+    run_ok(common + ["mode=train", "train.total_steps=2", "checkpoint.steps_between_checkpoints=1",
+                     f"hydra.run.dir={workdir / 'first'}"], workdir / "cwd")
+    objects = server_objects(s3_server, s3_bucket, "checkpoints/")
+    folders = sorted({k.rsplit("/", 2)[0] for k in objects if k.endswith("dlio_ckpt_manifest.json")})
+    assert len(folders) == 1
+    steps = sorted({k.rsplit("/", 2)[1] for k in objects if k.endswith("dlio_ckpt_manifest.json")})
+    assert len(steps) == 2
+    victim = sorted(k for k in objects if f"/{steps[-1]}/" in k and not k.endswith(".json"))[0]
+    client = s3_server.client()
+    body = bytearray(client.get_object(Bucket=s3_bucket, Key=victim)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    client.put_object(Bucket=s3_bucket, Key=victim, Body=bytes(body))  # same size, one byte flipped
+
+    run = workdir / "restore"
+    folder = root / folders[0].removeprefix(f"{PREFIX}/")
+    run_ok(common + ["mode=restore", f"checkpoint.restore_from={folder}", f"hydra.run.dir={run}"], workdir / "cwd")
+    ckpt = load_summary(run)["checkpoint"]
+    assert ckpt["restore_verified"] is True
+    assert any(steps[-1] in s and "blake3 checksum mismatch" in s for s in ckpt["restore_skipped"]), ckpt["restore_skipped"]
+    assert steps[0].endswith(str(ckpt["restore_step"]))
+
+
+def test_unusable_bucket_exits_2_before_anything_is_written(workdir, s3_server):
+    from s3_server import free_port
+
+    for endpoint, bucket, expected in [
+        (s3_server.endpoint_url, "no-such-bucket", "bucket does not exist"),
+        (f"http://127.0.0.1:{free_port()}", "any-bucket", "cannot reach the endpoint"),
+    ]:
+        run = workdir / f"run-{bucket}"
+        args = TINY_CKPT + ["storage.backend=s3", f"storage.s3.bucket={bucket}", f"storage.s3.endpoint_url={endpoint}",
+                            f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"]
+        done = run_cli(args, workdir / "cwd")
+        assert done.returncode == 2, done.stderr[-2000:]
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and expected in lines[0] and endpoint in lines[0] and bucket in lines[0], done.stderr
+        assert not run.exists()
+
+
+def test_missing_bucket_option_is_named(workdir):
+    done = run_cli(TINY_CKPT + ["storage.backend=s3", f"hydra.run.dir={workdir / 'run'}"], workdir / "cwd")
+    assert done.returncode == 2 and "storage.s3.bucket" in done.stderr
+    assert not (workdir / "run").exists()
+
+
+@pytest.mark.mpi
+def test_a_write_refused_mid_run_fails_in_one_line_per_rank(workdir, monkeypatch):
+    """check() passes (the user may list), then the first PUT is denied: each rank reports it in
+    one line naming the object, the run exits non-zero, and nothing is published."""
+    from s3_server import start_with_user
+
+    server, user = start_with_user(["s3:ListBucket", "s3:GetObject"], "no-writes")
+    try:
+        for name, value in user.items():
+            monkeypatch.setenv(name, value)
+        args = ["workload=unet3d", "scale=tiny", "dataset.format=raw", "progress=false", "checkpoint.enabled=false",
+                *s3_args(server, "no-writes", workdir / "store"), f"hydra.run.dir={workdir / 'run'}"]
+        done = run_cli(args, workdir / "cwd", mpi_ranks=2)
+        import boto3
+
+        lister = boto3.client("s3", endpoint_url=server.endpoint_url, region_name="us-east-1",
+                              aws_access_key_id=user["AWS_ACCESS_KEY_ID"], aws_secret_access_key=user["AWS_SECRET_ACCESS_KEY"])
+        objects = lister.list_objects_v2(Bucket="no-writes").get("KeyCount")
+    finally:
+        server.stop()
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("dlio_ckpt: error")]
+    assert 1 <= len(errors) <= 2, done.stderr[-2000:]
+    assert all("s3://no-writes/e2e/data/unet3d/" in line and "access denied" in line for line in errors), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert objects == 0
