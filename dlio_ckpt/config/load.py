@@ -207,6 +207,11 @@ def check_storage(config: RunConfig) -> None:
     backend = make_backend(config.storage, os.path.abspath(config.storage.root))
     check_storage_needs(config, config.storage.backend, backend.capabilities)
     backend.check()
+    if config.mode == "restore" and not backend.isdir(os.path.abspath(config.checkpoint.restore_from)):
+        raise ConfigError(
+            f"checkpoint.restore_from: '{config.checkpoint.restore_from}' is not a folder; mode=restore needs the checkpoint "
+            "folder of an earlier run (storage.root/checkpoints/<run id>)"
+        )
 
 
 def check_world_fit(config: RunConfig, world_size: int) -> None:
@@ -318,11 +323,9 @@ def check_consistency(config: RunConfig) -> None:
         raise ConfigError(f"reader.name: 'tensorflow' reads tfrecord datasets; dataset.format is '{ds.format}' (use reader.name=native)")
     if ds.record_length_bytes_min > ds.record_length_bytes:
         raise ConfigError("dataset.record_length_bytes_min: larger than dataset.record_length_bytes")
-    if config.mode == "restore" and not os.path.isdir(config.checkpoint.restore_from or "/nonexistent-restore-folder"):
-        raise ConfigError(
-            f"checkpoint.restore_from: '{config.checkpoint.restore_from}' is not a folder; mode=restore needs the checkpoint "
-            "folder of an earlier run (storage.root/checkpoints/<run id>)"
-        )
+    if config.mode == "restore" and not config.checkpoint.restore_from:
+        raise ConfigError("checkpoint.restore_from: mode=restore needs the checkpoint folder of an earlier run "
+                          "(storage.root/checkpoints/<run id>)")
     if config.checkpoint.restore_from and config.mode != "restore":
         raise ConfigError("checkpoint.restore_from: applies to mode=restore only (set mode=restore, or clear it)")
     if config.mode == "checkpoint" and config.checkpoint.num_checkpoints_write < 1:

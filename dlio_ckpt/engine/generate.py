@@ -2,8 +2,9 @@
 
 Reuse is decided by rank 0 from the dataset manifest (the plan's fingerprint and every file's
 size) and broadcast. Regeneration first removes the manifest, so a half-regenerated dataset is
-never mistaken for a complete one; each file is written under a temporary name, fsynced and
-renamed; the manifest is written last, atomically.
+never mistaken for a complete one; each file is written through the backend's commit primitive
+(`open_staged`: on POSIX a temporary name, fsync, rename); the manifest is written last, atomically.
+Every file operation goes through the (traced) storage, so it works on any backend.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlio_ckpt.engine.context import RunContext
-from dlio_ckpt.errors import UserError
+from dlio_ckpt.errors import RunFailure, UserError, storage_failure
+from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
 from dlio_ckpt.metrics.progress import Progress
 from dlio_ckpt.plan.dataset import DatasetPlan, generation_share
@@ -62,39 +64,34 @@ def _matches(storage: Any, plan: DatasetPlan, manifest: dict | None) -> bool:
     for relative, size in sizes.items():
         path = os.path.join(plan.folder, relative)
         try:
-            if os.stat(path).st_size != size:
+            if storage.file_size(path) != size:
                 return False
         except OSError:
             return False
     return len(sizes) > 0
 
 
-def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool) -> None:
-    """Write one dataset file (and its companions) under temporary names, fsync, rename.
+def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool,
+               rank: int = 0) -> None:
+    """Write one dataset file (and its companions) staged: each appears complete when closed, or not at all.
     The bytes it wrote are counted by the traced storage (the generate phase's `bytes_written`)."""
     opened: dict[str, Any] = {}
 
     def open_output(suffix: str) -> Any:
-        handle = storage.open_write(f"{spec.path}{suffix}.tmp")
+        handle = storage.open_staged(f"{spec.path}{suffix}")
         opened[suffix] = handle
         return handle
 
     try:
         fmt.write(open_output, spec, source, options)
+        fault_point("generate-write", rank, spec.path)
         for handle in opened.values():
             if fsync:
                 handle.fsync()
             handle.close()
-        for suffix in opened:
-            storage.rename(f"{spec.path}{suffix}.tmp", f"{spec.path}{suffix}")
     except BaseException:
-        for suffix, handle in opened.items():
-            if not handle.closed:
-                handle.close()
-            try:
-                os.unlink(f"{spec.path}{suffix}.tmp")
-            except OSError:
-                pass
+        for handle in opened.values():
+            handle.abort()
         raise
 
 
@@ -128,7 +125,10 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         failure: BaseException | None = None
         try:
             for spec in share:
-                write_file(storage, fmt, spec, source, options, config.storage.fsync)
+                try:
+                    write_file(storage, fmt, spec, source, options, config.storage.fsync, rank=world.rank)
+                except OSError as exc:  # a full disk, say: name the file (its partial copy is gone)
+                    raise storage_failure(exc, spec.path) from None
                 written_files += 1
                 progress.advance()
         except Exception as exc:  # every rank must learn of it, or the others wait forever
@@ -136,18 +136,19 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         finally:
             progress.close()
         if not world.agree(failure is None):
-            if failure is not None:
+            if isinstance(failure, UserError):
                 raise failure
-            raise UserError("dataset generation failed on another rank (see its message above)")
+            # One line from each rank that failed; the others end quietly (exit 1).
+            raise RunFailure(f"dataset generation failed: {failure}" if failure else "", known_everywhere=True)
 
         def finish() -> None:
-            sizes = {os.path.relpath(p, plan.folder): os.stat(p).st_size for p in all_paths(plan, fmt)}
+            sizes = {os.path.relpath(p, plan.folder): storage.file_size(p) for p in all_paths(plan, fmt)}
             manifest = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": config.workload,
                         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sizes": sizes}
             storage.write_atomic(plan.manifest_path, json.dumps(manifest, indent=1).encode())
 
         world.root_first(finish)
     seconds = world.allreduce_max(time.perf_counter() - start)
-    on_disk = world.root_first(lambda: sum(os.stat(p).st_size for p in all_paths(plan, fmt)))
+    on_disk = world.root_first(lambda: sum(storage.file_size(p) for p in all_paths(plan, fmt)))
     return GenerateResult(reused=reused, files_written=int(world.allreduce_sum(written_files)), seconds=seconds,
                           bytes_on_disk=int(on_disk))

@@ -9,7 +9,9 @@ and writes "checkpoint" (in a DL job, reading is the input pipeline and writing 
 All handles are opened before the timed part, behind a barrier: the storage offers no
 open-without-truncate mode, so a rank that writes a file opens it with O_TRUNC and puts its size
 back at once; doing that before any rank starts reading keeps every read within the file, so
-each call moves exactly the bytes the log says it moved.
+each call moves exactly the bytes the log says it moved. Writing at logged offsets into files that
+several ranks share, and setting a file's length, need the backend's `seekable_write` capability
+(`write_at`, `truncate`); the loader refuses workload=replay on a backend without it.
 """
 
 from __future__ import annotations
@@ -41,16 +43,16 @@ def _recreate_files(ctx: RunContext, plan: ReplayPlan, root: str, source: Any) -
         storage.makedirs(os.path.dirname(path))
         if not spec.read or (world.parallel and index % world.size != world.rank):
             continue
-        handle = storage.open_write(path)
+        handle = storage.open_staged(path)
         try:
-            offset = 0
             for piece in source.chunks(index, spec.size, chunk):
-                handle.write_at(piece, offset)
-                offset += len(piece)
+                handle.write(piece)
             if ctx.config.storage.fsync:
                 handle.fsync()
-        finally:
-            handle.close()
+        except BaseException:
+            handle.abort()
+            raise
+        handle.close()
 
 
 def _open_handles(ctx: RunContext, plan: ReplayPlan, root: str, ops: np.ndarray) -> dict[tuple[int, int], Any]:

@@ -108,6 +108,10 @@ class StorageFile(Protocol):
     def write(self, data) -> int:
         """Write all of `data` at the position (an append without `seekable_write`); return its length."""
 
+    # Only where `capabilities.seekable_write` (POSIX): writes in place, as replay and h5py do.
+    #   write_at(data, offset) -> int: write all of `data` at `offset`, position unchanged.
+    #   truncate(size) -> int: set the file's length.
+
     def fsync(self) -> None:
         """Make what was written durable; a no-op where `capabilities.fsync` is False
         (the object becomes durable when close() publishes it)."""
