@@ -1,0 +1,109 @@
+"""Free space a run needs, checked before anything is written.
+
+A run whose dataset and checkpoints cannot fit on storage.root's file system would otherwise find
+out at ENOSPC, hours and many gigabytes in (bare `dlio_ckpt` plans a 147 GB dataset). The need is
+the planned dataset when it is not generated yet (its payload: formats add a little) plus the
+checkpoints it keeps on disk: `checkpoint.keep_last` of them, or every one it writes when that is
+0 (mode=checkpoint: num_checkpoints_write; training: the step and epoch triggers over the planned
+steps; checkpoints triggered by seconds cannot be foreseen and are not counted). So the check is
+a lower bound: passing it does not promise the run fits, failing it proves the run cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.errors import ConfigError
+
+# Tests stand for a small disk with this (bytes); unset, the file system is asked.
+FREE_BYTES_VARIABLE = "DLIO_CKPT_FREE_BYTES"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def dataset_bytes_to_write(config: RunConfig) -> int:
+    """Payload bytes of the dataset this run would generate; 0 when a matching one is there or none is needed."""
+    if config.mode not in ("train", "generate") or config.workload == "replay" or not config.generate.enabled:
+        return 0
+    from dlio_ckpt.formats import get_format
+    from dlio_ckpt.plan.dataset import plan_dataset
+
+    plan = plan_dataset(config, get_format(config.dataset.format).extension)
+    try:
+        with open(plan.manifest_path) as handle:
+            if json.load(handle).get("fingerprint") == plan.fingerprint:
+                return 0
+    except (OSError, ValueError, AttributeError):
+        pass
+    return plan.payload_bytes
+
+
+def checkpoints_kept(config: RunConfig, world_size: int) -> int:
+    """How many checkpoints this run has on disk at once, at most (see the module's note)."""
+    ck = config.checkpoint
+    if config.workload == "replay" or config.mode not in ("train", "checkpoint"):
+        return 0
+    if config.mode == "checkpoint":
+        written = ck.num_checkpoints_write
+    elif not ck.enabled:
+        return 0
+    else:
+        from dlio_ckpt.checkpoint.triggers import Triggers
+
+        ds, reader = config.dataset, config.reader
+        share = ds.num_files_train * ds.num_samples_per_file // max(world_size, 1)
+        per_epoch = share // reader.batch_size if reader.drop_last else math.ceil(share / reader.batch_size)
+        steps = per_epoch * config.train.epochs
+        if config.train.total_steps:
+            steps = min(steps, config.train.total_steps)
+        triggers = Triggers.from_config(ck)
+        by_step = steps // triggers.steps_between if triggers.steps_between > 0 else 0
+        epochs = min(config.train.epochs, math.ceil(steps / per_epoch)) if per_epoch else 0
+        written = by_step + sum(1 for epoch in range(1, epochs + 1) if triggers.at_epoch_end(epoch))
+    return min(written, ck.keep_last) if ck.keep_last else written
+
+
+def checkpoint_bytes(config: RunConfig, world_size: int) -> int:
+    from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
+
+    plan = build_checkpoint_plan(config, world_size)
+    return plan.encoded_bytes() or plan.total_bytes
+
+
+def check_free_space(config: RunConfig, world_size: int, free_bytes: int | None = None) -> None:
+    """Refuse (exit 2) a run whose planned dataset and kept checkpoints exceed the free space of
+    storage.root's file system; `free_bytes` stands for that figure in tests (else the backend's)."""
+    if config.mode == "plan":
+        return
+    dataset = dataset_bytes_to_write(config)
+    kept = checkpoints_kept(config, world_size)
+    each = checkpoint_bytes(config, world_size) if kept else 0
+    needed = dataset + kept * each
+    if not needed:
+        return
+    root = os.path.abspath(config.storage.root)
+    if free_bytes is None:
+        given = os.environ.get(FREE_BYTES_VARIABLE, "")
+        if given.isdigit():
+            free_bytes = int(given)
+        else:
+            from dlio_ckpt.storage import make_backend
+
+            free_bytes = make_backend(config.storage, root).free_bytes(root)
+    if free_bytes is None or needed <= free_bytes:  # None: unknown or unbounded (object stores)
+        return
+    parts = []
+    if dataset:
+        parts.append(f"dataset {_size(dataset)} not generated yet")
+    if kept:
+        parts.append(f"{kept} checkpoint{'s' if kept > 1 else ''} x {_size(each)}")
+    raise ConfigError(
+        f"storage.root: the run needs at least {_size(needed)} ({' + '.join(parts)}) but {root} has "
+        f"{_size(free_bytes)} free; free some space, choose another storage.root, or shrink the run "
+        "(scale=small or tiny, fewer files, checkpoint.keep_last)"
+    )
