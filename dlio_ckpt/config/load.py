@@ -175,6 +175,8 @@ def load_config(overrides: Sequence[str] = (), run_dir: str | None = None) -> Ru
 
 def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: int = 1) -> None:
     """Check every job of a run or sweep, for this world size, before anything is written."""
+    from dlio_ckpt.config.space import check_free_space
+
     check_override_keys(overrides)
     jobs = expand_sweep(overrides) if multirun else [list(overrides)]
     for job in jobs[:MAX_VALIDATED_SWEEP_JOBS]:
@@ -182,6 +184,7 @@ def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: 
         check_world_fit(config, world_size)
         check_dependencies(config)
         check_storage(config)
+        check_free_space(config, world_size)
 
 
 def check_dependencies(config: RunConfig) -> None:
