@@ -71,15 +71,19 @@ class LoadedLog:
 
 
 def load_logs(paths: list[Path]) -> list[LoadedLog]:
-    """Read every log once; a file PyDarshan cannot open is a user error naming it."""
-    darshan = require("darshan")
+    """Read every log once; a file that is not a complete Darshan log (empty, truncated, garbage)
+    is a user error naming it, checked before PyDarshan reads it (a truncated log would read as
+    zero bytes) and with libdarshan's own messages kept off the terminal."""
+    from dlio_ckpt.trace.darshan_input import BadDarshanLog, open_report
+
+    require("darshan")
     require("pandas")
     loaded = []
     for path in paths:
         try:
-            report = darshan.DarshanReport(str(path), read_all=True)
-        except (RuntimeError, OSError, ValueError) as exc:
-            raise UserError(f"{path}: PyDarshan cannot read this Darshan log ({exc})") from exc
+            report = open_report(str(path), read_all=True)
+        except BadDarshanLog as exc:
+            raise UserError(f"{path}: {exc}") from None
         loaded.append(LoadedLog(path, report))
     return loaded
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dlio_ckpt.config.load import load_config, validate_command_line, workload_names
+import dataclasses
+
+from dlio_ckpt.config.load import compose, compose_each, expand_sweep, explicit_keys, load_config, to_run_config, validate_command_line, workload_names
 from dlio_ckpt.errors import ConfigError
 
 
@@ -104,3 +106,13 @@ def test_drop_last_with_a_batch_larger_than_a_rank_share_is_rejected():
     with pytest.raises(ConfigError, match="would leave no step"):
         validate_command_line(["scale=tiny", "dataset.format=raw", "dataset.num_files_train=4", "dataset.num_samples_per_file=1",
                                "reader.batch_size=3", "reader.drop_last=true"], multirun=False, world_size=2)
+
+
+def test_a_sweep_composes_each_job_as_hydra_would():
+    jobs = expand_sweep(["workload=unet3d,bert", "scale=tiny", "reader.batch_size=2,3", "dataset.folder=x,'a b'",
+                         "+hydra.job.env_set.X=1"])
+    assert len(jobs) == 8
+    swept = list(compose_each(jobs))
+    for job, fast in zip(jobs, swept):
+        exact = to_run_config(compose(job), explicit_keys(job))
+        assert dataclasses.asdict(to_run_config(fast, explicit_keys(job))) == dataclasses.asdict(exact)

@@ -1,7 +1,9 @@
 """RunConfig: the user's inputs as frozen dataclasses, the only thing plans are built from.
 
 Types and constraints live here; default values live in conf/*.yaml (one source for each).
-Every `validate` names the key it rejects and what would be allowed.
+Every `validate` names the key it rejects and what would be allowed. Names that registries own
+(formats, backends, checkpoint strategies and layouts) are checked by the loader
+(config/load.py), so this module imports nothing but the type helpers.
 """
 
 from __future__ import annotations
@@ -10,6 +12,13 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from dlio_ckpt.config.typed import Bytes, require
+
+# Seeds feed numpy's SeedSequence, which takes non-negative integers.
+MAX_SEED = 2**63 - 1
+# mode=plan sizes a job of up to this many ranks (about a million, beyond the largest machines);
+# a plan keeps a few numbers per rank and its time grows with the rank count.
+MAX_PLAN_RANKS = 1 << 20
+
 
 @dataclass(frozen=True)
 class S3Options:
@@ -35,12 +44,10 @@ class StorageConfig:
     direct_io: bool
     fsync: bool
     drop_caches: bool
+    allow_outside_root_dataset: bool  # dataset.folder may leave storage.root (a shared, pre-generated dataset)
     s3: S3Options
 
     def validate(self, key: str) -> None:
-        from dlio_ckpt.storage import BACKENDS
-
-        BACKENDS.canonical(self.backend)
         require(self.root != "", f"{key}root: must be a folder path")
 
 
@@ -65,9 +72,6 @@ class DatasetConfig:
     seed: int
 
     def validate(self, key: str) -> None:
-        from dlio_ckpt.formats import DATASET_FORMATS
-
-        DATASET_FORMATS.canonical(self.format)
         require(self.num_files_train >= 1, f"{key}num_files_train: must be at least 1 (got {self.num_files_train})")
         require(self.num_files_eval >= 0, f"{key}num_files_eval: cannot be negative (got {self.num_files_eval})")
         require(self.num_samples_per_file >= 1, f"{key}num_samples_per_file: must be at least 1 (got {self.num_samples_per_file})")
@@ -83,6 +87,10 @@ class DatasetConfig:
             )
         if self.format == "hdf5":
             require(self.compression in ("none", "gzip", "lzf"), f"{key}compression: hdf5 supports none, gzip or lzf")
+        if self.compression == "gzip":
+            require(0 <= self.compression_level <= 9,
+                    f"{key}compression_level: gzip levels are 0 (none) to 9 (best) (got {self.compression_level})")
+        require_seed(self.seed, f"{key}seed")
         if self.format == "npz":
             require(self.compression in ("none", "gzip"), f"{key}compression: npz supports none or gzip (deflate)")
 
@@ -119,6 +127,7 @@ class ReaderConfig:
         require(self.read_threads >= 0, f"{key}read_threads: cannot be negative (0 reads in the training thread)")
         require(self.prefetch_size >= 0, f"{key}prefetch_size: cannot be negative")
         require(self.shuffle_buffer_size >= 1, f"{key}shuffle_buffer_size: must be at least 1")
+        require_seed(self.shuffle_seed, f"{key}shuffle_seed")
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,7 @@ class TrainConfig:
         require(self.total_steps >= 0, f"{key}total_steps: cannot be negative (0 means every step of every epoch)")
         require(self.computation_time >= 0, f"{key}computation_time: cannot be negative (got {self.computation_time})")
         require(self.computation_time_stdev >= 0, f"{key}computation_time_stdev: cannot be negative")
+        require_seed(self.seed, f"{key}seed")
 
 
 @dataclass(frozen=True)
@@ -224,9 +234,6 @@ class CheckpointConfig:
         require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
         require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")
         require(self.write_chunk_bytes % 8 == 0, f"{key}write_chunk_bytes: must be a multiple of 8 (whole elements)")
-        from dlio_ckpt.checkpoint.registry import check_names
-
-        check_names(self, key)
 
 
 @dataclass(frozen=True)
@@ -274,6 +281,7 @@ class WorldConfig:
 
     def validate(self, key: str) -> None:
         require(self.size >= 0, f"{key}size: cannot be negative")
+        require(self.size <= MAX_PLAN_RANKS, f"{key}size: at most {MAX_PLAN_RANKS:,} ranks can be planned (got {self.size:,})")
 
 
 @dataclass(frozen=True)
@@ -298,3 +306,10 @@ class RunConfig:
     replay: ReplayConfig
     scale: ScaleConfig
     run_dir: Optional[str] = None
+
+    def validate(self, key: str) -> None:
+        require_seed(self.seed, f"{key}seed")
+
+
+def require_seed(value: int, key: str) -> None:
+    require(0 <= value <= MAX_SEED, f"{key}: a seed is an integer from 0 to 2**63-1 (got {value})")

@@ -8,12 +8,15 @@ dataclasses do not know is a ConfigError with a close match.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Mapping
 
 from dlio_ckpt.errors import ConfigError, close_match
 
+# Sizes are numpy int64 values (offsets, array lengths) further on.
+MAX_BYTES = 2**63 - 1
 _SIZE_SUFFIXES = {
     "k": 1 << 10, "kib": 1 << 10, "kb": 1000,
     "m": 1 << 20, "mib": 1 << 20, "mb": 1000**2,
@@ -31,6 +34,8 @@ def parse_size(text: str, key: str) -> int:
         value = float(number)
     except ValueError:
         raise ConfigError(f"{key}: '{text}' is not a size; use bytes or a unit such as 4MiB, 1GiB, 500MB") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}: '{text}' is not a finite size; use bytes or a unit such as 4MiB, 1GiB, 500MB")
     if unit in ("", "b"):
         factor = 1
     elif unit in _SIZE_SUFFIXES:
@@ -141,6 +146,8 @@ def convert(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a size in bytes, got {value!r}")
         if value < 0:
             raise ConfigError(f"{key}: a size cannot be negative (got {value})")
+        if value > MAX_BYTES:
+            raise ConfigError(f"{key}: {value} bytes is too large; a size is at most 2**63-1 bytes (8 EiB)")
         return int(value)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -65,16 +65,25 @@ def _bad(message: str) -> ConfigError:
     return ConfigError(f"replay.log: {message}")
 
 
+def check_replay_log(path: str) -> None:
+    """ConfigError naming replay.log unless `path` is a complete Darshan log with DXT_POSIX traces.
+
+    Cheap (the header and PyDarshan's module list, not the records), so the loader runs it before
+    the run folder exists; libdarshan's own messages are captured, not printed.
+    """
+    _open_report(path)
+
+
 def _open_report(path: str):
-    darshan = require("darshan")
+    from dlio_ckpt.trace.darshan_input import BadDarshanLog, open_report
+
+    require("darshan")
     if not path:
         raise _bad("is empty; set replay.log=FILE.darshan, a Darshan log with DXT_POSIX traces")
-    if not os.path.isfile(path):
-        raise _bad(f"no such file '{path}'; give the path of a .darshan log with DXT_POSIX traces")
     try:
-        report = darshan.DarshanReport(path, read_all=False)
-    except Exception as exc:  # PyDarshan raises RuntimeError, ValueError, ... for bad input
-        raise _bad(f"'{path}' is not a Darshan log PyDarshan can read ({' '.join(str(exc).split()) or type(exc).__name__})") from None
+        report = open_report(path, read_all=False)
+    except BadDarshanLog as exc:
+        raise _bad(f"'{path}' {exc}; give a complete .darshan log with DXT_POSIX traces") from None
     if "DXT_POSIX" not in report.modules:
         raise _bad(f"'{path}' has no DXT_POSIX traces; record the run with DARSHAN_MOD_ENABLE=DXT_POSIX "
                    "(darshan-runtime) or trace.darshan=true (dlio_ckpt)")
@@ -106,11 +115,11 @@ def _relative_paths(originals: list[str]) -> list[str]:
         common = ""
     out = []
     for path in originals:
-        rel = os.path.relpath(path, common) if common else path.lstrip("/")
-        rel = os.path.normpath(rel).lstrip("/")
-        if rel.startswith(".."):
-            rel = path.lstrip("/")
-        out.append(rel)
+        rel = os.path.relpath(path, common) if common else path
+        # After normpath a '..' can only lead; dropping the leading ones keeps every replayed file
+        # under storage.root/replay/<stem>/ whatever names the log holds.
+        parts = [p for p in os.path.normpath(rel).split(os.sep) if p not in ("", ".", "..")]
+        out.append(os.path.join(*parts) if parts else os.path.basename(path) or "file")
     return out
 
 
@@ -118,7 +127,10 @@ def load_replay_plan(path: str | Path) -> ReplayPlan:
     """Read the log's DXT_POSIX records into a ReplayPlan (ConfigError naming replay.log on bad input)."""
     path = str(path)
     report = _open_report(path)
-    report.mod_read_all_dxt_records("DXT_POSIX", dtype="pandas")
+    from dlio_ckpt.trace.darshan_input import captured_c_stderr
+
+    with captured_c_stderr():  # libdarshan's messages; a checked log has no errors left to report
+        report.mod_read_all_dxt_records("DXT_POSIX", dtype="pandas")
     names: dict[int, str] = dict(report.name_records)
     nprocs = int(report.metadata["job"]["nprocs"])
     file_index: dict[str, int] = {}
