@@ -26,6 +26,8 @@ _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "-
 _MULTIRUN_FLAGS = {"--multirun", "-m"}
 # Info flags that show the composed config: its overrides are checked first, as for a run.
 _SHOWS_CONFIG = {"--cfg", "-c", "--info", "-i", "--resolve"}
+# Prints the workload library, one line per workload, and exits: no MPI, no Hydra, no run folder.
+LIST_WORKLOADS_FLAG = "--list-workloads"
 # Left in a run folder that a run has claimed, so a second run given the same folder is refused.
 RUN_CLAIM = ".dlio_ckpt_run"
 _RUN_OUTPUTS = (RUN_CLAIM, "summary.json", "plan.json", "sweep_summary.csv", "events")
@@ -132,6 +134,18 @@ def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool)
     return key, folder, token
 
 
+def list_workloads() -> None:
+    """`--list-workloads`: print one line per shipped workload (name, description, source); no run folder."""
+    from dlio_ckpt.config.catalogue import format_catalogue, workload_catalogue
+    from dlio_ckpt.config.load import workloads_dir
+
+    try:
+        print(format_catalogue(workload_catalogue(workloads_dir())), flush=True)
+    except UserError as exc:
+        print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE) from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The command; Ctrl-C before or after the job (start-up, sweep table) also ends in one line, exit 130."""
     try:
@@ -144,14 +158,27 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _main(argv: Sequence[str] | None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if LIST_WORKLOADS_FLAG in arguments:
+        list_workloads()
+        return
     flags, overrides, multirun, info = split_command_line(arguments)
     from dlio_ckpt.config.load import register_workloads
 
+    from dlio_ckpt.config.workload_files import config_dirs_in, resolve
+
     try:
         register_workloads()
+        # workload=PATH, --config-dir DIR and dlio_config=PATH join the workload group; the
+        # command line then names them as it names a shipped workload.
+        config_dirs, flags = config_dirs_in(flags)
+        overrides, warnings = resolve(overrides, config_dirs)
     except UserError as exc:
-        print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
+        if os.environ.get("PMI_RANK", "0") == "0":
+            print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT_CODE) from None
+    if os.environ.get("PMI_RANK", "0") == "0":
+        for warning in warnings:
+            print(f"dlio_ckpt: warning: {warning}", file=sys.stderr, flush=True)
     if info:
         if _SHOWS_CONFIG & set(flags):
             from dlio_ckpt.config.load import validate_for_display

@@ -205,6 +205,9 @@ def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = Non
         raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}") from None
     data.pop("hydra", None)
     data["run_dir"] = run_dir
+    from dlio_ckpt.config.accelerators import apply_accelerator
+
+    apply_accelerator(data, explicit)
     config = build(RunConfig, data)
     check_registered_names(config)
     config = apply_scale(config, explicit)
@@ -214,6 +217,10 @@ def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = Non
 
 def load_config(overrides: Sequence[str] = (), run_dir: str | None = None) -> RunConfig:
     """The RunConfig for a list of command-line overrides, as the CLI would build it."""
+    from dlio_ckpt.config.workload_files import resolve
+
+    register_workloads()
+    overrides, _ = resolve(overrides)
     check_override_keys(overrides)
     return to_run_config(compose(overrides), explicit_keys(overrides), run_dir)
 

@@ -94,9 +94,9 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
 
     events = ctx.recorder.array()  # once: a long run holds millions of events
     local["io"] = summaries.rank_io(events)
-    local["peak_rss_bytes"] = peak_rss_bytes()
     if config.trace.events or config.trace.darshan or config.trace.chrome:
         ctx.recorder.save(run_dir / "events", local["hostname"], events)
+    local["peak_rss_bytes"] = peak_rss_bytes()  # after the event file: saving it can be the peak
     everyone = world.gather(local)
     world.barrier()
     if not world.is_root:
@@ -117,8 +117,10 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
         summary["replay"] = everyone[0]["replay"]  # run_replay already reduced over ranks
     summary["io"] = summaries.io_section(everyone)
     summary["ranks"] = summaries.rank_rows(everyone)
-    summary["peak_rss_bytes_max"] = max(r["peak_rss_bytes"] for r in everyone)
     summary["traces"] = _write_traces(ctx, everyone, darshan_runtime)
+    # Rank 0 writes the traces after the gather; its peak is taken again once they are written.
+    summary["ranks"][0]["peak_rss_bytes"] = max(summary["ranks"][0]["peak_rss_bytes"], peak_rss_bytes())
+    summary["peak_rss_bytes_max"] = max(r["peak_rss_bytes"] for r in summary["ranks"])
     summary["warnings"] = warnings
     summaries.write_summary(run_dir, summary)
     print_report(summary, config.progress)

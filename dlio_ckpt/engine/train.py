@@ -3,17 +3,22 @@
 Accelerator utilisation follows DLIO so figures compare: the loop is cut into blocks at epoch
 starts and after checkpoints; in each block the first step is left out (it carries the pipeline
 warm-up), and AU = compute time / wall time of the rest. Checkpoint time lies outside blocks.
+With one or two steps per block that figure says little (the steps that waited for data are the
+ones left out), so the loop also keeps where the whole training wall time went: waiting for
+data, computing, and checkpointing (the time training was blocked). Evaluation is timed apart
+and is not part of the training wall time.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 from dlio_ckpt.engine.compute import ComputeModel
 from dlio_ckpt.engine.context import RunContext
-from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader
+from dlio_ckpt.engine.readers import Batch, NativeReader, TensorFlowReader
 from dlio_ckpt.formats.base import DatasetFormat, FormatOptions
 from dlio_ckpt.metrics.progress import Progress
 from dlio_ckpt.plan.dataset import DatasetPlan
@@ -26,6 +31,8 @@ class AuBlocks:
 
     compute_s: float = 0.0
     wall_s: float = 0.0
+    blocks: int = 0  # blocks with at least one step
+    steps: int = 0  # steps in them, first steps included
     _block_steps: int = 0
 
     def start_block(self) -> None:
@@ -33,7 +40,10 @@ class AuBlocks:
 
     def step(self, wall_s: float, compute_s: float) -> None:
         self._block_steps += 1
-        if self._block_steps > 1:
+        self.steps += 1
+        if self._block_steps == 1:
+            self.blocks += 1
+        else:
             self.compute_s += compute_s
             self.wall_s += wall_s
 
@@ -49,11 +59,30 @@ class TrainResult:
     samples: int = 0
     payload_bytes: int = 0
     compute_s: float = 0.0
-    wall_s: float = 0.0
+    data_wait_s: float = 0.0  # blocked waiting for the next batch
+    wall_s: float = 0.0  # the training loop, evaluation excluded
     eval_samples: int = 0
     eval_wall_s: float = 0.0
     au_blocks: AuBlocks = field(default_factory=AuBlocks)
-    checkpoint_s: float = 0.0
+    checkpoint_s: float = 0.0  # blocked in checkpoint saves (and the final wait for async ones)
+
+
+def _waiting_for(batches: Iterable[Batch], result: TrainResult) -> Iterator[Batch]:
+    """The batches, adding the time spent waiting for each to `result.data_wait_s`."""
+    iterator = iter(batches)
+    try:
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            result.data_wait_s += time.perf_counter() - start
+            yield batch
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()  # a reader records or releases what it holds now, not when collected
 
 
 def make_reader(ctx: RunContext, storage: Any, fmt: DatasetFormat, options: FormatOptions, files: Any) -> Any:
@@ -82,22 +111,23 @@ def run_training(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options
                 plan.train, config.reader, world.rank, world.size, epoch, fmt.sequential, whole_files=whole_files)
             result.au_blocks.start_block()
             step_start = time.perf_counter()
-            for batch in train_reader.batches(epoch_plan):
-                seconds = compute.run()
-                result.steps += 1
-                result.samples += batch.samples
-                result.payload_bytes += batch.payload_bytes
-                result.compute_s += seconds
-                now = time.perf_counter()
-                result.au_blocks.step(now - step_start, seconds)
-                progress.advance()
-                if checkpoints.due(result.steps, epoch, False):
-                    result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
-                    result.au_blocks.start_block()
-                if config.train.total_steps and result.steps >= config.train.total_steps:
-                    done = True
-                    break
-                step_start = time.perf_counter()
+            with closing(_waiting_for(train_reader.batches(epoch_plan), result)) as batches:
+                for batch in batches:
+                    seconds = compute.run()
+                    result.steps += 1
+                    result.samples += batch.samples
+                    result.payload_bytes += batch.payload_bytes
+                    result.compute_s += seconds
+                    now = time.perf_counter()
+                    result.au_blocks.step(now - step_start, seconds)
+                    progress.advance()
+                    if checkpoints.due(result.steps, epoch, False):
+                        result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
+                        result.au_blocks.start_block()
+                    if config.train.total_steps and result.steps >= config.train.total_steps:
+                        done = True
+                        break
+                    step_start = time.perf_counter()
             result.epochs = epoch
             if config.evaluation.enabled and epoch % config.evaluation.epochs_between_evals == 0:
                 _evaluate(ctx, plan, fmt, options, epoch, result)
@@ -105,10 +135,12 @@ def run_training(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options
                 result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
             if done:
                 break
-        checkpoints.finish()
+        finish = time.perf_counter()
+        checkpoints.finish()  # waits for checkpoints still in flight: training is blocked until then
+        result.checkpoint_s += time.perf_counter() - finish
     finally:
         progress.close()
-    result.wall_s = time.perf_counter() - start
+    result.wall_s = time.perf_counter() - start - result.eval_wall_s
     return result
 
 
@@ -127,7 +159,8 @@ def _evaluate(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: F
     compute = ComputeModel(config.evaluation.computation_time, 0.0, "fixed", 0)
     reader = make_reader(ctx, ctx.storage.with_phase("eval"), fmt, options, plan.eval)
     start = time.perf_counter()
-    for batch in reader.batches(eval_plan):
-        compute.run()
-        result.eval_samples += batch.samples
+    with closing(reader.batches(eval_plan)) as batches:
+        for batch in batches:
+            compute.run()
+            result.eval_samples += batch.samples
     result.eval_wall_s += time.perf_counter() - start

@@ -1,32 +1,62 @@
-"""The short human table rank 0 prints at the end of a run."""
+"""The short human table rank 0 prints at the end of a run, and leaves in the run's log file."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
+
+from dlio_ckpt.metrics.utilisation import FEW_STEPS_PER_BLOCK
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
 
 
+def plural(count: int, noun: str) -> str:
+    """`1 rank`, `2 ranks`."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None) -> list[tuple[str, str]]:
+    wall = f"{train['wall_s']:.2f} s" + (f" (+ evaluation {evaluation['wall_s']:.2f} s)" if evaluation else "")
+    rate = train["read_mib_per_s"]
+    rate_text = (": no read time was measured, so no rate" if rate is None
+                 else f" at {rate:.1f} MiB/s (bytes from storage / slowest rank's read time)")
+    shares = train["time_shares"]
+    dlio = f"{train['au']:.3f} DLIO blocks"
+    if train["au_method"] != "dlio_blocks":
+        dlio = f"{train['au']:.3f} (compute / wall: no DLIO block had a second step)"
+    elif train["au_steps_per_block"] <= FEW_STEPS_PER_BLOCK:
+        dlio += (f" ({train['au_steps_per_block']:.1f} steps per block: it leaves out the first step of each block, "
+                 "and with it most of the waiting for data)")
+    verdict = {"met": "met", "not met": "NOT met"}.get(train["au_verdict"], train["au_verdict"])
+    return [
+        ("train", f"{plural(train['epochs'], 'epoch')}, {plural(train['steps'], 'step')}, "
+                  f"{plural(train['samples'], 'sample')} in {wall}"),
+        ("samples/s", f"{train['samples_per_s']:.1f}"),
+        ("read", f"{train['bytes_read'] / MIB:.1f} MiB read{rate_text}"),
+        ("time", f"reading (waiting for data) {shares['reading']:.1%}, computing {shares['computing']:.1%}, "
+                 f"checkpointing {shares['checkpointing']:.1%}, other {shares['other']:.1%} of the training wall time"),
+        ("AU", f"{train['au_overall']:.3f} over the whole run (au_overall); {dlio}"),
+        ("AU target", f"{train['au_target']:.2f}: {verdict}: {train['au_verdict_reason']}"),
+    ]
+
+
 def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    rows: list[tuple[str, str]] = [("workload", f"{summary['workload']} ({summary['mode']}, {summary['world_size']} ranks)")]
+    rows: list[tuple[str, str]] = [("workload", f"{summary['workload']} ({summary['mode']}, {plural(summary['world_size'], 'rank')})")]
     dataset = summary.get("dataset")
     if dataset:
         state = "reused" if dataset["reused"] else f"generated in {dataset['generate_s']:.2f} s"
-        rows.append(("dataset", f"{dataset['files_train']} {dataset['format']} files, {dataset['bytes_on_disk'] / MIB:.1f} MiB, {state}"))
+        rows.append(("dataset", f"{plural(dataset['files_train'], dataset['format'] + ' file')}, "
+                                f"{dataset['bytes_on_disk'] / MIB:.1f} MiB, {state}"))
     train = summary.get("train")
     if train:
-        rows += [
-            ("train", f"{train['epochs']} epochs, {train['steps']} steps, {train['samples']} samples in {train['wall_s']:.2f} s"),
-            ("samples/s", f"{train['samples_per_s']:.1f}"),
-            ("read", f"{train['bytes_read'] / MIB:.1f} MiB read at {train['read_mib_per_s']:.1f} MiB/s (bytes from storage / slowest rank's read time)"),
-            ("AU", f"{train['au']:.3f} (target {train['au_target']:.2f}: {'met' if train['au_target_met'] else 'NOT met'})"),
-        ]
+        rows += _train_rows(train, summary.get("eval"))
     ckpt = summary.get("checkpoint")
     if ckpt and ckpt.get("writes"):
-        rows.append(("checkpoint", f"{ckpt['writes']} writes of {ckpt['bytes'] / GIB:.3f} GiB, slowest rank {ckpt['write_s_max']:.3f} s, "
-                                   f"{ckpt['write_gib_per_s']:.3f} GiB/s"))
+        verify = f", checksum read-back {ckpt['verify_s_max']:.3f} s apart" if ckpt.get("verify_s_max") else ""
+        rows.append(("checkpoint", f"{plural(ckpt['writes'], 'write')} of {ckpt['bytes'] / GIB:.3f} GiB, slowest rank "
+                                   f"{ckpt['write_s_max']:.3f} s, {ckpt['write_gib_per_s']:.3f} GiB/s{verify}"))
         if ckpt.get("restore_verified") is not None and ckpt.get("restore_s_max") is not None:
             rows.append(("restore", f"{ckpt['restore_s_max']:.3f} s, {ckpt.get('restore_gib_per_s', 0):.3f} GiB/s, verified: {ckpt['restore_verified']}"))
     replay = summary.get("replay")
@@ -38,8 +68,24 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def plain_table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{key:<{width}}  {value}" for key, value in rows)
+
+
+def log_report(text: str) -> None:
+    """Put the report in the run's log file (Hydra's file handler on the root logger), and only
+    there: the console already has it."""
+    record = logging.LogRecord("dlio_ckpt", logging.INFO, __file__, 0, "summary\n%s", (text,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 def print_report(summary: dict[str, Any], fancy: bool = True) -> None:
     rows = headline_rows(summary)
+    text = plain_table(rows)
+    log_report(text)
     if fancy and sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
@@ -51,7 +97,5 @@ def print_report(summary: dict[str, Any], fancy: bool = True) -> None:
             table.add_row(key, value)
         Console().print(table)
         return
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
+    print(text)
     sys.stdout.flush()

@@ -14,16 +14,22 @@ from typing import Any
 import numpy as np
 
 from dlio_ckpt import __version__
+from dlio_ckpt.metrics import utilisation
 from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.storage.events import totals_by_phase
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: figures redefined by issue 7 (docs/summary-schema.md)
 MIB = float(1 << 20)
 GIB = float(1 << 30)
 
 
 def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else 0.0
+
+
+def _rate_or_none(nbytes: float, seconds: float) -> float | None:
+    """MiB/s, or None when no time was measured (a rate of 0 would claim the storage was idle)."""
+    return nbytes / seconds / MIB if seconds > 0 else None
 
 
 def _phase(rank: dict[str, Any], phase: str, figure: str) -> float:
@@ -75,6 +81,7 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
         _ratio(r["au_compute_s"], r["au_wall_s"]) if measurable else _ratio(r["compute_s"], r["train_wall_s"]) for r in ranks
     ]
     au = sum(au_per_rank) / len(au_per_rank)
+    au_overall = sum(_ratio(r["compute_s"], r["train_wall_s"]) for r in ranks) / len(ranks)
     # DLIO's throughput: per rank samples / wall without checkpoint time, summed; its "I/O MB/s"
     # multiplies that by the nominal record length.
     dlio_samples_per_s = sum(_ratio(r["samples"], r["train_wall_s"] - r["checkpoint_s"]) for r in ranks)
@@ -87,16 +94,20 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
         "bytes_read": int(bytes_read),
         "reads": int(sum(_phase(r, "train", "reads") for r in ranks)),
         "read_s_max": read_s_max,
-        "read_mib_per_s": _ratio(bytes_read, read_s_max) / MIB,
+        "read_mib_per_s": _rate_or_none(bytes_read, read_s_max),
         "payload_bytes": int(sum(r["payload_bytes"] for r in ranks)),
         "wall_s": wall_s,
         "compute_s": max(r["compute_s"] for r in ranks),
+        "data_wait_s": max(r["data_wait_s"] for r in ranks),
+        "time_shares": utilisation.time_shares(ranks),
         "au": au,
         "au_per_rank": au_per_rank,
         "au_method": "dlio_blocks" if measurable else "compute_over_wall",
-        "au_overall": sum(_ratio(r["compute_s"], r["train_wall_s"]) for r in ranks) / len(ranks),
+        "au_blocks": sum(r["au_blocks"] for r in ranks),
+        "au_steps_per_block": utilisation.steps_per_block(ranks),
+        "au_overall": au_overall,
         "au_target": config.metric.au,
-        "au_target_met": au >= config.metric.au,
+        **utilisation.au_verdict(au_overall, config.metric.au, min(r["steps"] for r in ranks)),
         "dlio_samples_per_s": dlio_samples_per_s,
         "dlio_io_mib_per_s_nominal": dlio_samples_per_s * config.dataset.record_length_bytes / MIB,
         "checkpoint_s_in_loop": max(r["checkpoint_s"] for r in ranks),
@@ -109,7 +120,7 @@ def eval_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "samples": sum(r["eval_samples"] for r in ranks),
         "bytes_read": int(bytes_read),
         "wall_s": max(r["eval_wall_s"] for r in ranks),
-        "read_mib_per_s": _ratio(bytes_read, max(_phase(r, "eval", "read_s") for r in ranks)) / MIB,
+        "read_mib_per_s": _rate_or_none(bytes_read, max(_phase(r, "eval", "read_s") for r in ranks)),
     }
 
 
@@ -128,7 +139,8 @@ def rank_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         if "train" in rank:
             row.update(samples=rank["samples"], steps=rank["steps"], train_bytes_read=int(_phase(rank, "train", "bytes_read")),
-                       train_read_s=_phase(rank, "train", "read_s"))
+                       train_read_s=_phase(rank, "train", "read_s"), train_wall_s=rank["train_wall_s"],
+                       data_wait_s=rank["data_wait_s"])
         rows.append(row)
     return rows
 

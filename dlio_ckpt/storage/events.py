@@ -59,6 +59,10 @@ class JobClock:
     def now(self) -> float:
         return (time.perf_counter() - self.perf_origin) + (self.wall_origin - self.job_start_wall)
 
+    def from_wall(self, wall: float) -> float:
+        """A wall-clock time (`time.time()`, as other libraries stamp events) on this clock."""
+        return wall - self.job_start_wall
+
 
 @dataclass
 class EventRecorder:
