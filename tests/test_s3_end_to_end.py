@@ -152,3 +152,11 @@ def test_a_write_refused_mid_run_fails_in_one_line_per_rank(workdir, monkeypatch
     assert all("s3://no-writes/e2e/data/unet3d/" in line and "access denied" in line for line in errors), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert objects == 0
+
+
+def test_a_darshan_log_is_refused_on_s3(workdir, s3_server, s3_bucket):
+    """Darshan has no S3 module: a log would claim POSIX calls on local files that never existed."""
+    done = run_cli(TINY_CKPT + [*s3_args(s3_server, s3_bucket, workdir / "store"), "trace.darshan=true",
+                                f"hydra.run.dir={workdir / 'run'}"], workdir / "cwd")
+    assert done.returncode == 2 and "trace.darshan=true" in done.stderr and "no S3 module" in done.stderr
+    assert not (workdir / "run").exists() and s3_server.client().list_objects_v2(Bucket=s3_bucket)["KeyCount"] == 0

@@ -170,3 +170,21 @@ def test_check_wrong_credentials_and_access_denied(auth_server, monkeypatch):
         monkeypatch.setenv(name, value)
     with pytest.raises(UserError, match=rf"access denied \(AccessDenied\) \(endpoint {server.endpoint_url}, bucket guarded\)"):
         backend.check()
+
+
+def test_fsync_completes_the_upload_and_abort_after_it_deletes(s3_server, s3_bucket):
+    """fsync is where an S3 write becomes durable (the upload completes), so its time is the write's."""
+    backend = storage(s3_server, s3_bucket)
+    handle = backend.open_staged(f"{ROOT}/ckpt/a.bin")
+    handle.write(b"a" * (PART + 10))
+    handle.fsync()
+    assert server_objects(s3_server, s3_bucket) == {"runs/p/ckpt/a.bin": PART + 10}
+    with pytest.raises(ValueError, match="already complete"):
+        handle.write(b"more")
+    handle.close()
+    assert server_objects(s3_server, s3_bucket) == {"runs/p/ckpt/a.bin": PART + 10}
+    late = backend.open_staged(f"{ROOT}/ckpt/b.bin")
+    late.write(b"b" * 10)
+    late.fsync()
+    late.abort()
+    assert server_objects(s3_server, s3_bucket) == {"runs/p/ckpt/a.bin": PART + 10}

@@ -47,6 +47,11 @@ def storage_needs(config: Any) -> list[tuple[str, frozenset[str]]]:
         needs.append(("storage.drop_caches=true (drops the local page cache)", frozenset({"local_paths"})))
     if config.checkpoint.drop_caches and config.mode == "checkpoint":
         needs.append(("checkpoint.drop_caches=true (drops the local page cache)", frozenset({"local_paths"})))
+    if config.trace.darshan:
+        # Darshan has POSIX, MPI-IO and STDIO modules but none for S3: a log of an S3 run would
+        # claim POSIX calls on local files that never existed (docs/darshan.md, docs/s3.md).
+        needs.append(("trace.darshan=true (Darshan records local files; it has no S3 module: use trace.chrome and events/)",
+                      frozenset({"local_paths"})))
     if config.workload == "replay":
         # Darshan calls are replayed at their logged offsets, several ranks into one file, after
         # setting each written file's length: in-place writes only a seekable file offers.

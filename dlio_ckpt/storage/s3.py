@@ -194,6 +194,7 @@ class S3WriteFile(io.RawIOBase):
         self._parts: queue.Queue | None = None
         self._uploader: threading.Thread | None = None
         self._upload_error: BaseException | None = None
+        self._published = False
         self.last_moved = 0
 
     def readable(self) -> bool:
@@ -221,8 +222,8 @@ class S3WriteFile(io.RawIOBase):
         return target
 
     def write(self, data) -> int:
-        if self.closed:
-            raise ValueError(f"write to closed {self._uri}")
+        if self.closed or self._published:
+            raise ValueError(f"write to {self._uri}, which is already complete (closed or fsynced)")
         view = memoryview(data).cast("B")
         self._buffer += view
         while len(self._buffer) >= self._part_size:
@@ -236,7 +237,11 @@ class S3WriteFile(io.RawIOBase):
         """Parts leave as they fill; the object appears on close()."""
 
     def fsync(self) -> None:
-        """No per-object durability call on S3: the object is durable once close() returns."""
+        """Complete the upload now. S3 has no durability call apart from completing an object, so
+        this is where a write becomes durable, and the transfer's tail is timed as the fsync, as
+        the write-back is on POSIX; the object is then published, later writes are refused and
+        close() only releases the handle (the checkpoint manifest, written last, stays the commit)."""
+        self._publish()
 
     def _queue_part(self, item) -> None:
         """Hand a part (or _END/_ABORT) to the uploader; blocks while `concurrency` parts wait."""
@@ -278,9 +283,9 @@ class S3WriteFile(io.RawIOBase):
         except BaseException as exc:  # reported by the writing thread, which owns the handle
             self._upload_error = exc
 
-    def close(self) -> None:
-        """Publish: one PUT for a small object, else the last part and CompleteMultipartUpload."""
-        if self.closed:
+    def _publish(self) -> None:
+        """One PUT for a small object, else the last part and CompleteMultipartUpload."""
+        if self._published:
             return
         try:
             if self._uploader is None:
@@ -300,13 +305,27 @@ class S3WriteFile(io.RawIOBase):
             raise
         finally:
             self._buffer = bytearray()
+        self._published = True
+
+    def close(self) -> None:
+        """Publish (unless fsync already did) and release the handle."""
+        if self.closed:
+            return
+        self._publish()
         super().close()
 
     def abort(self) -> None:
-        """Discard: the multipart upload (if one started) is aborted and nothing appears."""
+        """Discard: the multipart upload (if one started) is aborted and nothing appears; an
+        object that fsync already published is deleted."""
         if self.closed:
             return
-        self._discard()
+        if self._published:
+            try:
+                obstore.delete(self._store, self._key)
+            except Exception:
+                pass  # best effort: without the manifest, a checkpoint's files are never trusted
+        else:
+            self._discard()
         super().close()
 
     def _discard(self) -> None:
