@@ -434,11 +434,14 @@ def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
                                                                 computation_time=scale.max_computation_time))
 
     model = config.model
-    if scale.max_model_bytes and "model.model_size_bytes" not in explicit and model.model_size_bytes > scale.max_model_bytes:
-        ratio = scale.max_model_bytes / model.model_size_bytes
+    explicit_bytes = explicit_checkpoint_bytes(model)
+    if scale.max_model_bytes and "model.model_size_bytes" not in explicit and explicit_bytes > scale.max_model_bytes:
+        # The whole checkpoint (blob, layers, optimizer state) shrinks by one factor, as a
+        # transformer's does in its model plan, so a layered model is capped too.
+        ratio = scale.max_model_bytes / explicit_bytes
         model = dataclasses.replace(
             model,
-            model_size_bytes=scale.max_model_bytes,
+            model_size_bytes=round(model.model_size_bytes * ratio),
             optimization_groups=[int(v * ratio) for v in model.optimization_groups],
             layer_parameters=[int(v * ratio) for v in model.layer_parameters],
         )
@@ -454,6 +457,15 @@ def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
 
     return dataclasses.replace(config, dataset=dataset, train=train, reader=reader, evaluation=evaluation,
                                model=model, checkpoint=checkpoint)
+
+
+def explicit_checkpoint_bytes(model: Any) -> int:
+    """Bytes an explicit model's checkpoint holds: the blob, the layer tensors, the optimizer state."""
+    if model.kind != "explicit":
+        return 0
+    layers = sum(model.layer_parameters) * model.model_dtype_bytes
+    optimizer = sum(model.optimization_groups) * model.optimizer_states * model.optimizer_dtype_bytes
+    return model.model_size_bytes + layers + optimizer
 
 
 def check_consistency(config: RunConfig) -> None:
