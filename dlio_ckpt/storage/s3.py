@@ -225,11 +225,14 @@ class S3WriteFile(io.RawIOBase):
         if self.closed or self._published:
             raise ValueError(f"write to {self._uri}, which is already complete (closed or fsynced)")
         view = memoryview(data).cast("B")
-        self._buffer += view
-        while len(self._buffer) >= self._part_size:
-            part = bytes(self._buffer[: self._part_size])
-            del self._buffer[: self._part_size]
-            self._queue_part(part)
+        done = 0
+        while done < len(view):  # one copy: into the part being filled, which is then handed over whole
+            take = min(self._part_size - len(self._buffer), len(view) - done)
+            self._buffer += view[done : done + take]
+            done += take
+            if len(self._buffer) == self._part_size:
+                part, self._buffer = self._buffer, bytearray()
+                self._queue_part(part)
         self._written += len(view)
         return len(view)
 
@@ -290,12 +293,12 @@ class S3WriteFile(io.RawIOBase):
         try:
             if self._uploader is None:
                 try:
-                    obstore.put(self._store, self._key, bytes(self._buffer), use_multipart=False)
+                    obstore.put(self._store, self._key, self._buffer, use_multipart=False)
                 except Exception as exc:
                     raise _object_error(exc, self._uri, "upload") from None
             else:
                 if self._buffer:
-                    self._queue_part(bytes(self._buffer))
+                    self._queue_part(self._buffer)
                 self._queue_part(_END)
                 self._uploader.join()
                 if self._upload_error is not None:

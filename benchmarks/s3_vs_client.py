@@ -1,0 +1,169 @@
+"""dlio_ckpt on S3 against the client's own best bulk transfer, on the same local server, alternating.
+
+The client is obstore (chosen in benchmarks/s3_clients.py). In each round, in turn:
+- dataset read: a one-epoch `dlio_ckpt` training run (storage.backend=s3, no compute) reads the
+  dataset with `--concurrency` reader threads; then obstore issues exactly the same ranged GETs
+  (offsets and lengths taken from the run's own events) from a pool of the same size. Rate:
+  bytes / wall time from the first request's start to the last one's end.
+- checkpoint write: `dlio_ckpt mode=checkpoint` writes one 512 MiB shard (an explicit model of
+  512 MiB, one rank, storage.s3.concurrency parts in flight); then obstore's `put` uploads 512 MiB
+  from memory with the same part size and concurrency. Rate: dlio_ckpt's checkpoint write_gib_per_s
+  (open to the end of the upload) against bytes / wall of the put.
+- peak RSS of the dlio_ckpt rank while it writes the 512 MiB shard (summary.json
+  checkpoint.peak_rss_bytes_max; target < 1 GiB: parts are streamed, the shard is never held).
+
+moto is a Python server: the absolute rates are the server's; the ratio is what this measures.
+The machine is shared, so medians and the spread over rounds are printed.
+
+    .venv/bin/python benchmarks/s3_vs_client.py [--rounds 3] [--concurrency 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from s3_server import TEST_REGION, S3Server, credential_env  # noqa: E402
+
+MiB = 1 << 20
+BUCKET = "bench-vs-client"
+PART = 16 * MiB
+SHARD = 512 * MiB
+BIN = Path(sys.executable).parent
+
+
+def s3_options(server: S3Server, root: str, concurrency: int) -> list[str]:
+    return ["storage.backend=s3", f"storage.s3.bucket={BUCKET}", f"storage.s3.endpoint_url={server.endpoint_url}",
+            "storage.s3.prefix=bench", f"storage.s3.part_size={PART // MiB}MiB", f"storage.s3.concurrency={concurrency}",
+            f"storage.root={root}", "progress=false"]
+
+
+DATASET = ["workload=unet3d", "dataset.format=raw", "dataset.num_files_train=16", "dataset.num_samples_per_file=4",
+           "dataset.record_length_bytes=2MiB", "dataset.record_length_bytes_stdev=0", "dataset.num_subfolders_train=0"]
+
+
+def dlio(args: list[str], run_dir: Path) -> dict:
+    done = subprocess.run([str(BIN / "dlio_ckpt"), *args, f"hydra.run.dir={run_dir}"], capture_output=True, text=True,
+                          cwd=run_dir.parent, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"dlio_ckpt failed: {done.stderr[-2000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def train_reads(run_dir: Path) -> tuple[list[tuple[str, int, int]], float, int]:
+    """(path, offset, length) of every training read, their wall span, and their bytes."""
+    with np.load(run_dir / "events" / "rank-00000.npz") as data:
+        events, paths = data["events"], [str(p) for p in data["paths"]]
+        phases = json.loads(str(data["meta"]))["phases"]
+    reads = events[(events["phase"] == phases.index("train")) & (events["op"] == 2) & (events["length"] > 0)]
+    span = float(reads["end"].max() - reads["start"].min())
+    return [(paths[e["file"]], int(e["offset"]), int(e["length"])) for e in reads], span, int(reads["length"].sum())
+
+
+def client_read(store, requests: list[tuple[str, int, int]], key_of, concurrency: int) -> float:
+    import obstore
+
+    def one(request):
+        path, offset, length = request
+        return len(obstore.get_range(store, key_of(path), start=offset, length=length))
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        moved = sum(pool.map(one, requests))
+    return moved / MiB / (time.perf_counter() - start)
+
+
+def client_write(store, payload: bytes, concurrency: int) -> float:
+    import obstore
+
+    start = time.perf_counter()
+    obstore.put(store, "bench/client/shard.bin", payload, chunk_size=PART, max_concurrency=concurrency)
+    seconds = time.perf_counter() - start
+    obstore.delete(store, "bench/client/shard.bin")
+    return SHARD / MiB / seconds
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "samples": values}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "s3_vs_client.json"))
+    args = parser.parse_args()
+    c = args.concurrency
+
+    with tempfile.TemporaryDirectory() as scratch, S3Server() as server:
+        os.environ.update(credential_env(server.endpoint_url))
+        server.client().create_bucket(Bucket=BUCKET)
+        from obstore.store import S3Store
+
+        store = S3Store(BUCKET, endpoint=server.endpoint_url, region=TEST_REGION, virtual_hosted_style_request=False,
+                        client_options={"allow_http": True})
+        root = f"{scratch}/root"
+        key_of = lambda path: "bench/" + os.path.relpath(path, root)  # noqa: E731 (the backend's mapping)
+        options = s3_options(server, root, c)
+        dlio(DATASET + options + ["mode=generate"], Path(scratch) / "generate")
+        payload = os.urandom(SHARD)
+        read_dlio, read_client, write_dlio, write_client, rss = [], [], [], [], []
+        for round_index in range(args.rounds):
+            run = Path(scratch) / f"read-{round_index}"
+            dlio(DATASET + options + ["train.epochs=1", "checkpoint.enabled=false", f"reader.read_threads={c}",
+                                      "reader.prefetch_size=4"], run)
+            requests, span, moved = train_reads(run)
+            read_dlio.append(moved / MiB / span)
+            read_client.append(client_read(store, requests, key_of, c))
+
+            run = Path(scratch) / f"write-{round_index}"
+            summary = dlio(options + ["mode=checkpoint", "model.kind=explicit", f"model.model_size_bytes={SHARD // MiB}MiB",
+                                      "checkpoint.num_checkpoints_write=1", "checkpoint.num_checkpoints_read=0",
+                                      "checkpoint.checksum=none"], run)
+            write_dlio.append(summary["checkpoint"]["write_gib_per_s"] * 1024)
+            rss.append(summary["checkpoint"]["peak_rss_bytes_max"] / MiB)
+            for page in server.client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="bench/checkpoints/"):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+                if keys:
+                    server.client().delete_objects(Bucket=BUCKET, Delete={"Objects": keys})
+            write_client.append(client_write(store, payload, c))
+            print(f"round {round_index + 1}/{args.rounds}: read {read_dlio[-1]:.0f} vs {read_client[-1]:.0f} MiB/s, "
+                  f"write {write_dlio[-1]:.0f} vs {write_client[-1]:.0f} MiB/s, peak RSS {rss[-1]:.0f} MiB", file=sys.stderr)
+
+    result = {
+        "what": "dlio_ckpt (storage.backend=s3) against obstore's own bulk transfer on moto (benchmarks/s3_vs_client.py)",
+        "machine": f"{platform.node()}, {os.cpu_count()} CPUs, shared with other jobs (noisy); moto is a Python server",
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip(),
+        "concurrency": c,
+        "part_size": PART,
+        "dataset": DATASET,
+        "read_mib_s": {"dlio_ckpt": spread(read_dlio), "obstore": spread(read_client)},
+        "write_mib_s": {"dlio_ckpt": spread(write_dlio), "obstore": spread(write_client)},
+        "read_ratio_median": statistics.median(a / b for a, b in zip(read_dlio, read_client)),
+        "write_ratio_median": statistics.median(a / b for a, b in zip(write_dlio, write_client)),
+        "peak_rss_mib_writing_512mib_shard": spread(rss),
+    }
+    print(f"dataset read     dlio_ckpt {result['read_mib_s']['dlio_ckpt']['median']:.0f} MiB/s, obstore "
+          f"{result['read_mib_s']['obstore']['median']:.0f} MiB/s, ratio {result['read_ratio_median']:.2f} (target >= 0.9)")
+    print(f"checkpoint write dlio_ckpt {result['write_mib_s']['dlio_ckpt']['median']:.0f} MiB/s, obstore "
+          f"{result['write_mib_s']['obstore']['median']:.0f} MiB/s, ratio {result['write_ratio_median']:.2f} (target >= 0.9)")
+    print(f"peak RSS while writing a 512 MiB shard: {max(rss):.0f} MiB (target < 1024)")
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
