@@ -30,6 +30,7 @@ from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError, CorruptCheckpoint, RunFailure, storage_failure
 from dlio_ckpt.faults import fault_point
+from dlio_ckpt.metrics.report import plural
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.model import TensorSpec
 
@@ -327,10 +328,11 @@ class CheckpointEngineImpl:
                 skipped.append(f"{name}: {all_problems[0]}{more}")
                 continue
             verified = manifest["checksum"] != "none"
-            message = (f"restored {name} (step {candidate}) verified: {manifest['checksum']} and size of {len(manifest['files'])} files"
+            listed = plural(len(manifest["files"]), "file")
+            message = (f"restored {name} (step {candidate}) verified: {manifest['checksum']} and size of {listed}"
                        if verified else
                        f"restored {name} (step {candidate}) unverified: written with checkpoint.checksum=none, "
-                       f"only the sizes of {len(manifest['files'])} files were checked")
+                       f"only sizes were checked ({listed})")
             if skipped:
                 message += "; skipped newer " + "; ".join(skipped) + " -> fell back to the previous complete checkpoint"
                 self._warn(message)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.metrics.report import log_report, plain_table, plural
 from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
 
 GIB = float(1 << 30)
@@ -75,14 +76,14 @@ def _table(report: dict) -> str:
          + (" subset" if m["subset"] else "")),
         ("parameters", f"{m['parameters']:,}" if m["parameters"] else "explicit sizes"),
         ("checkpoint total", f"{c['total_gib']:.2f} GiB  (model {c['model_bytes'] / GIB:.2f} / optimizer {c['optimizer_bytes'] / GIB:.2f})"),
-        ("per rank", f"max {c['max_rank_bytes'] / GIB:.3f} GiB, min {c['min_rank_bytes'] / GIB:.3f} GiB, {c['writing_ranks']} ranks write"),
+        ("per rank", f"max {c['max_rank_bytes'] / GIB:.3f} GiB, min {c['min_rank_bytes'] / GIB:.3f} GiB, "
+                     f"{plural(c['writing_ranks'], 'rank')} write{'s' if c['writing_ranks'] == 1 else ''}"),
         ("files", f"{c['files']} ({c['data_files']} data) in layout {c['layout']}, format {c['format']}"),
     ]
     if m["scale_factor"] != 1.0:
         rows.append(("scaled from", f"{m['unscaled_total_bytes'] / GIB:.2f} GiB (factor {m['scale_factor']:.3g})"))
     rows.append(("planned in", f"{report['plan_s']:.3f} s"))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return plain_table(rows)
 
 
 def run_plan_mode(config: RunConfig, run_dir: Path) -> dict:
@@ -93,5 +94,7 @@ def run_plan_mode(config: RunConfig, run_dir: Path) -> dict:
     tmp = target.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=1))
     tmp.replace(target)
-    print(_table(report), flush=True)
+    table = _table(report)
+    log_report(table)
+    print(table, flush=True)
     return report
