@@ -146,6 +146,24 @@ def list_workloads() -> None:
         raise SystemExit(USAGE_EXIT_CODE) from None
 
 
+def print_datasize(overrides: Sequence[str], multirun: bool) -> bool:
+    """mode=datasize: print the dataset size the MLPerf rule asks for (rank 0 only); no MPI, no run folder."""
+    from dlio_ckpt.engine.datasize_mode import datasize_requested, run_datasize_mode
+
+    root = os.environ.get("PMI_RANK", "0") == "0"
+    try:
+        if not datasize_requested(overrides):
+            return False
+        lines = run_datasize_mode(overrides, multirun)
+    except UserError as exc:
+        if root:
+            print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE) from None
+    if root:
+        print("\n".join(lines), flush=True)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The command; Ctrl-C before or after the job (start-up, sweep table) also ends in one line, exit 130."""
     try:
@@ -189,6 +207,8 @@ def _main(argv: Sequence[str] | None) -> None:
                 print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
                 raise SystemExit(USAGE_EXIT_CODE) from None
         _run_hydra(flags + overrides, task=lambda cfg: None)
+        return
+    if print_datasize(overrides, multirun):
         return
     from dlio_ckpt.trace.runtime import prepare_darshan_init, prepare_darshan_runtime
 

@@ -285,11 +285,30 @@ class WorldConfig:
 
 
 @dataclass(frozen=True)
+class DatasizeConfig:
+    """mode=datasize: the MLPerf Storage sizing rule (dataset >= memory_multiple x the clients' memory)."""
+
+    client_memory_bytes: Bytes  # one client host's memory; 0 = this host's total memory
+    clients: int
+    memory_multiple: float
+    ranks: int  # reader ranks over all clients for the steps rule; 0 = one per client
+    min_steps_per_epoch: int
+    json: bool
+
+    def validate(self, key: str) -> None:
+        require(self.client_memory_bytes >= 0, f"{key}client_memory_bytes: cannot be negative (0 = this host's memory)")
+        require(self.clients >= 1, f"{key}clients: must be at least 1 (got {self.clients})")
+        require(self.memory_multiple > 0, f"{key}memory_multiple: must be positive (got {self.memory_multiple})")
+        require(self.ranks >= 0, f"{key}ranks: cannot be negative (0 = one per client)")
+        require(self.min_steps_per_epoch >= 0, f"{key}min_steps_per_epoch: cannot be negative")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     workload: str
     description: str
     source: str
-    mode: Literal["train", "plan", "generate", "checkpoint", "restore"]
+    mode: Literal["train", "plan", "generate", "checkpoint", "restore", "datasize"]
     seed: int
     progress: bool
     world: WorldConfig
@@ -305,6 +324,7 @@ class RunConfig:
     trace: TraceConfig
     replay: ReplayConfig
     scale: ScaleConfig
+    datasize: DatasizeConfig
     run_dir: Optional[str] = None
 
     def validate(self, key: str) -> None:
