@@ -61,6 +61,9 @@ def test_ranged_reads_return_exactly_the_range(s3_server, s3_bucket):
     handle.seek(len(data) - 3)
     assert handle.read() == data[-3:]
     handle.close()
+    fresh = backend.open_read(f"{ROOT}/ds/f.npz")  # size not asked for: the server clips the range
+    assert fresh.read_at(len(data) - 3, 10) == data[-3:] and fresh.last_moved == 3
+    assert fresh.read_at(len(data), 4) == b"" and fresh.read_at(len(data) + 9, 4) == b"" and fresh.last_moved == 0
 
 
 def test_abort_leaves_no_object_and_no_pending_upload(s3_server, s3_bucket):
@@ -115,8 +118,11 @@ def test_names_listing_and_removal_stay_under_the_prefix(s3_server, s3_bucket):
 
 def test_errors_name_the_object(s3_server, s3_bucket):
     backend = storage(s3_server, s3_bucket)
+    missing = backend.open_read(f"{ROOT}/ds/missing.npz")  # opening sends no request
     with pytest.raises(FileNotFoundError, match=f"s3://{s3_bucket}/runs/p/ds/missing.npz"):
-        backend.open_read(f"{ROOT}/ds/missing.npz")
+        missing.read_at(0, 10)
+    with pytest.raises(FileNotFoundError, match=f"s3://{s3_bucket}/runs/p/ds/missing.npz"):
+        missing.size()
     s3_server.client().put_object(Bucket=s3_bucket, Key="runs/p/ds/gone.npz", Body=b"x" * 100)
     handle = backend.open_read(f"{ROOT}/ds/gone.npz")
     s3_server.client().delete_object(Bucket=s3_bucket, Key="runs/p/ds/gone.npz")

@@ -6,7 +6,7 @@ of a few hundred KiB are made of. boto3 only resolves credentials, so the standa
 (environment variables, shared profile, SSO, instance role) applies exactly as in the AWS CLI.
 
 The access pattern is the POSIX reader's: every `read_at` / `read_at_into` call is one ranged GET
-of exactly the bytes asked for; the size comes from one HEAD when a handle is opened. Writes
+of exactly the bytes asked for; opening sends nothing, and the size costs one HEAD when asked for. Writes
 stream: a handle keeps at most one part in its buffer, hands full parts to a multipart upload that
 runs in a background thread with `storage.s3.concurrency` parts in flight, and blocks when that
 many are queued, so a 14 GiB shard needs (2 x concurrency + 2) parts of memory, never the shard.
@@ -55,6 +55,8 @@ S3_CAPABILITIES = Capabilities(
 _NOT_FOUND = (NotFoundError, FileNotFoundError)
 _DENIED = (PermissionDeniedError, UnauthenticatedError, PermissionError)
 
+_RANGE_PAST_END = "416 Range Not Satisfiable"  # a GET that starts at or after the end of the object
+
 _END = object()  # the last part was queued: complete the upload
 _ABORT = object()  # discard: the part iterator raises, which makes obstore abort the upload
 
@@ -86,7 +88,10 @@ def _aws_session(region: str) -> boto3.Session:
 
 
 class S3ReadFile(io.RawIOBase):
-    """An object opened for reading: one ranged GET per read call, size from one HEAD at open."""
+    """An object opened for reading: one ranged GET per read call and nothing else. Opening sends
+    no request (the reader opens a file per thread, and a HEAD each time would double the requests
+    of one-sample reads); a missing object is reported by the first read, the size by one HEAD
+    when asked for."""
 
     def __init__(self, store: S3Store, path: str, key: str, uri: str) -> None:
         super().__init__()
@@ -94,10 +99,7 @@ class S3ReadFile(io.RawIOBase):
         self._store = store
         self._key = key
         self._uri = uri
-        try:
-            self._size = int(obstore.head(store, key)["size"])
-        except Exception as exc:
-            raise _object_error(exc, uri, "open") from None
+        self._size: int | None = None  # one HEAD, only if a caller asks for the size
         self._position = 0
         self.last_moved = 0
 
@@ -114,25 +116,34 @@ class S3ReadFile(io.RawIOBase):
         raise io.UnsupportedOperation(f"{self._uri} is an object, not a file descriptor")
 
     def size(self) -> int:
+        if self._size is None:
+            try:
+                self._size = int(obstore.head(self._store, self._key)["size"])
+            except Exception as exc:
+                raise _object_error(exc, self._uri, "stat") from None
         return self._size
 
     def tell(self) -> int:
         return self._position
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
-        self._position = base + offset
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position}.get(whence)
+        self._position = (self.size() if base is None else base) + offset
         return self._position
 
     def _get(self, offset: int, size: int):
-        """One ranged GET of [offset, offset + size) clipped to the object; None past its end."""
-        size = min(size, self._size - offset)
+        """One ranged GET of [offset, offset + size); S3 returns less at the end. None past the end."""
+        if self._size is not None:
+            size = min(size, self._size - offset)
         if size <= 0:
             self.last_moved = 0
             return None
         try:
             data = obstore.get_range(self._store, self._key, start=offset, length=size)
         except Exception as exc:
+            if _RANGE_PAST_END in str(exc):
+                self.last_moved = 0
+                return None
             raise _object_error(exc, self._uri, f"read {size} bytes at {offset} of") from None
         self.last_moved = len(data)
         return data
@@ -157,7 +168,7 @@ class S3ReadFile(io.RawIOBase):
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
-            size = max(self._size - self._position, 0)
+            size = max(self.size() - self._position, 0)
         data = self.read_at(self._position, size)
         self._position += len(data)
         return data
