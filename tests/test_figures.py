@@ -93,6 +93,8 @@ def test_checkpoint_write_s_leaves_the_checksum_read_back_out(tmp_path, fmt):
     summary = checkpoint_summary([[record.as_dict()]], [None], 1.0, ctx.config)
     assert summary["verify_s_max"] == summary["per_checkpoint"][0]["verify_s_max"] == record.verify_s
     assert summary["write_s_max"] == record.write_s
+    assert summary["per_rank"] == [{"rank": 0, "bytes": record.bytes, "write_s": record.write_s,
+                                    "verify_s": record.verify_s, "blocking_s": record.blocking_s}]
 
 
 @pytest.mark.parametrize("fmt", ["npz", "hdf5", "raw"])

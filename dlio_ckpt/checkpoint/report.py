@@ -86,11 +86,15 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
         avg_bytes = mean(c["bytes"] for c in per_checkpoint)
         avg_write = mean(c["write_s_max"] for c in per_checkpoint)
         per_rank: dict[int, tuple[float, float]] = {}
+        rank_rows = []
         lost = []
         for rank, records in enumerate(records_by_rank):
             if records:
                 per_rank[rank] = (mean(r["bytes"] for r in records), mean(r["write_s"] for r in records))
                 lost.append(sum(r["blocking_s"] for r in records))
+                rank_rows.append({"rank": rank, "bytes": per_rank[rank][0], "write_s": per_rank[rank][1],
+                                  "verify_s": mean(r.get("verify_s", 0.0) for r in records),
+                                  "blocking_s": mean(r["blocking_s"] for r in records)})
         summary.update({
             "bytes": int(round(avg_bytes)),
             "files": int(round(mean(c["files"] for c in per_checkpoint))),
@@ -103,6 +107,7 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
             "persist_s_max": mean(c["persist_s_max"] for c in per_checkpoint),
             "blocking_s_total_max_rank": max(lost) if lost else 0.0,
             "training_time_lost_fraction": (max(lost) / train_wall_s) if lost and train_wall_s > 0 else 0.0,
+            "per_rank": rank_rows,  # means over checkpoints, one row per rank that took part
         })
 
     restores = [r for r in restores_by_rank if r]
