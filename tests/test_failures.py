@@ -4,6 +4,7 @@ previous checkpoint stays restorable; Ctrl-C ends the job with exit 130 and one 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,8 @@ from dlio_ckpt.plan.checkpoint import MANIFEST_NAME
 
 # A hang is forever: this only turns one into a failure instead of a stuck suite.
 HANG = 60
-CHECKPOINT_RUN = ["workload=unet3d", "scale=tiny", "mode=checkpoint", "model.parallelism.zero_stage=3",
+# ZeRO 3: every rank holds (and, but with single_writer, writes) a 3 MiB shard
+CHECKPOINT_RUN = ["workload=unet3d", "scale=tiny", "mode=checkpoint", *SMALL_MODEL, "model.parallelism.zero_stage=3",
                   "checkpoint.num_checkpoints_write=3", "checkpoint.write_chunk_bytes=64KiB", "progress=false"]
 
 
@@ -60,6 +62,13 @@ def assert_failed_cleanly(done: subprocess.CompletedProcess, workdir: Path, reas
 def test_a_rank_failing_mid_checkpoint_ends_the_job(workdir, strategy, rank):
     done = run_with_fault(workdir, f"checkpoint-step:2@{rank}", [f"checkpoint.strategy={strategy}"])
     assert_failed_cleanly(done, workdir, f"failure injected at checkpoint-step:2 on rank {rank}")
+    if rank == 0:  # and a restart restores the newest complete checkpoint
+        (root,) = (workdir / "store" / "checkpoints").iterdir()
+        restored = run_cli([*CHECKPOINT_RUN, "mode=restore", f"checkpoint.restore_from={root}",
+                            f"storage.root={workdir / 'store'}", f"hydra.run.dir={workdir / 'restore'}"], workdir / "cwd")
+        assert restored.returncode == 0, restored.stderr
+        summary = json.loads((workdir / "restore" / "summary.json").read_text())["checkpoint"]
+        assert summary["restore_verified"] is True and summary["restore_step"] == 1 and not summary["restore_skipped"]
 
 
 @pytest.mark.mpi
