@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
                    help="Darshan log(s), a folder of logs, run folder(s) or a sweep folder")
     p.add_argument("--compare", action="store_true",
                    help="show runs / sweep jobs side by side (table and bar chart) instead of one by one")
+    p.add_argument("--scaling", action="store_true",
+                   help="weak-scaling table: per-rank and aggregate bandwidth against ranks, from run folders "
+                        "or sweep folders of one configuration run at several `mpirun -np` (prints only)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("--format", choices=("md", "html"), default=None, help="report format (default: md, "
                    "or from the --output suffix)")
@@ -141,6 +144,8 @@ def document(args: argparse.Namespace, jobs: list[JobAnalysis], table: dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scaling:
+        return show_scaling(args)
     sources = detect_all(args.paths)
     report_path, fmt_name = _destination(args)
     plots = not args.no_plots and report_path is not None
@@ -166,6 +171,19 @@ def run(args: argparse.Namespace) -> int:
         from dlio_ckpt.analysis.terminal import show
 
         show(jobs, table, written, compare_only=args.compare)
+    return 0
+
+
+def show_scaling(args: argparse.Namespace) -> int:
+    """--scaling: the weak-scaling table on stdout (or JSON); nothing is written to disk."""
+    from dlio_ckpt.analysis.scaling import format_table, weak_scaling
+
+    rows = weak_scaling(args.paths)
+    if args.json:
+        json.dump({"tool": PROG, "tool_version": __version__, "mode": "scaling", "rows": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(rows))
     return 0
 
 
