@@ -50,10 +50,6 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _phase_names(events: np.ndarray) -> np.ndarray:
-    return np.asarray(PHASES, dtype=object)[events["phase"]]
-
-
 def _rank_figures(rank: RankEvents) -> dict[str, Any]:
     ev = rank.events
     ops = ev["op"]

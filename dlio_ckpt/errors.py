@@ -71,10 +71,6 @@ def free_space_note(path: str) -> str:
     return f"{free / 2**20:.1f} MiB free on {probe}"
 
 
-class CorruptCheckpoint(Exception):
-    """A checkpoint on disk that fails verification (size or checksum)."""
-
-
 def close_match(word: str, choices: Iterable[str]) -> str:
     """Return ' (did you mean X?)' for the closest choice, or '' when nothing is close."""
     matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

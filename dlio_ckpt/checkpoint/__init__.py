@@ -12,10 +12,9 @@ from typing import Any
 def make_checkpoint_engine(ctx: Any):
     """The CheckpointEngine of `ctx.config.checkpoint` for this rank (see base.CheckpointEngine)."""
     from dlio_ckpt.checkpoint.engine import CheckpointEngineImpl
-    from dlio_ckpt.checkpoint.registry import canonical_strategy
-    from dlio_ckpt.checkpoint.strategies import STRATEGIES
+    from dlio_ckpt.checkpoint.registry import STRATEGIES
 
-    return CheckpointEngineImpl(ctx, STRATEGIES[canonical_strategy(ctx.config.checkpoint.strategy)])
+    return CheckpointEngineImpl(ctx, STRATEGIES.load(ctx.config.checkpoint.strategy))
 
 
 __all__ = ["make_checkpoint_engine"]

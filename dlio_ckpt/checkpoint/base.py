@@ -56,10 +56,29 @@ class RestoreRecord:
 class CheckpointEngine(Protocol):
     records: list[CheckpointRecord]
 
-    def due(self, step: int, epoch: int, epoch_end: bool) -> bool: ...
+    def due(self, step: int, epoch: int, epoch_end: bool, trigger_step: int | None = None) -> bool: ...
 
     def save(self, step: int, epoch: int) -> CheckpointRecord: ...
 
     def finish(self) -> None: ...
 
     def restore(self) -> RestoreRecord | None: ...
+
+
+class NoCheckpoints:
+    """The checkpoint engine of a run with checkpointing off."""
+
+    def __init__(self) -> None:
+        self.records: list[CheckpointRecord] = []
+
+    def due(self, step: int, epoch: int, epoch_end: bool, trigger_step: int | None = None) -> bool:
+        return False
+
+    def save(self, step: int, epoch: int) -> CheckpointRecord:
+        raise AssertionError("save() called with checkpointing disabled")
+
+    def finish(self) -> None:
+        pass
+
+    def restore(self) -> None:
+        return None

@@ -28,7 +28,7 @@ from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
 from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.errors import ConfigError, CorruptCheckpoint, RunFailure, storage_failure
+from dlio_ckpt.errors import ConfigError, RunFailure, storage_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.metrics.report import plural
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
@@ -84,12 +84,14 @@ class CheckpointEngineImpl:
         return chunks
 
     # triggers ------------------------------------------------------------------------------
-    def due(self, step: int, epoch: int, epoch_end: bool) -> bool:
+    def due(self, step: int, epoch: int, epoch_end: bool, trigger_step: int | None = None) -> bool:
+        """`trigger_step`: the step number the step trigger counts (DLIO counts within each epoch);
+        `step` stays the run's global step."""
         if not self.cfg.enabled or step == self._last_step:
             return False
         if epoch_end:
             return self.triggers.at_epoch_end(epoch)
-        if self.triggers.at_step(step):
+        if self.triggers.at_step(step if trigger_step is None else trigger_step):
             return True
         if self.cfg.seconds_between_checkpoints > 0:
             # Clocks differ between ranks: rank 0 decides and every rank follows.
@@ -359,12 +361,6 @@ class CheckpointEngineImpl:
     def _warn(self, message: str) -> None:
         if self.world.is_root:
             print(f"dlio_ckpt: checkpoint restore: {message}", file=sys.stderr, flush=True)
-
-    def verify_or_raise(self, step: int | None = None) -> RestoreRecord:
-        record = self.restore(step)
-        if record is None or not record.verified:
-            raise CorruptCheckpoint(record.message if record else "no checkpoint")
-        return record
 
 
 def _failure_text(error: BaseException) -> str:

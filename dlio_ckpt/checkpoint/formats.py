@@ -30,8 +30,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from dlio_ckpt.errors import ConfigError, close_match
+from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.model import TensorSpec
+from dlio_ckpt.registry import Registry
 
 Chunks = Callable[[TensorSpec], Iterator[memoryview]]
 
@@ -286,23 +287,23 @@ class TensorflowFormat:
         return sum(t.nbytes for t in tensors)
 
 
-FORMATS: dict[str, type] = {
-    "raw": RawFormat,
-    "npy": NpyFormat,
-    "npz": NpzFormat,
-    "hdf5": Hdf5Format,
-    "torch": TorchFormat,
-    "tensorflow": TensorflowFormat,
-}
+CHECKPOINT_FORMATS = Registry(
+    key="checkpoint.format",
+    noun="format",
+    entries={
+        "raw": "dlio_ckpt.checkpoint.formats:RawFormat",
+        "npy": "dlio_ckpt.checkpoint.formats:NpyFormat",
+        "npz": "dlio_ckpt.checkpoint.formats:NpzFormat",
+        "hdf5": "dlio_ckpt.checkpoint.formats:Hdf5Format",
+        "torch": "dlio_ckpt.checkpoint.formats:TorchFormat",
+        "tensorflow": "dlio_ckpt.checkpoint.formats:TensorflowFormat",
+    },
+)
 
 
 def get_format_class(name: str) -> type:
     """The class of checkpoint format `name` (no optional library imported)."""
-    if name not in FORMATS:
-        raise ConfigError(
-            f"checkpoint.format: unknown format '{name}'{close_match(name, FORMATS)}; choose one of: {', '.join(FORMATS)}"
-        )
-    return FORMATS[name]
+    return CHECKPOINT_FORMATS.load(name)
 
 
 def get_format(name: str):

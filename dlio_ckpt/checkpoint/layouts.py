@@ -17,8 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dlio_ckpt.errors import ConfigError, close_match
 from dlio_ckpt.plan.model import ModelPlan, TensorSpec
+from dlio_ckpt.registry import Registry
 
 Grouping = list[tuple[str, tuple[TensorSpec, ...]]]
 
@@ -235,18 +235,18 @@ class TensorflowLayout(Layout):
         return "checkpoint", f'model_checkpoint_path: "ckpt-{step}/ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}/ckpt-{step}"\n'
 
 
-LAYOUTS: dict[str, type[Layout]] = {
-    "raw": RawLayout,
-    "deepspeed": DeepSpeedLayout,
-    "pytorch_dcp": PytorchDcpLayout,
-    "megatron": MegatronLayout,
-    "tensorflow": TensorflowLayout,
-}
+LAYOUTS = Registry(
+    key="checkpoint.layout",
+    noun="layout",
+    entries={
+        "raw": "dlio_ckpt.checkpoint.layouts:RawLayout",
+        "deepspeed": "dlio_ckpt.checkpoint.layouts:DeepSpeedLayout",
+        "pytorch_dcp": "dlio_ckpt.checkpoint.layouts:PytorchDcpLayout",
+        "megatron": "dlio_ckpt.checkpoint.layouts:MegatronLayout",
+        "tensorflow": "dlio_ckpt.checkpoint.layouts:TensorflowLayout",
+    },
+)
 
 
 def get_layout(name: str) -> Layout:
-    if name not in LAYOUTS:
-        raise ConfigError(
-            f"checkpoint.layout: unknown layout '{name}'{close_match(name, LAYOUTS)}; choose one of: {', '.join(LAYOUTS)}"
-        )
-    return LAYOUTS[name]()
+    return LAYOUTS.load(name)()

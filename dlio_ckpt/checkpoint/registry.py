@@ -1,42 +1,37 @@
-"""Names the checkpoint config may use, checked when the config is built (before any run starts).
+"""Checkpoint strategies by name (`checkpoint.strategy=`), and the check of every checkpoint name.
 
-The classes live beside their code (strategies.py, layouts.py, formats.py); this module only
-answers "is that name known, and if not what was meant", so a typo fails in the config stage
-with the key named, not deep inside a run.
+Strategies live in strategies.py, layouts and format specs beside their naming rules; each table
+is a `Registry`, so a typo fails in the config stage with the key named and a close match, not
+deep inside a run.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dlio_ckpt.errors import ConfigError, close_match
+from dlio_ckpt.registry import Registry
 
-STRATEGY_NAMES = ("sharded", "single_writer", "async")
-STRATEGY_ALIASES = {"sync": "sharded"}
+STRATEGIES = Registry(
+    key="checkpoint.strategy",
+    noun="strategy",
+    entries={
+        "sharded": "dlio_ckpt.checkpoint.strategies:ShardedStrategy",
+        "single_writer": "dlio_ckpt.checkpoint.strategies:SingleWriterStrategy",
+        "async": "dlio_ckpt.checkpoint.strategies:AsyncStrategy",
+    },
+    aliases={"sync": "sharded"},
+)
 
 
 def canonical_strategy(name: str) -> str:
-    return STRATEGY_ALIASES.get(name, name)
+    return STRATEGIES.canonical(name)
 
 
-def check_names(config: Any, key: str) -> None:
-    from dlio_ckpt.checkpoint.formats import FORMATS
+def check_names(config: Any) -> None:
+    """`config` (a CheckpointConfig) names a known strategy, layout and format."""
+    from dlio_ckpt.checkpoint.formats import CHECKPOINT_FORMATS
     from dlio_ckpt.checkpoint.layouts import LAYOUTS
 
-    strategy = canonical_strategy(config.strategy)
-    if strategy not in STRATEGY_NAMES:
-        allowed = list(STRATEGY_NAMES) + list(STRATEGY_ALIASES)
-        raise ConfigError(
-            f"{key}strategy: unknown strategy '{config.strategy}'{close_match(config.strategy, allowed)}; "
-            f"choose one of: {', '.join(STRATEGY_NAMES)}"
-        )
-    if config.layout not in LAYOUTS:
-        raise ConfigError(
-            f"{key}layout: unknown layout '{config.layout}'{close_match(config.layout, LAYOUTS)}; "
-            f"choose one of: {', '.join(LAYOUTS)}"
-        )
-    if config.format not in FORMATS:
-        raise ConfigError(
-            f"{key}format: unknown format '{config.format}'{close_match(config.format, FORMATS)}; "
-            f"choose one of: {', '.join(FORMATS)}"
-        )
+    STRATEGIES.canonical(config.strategy)
+    LAYOUTS.canonical(config.layout)
+    CHECKPOINT_FORMATS.canonical(config.format)

@@ -327,10 +327,3 @@ class AsyncStrategy:
             self._executor.shutdown(wait=True)
             self._executor = None
         self._free.clear()
-
-
-STRATEGIES: dict[str, type] = {
-    "sharded": ShardedStrategy,
-    "single_writer": SingleWriterStrategy,
-    "async": AsyncStrategy,
-}

@@ -53,7 +53,9 @@ def workload_names() -> list[str]:
 
 def group_options(group: str) -> list[str]:
     if group == "workload":
-        return workload_names()
+        from dlio_ckpt.config.workload_files import registered_names
+
+        return sorted(set(workload_names()) | set(registered_names()))  # with the user's files (workload_files.py)
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
@@ -271,7 +273,7 @@ def check_registered_names(config: RunConfig) -> None:
     BACKENDS.canonical(config.storage.backend)
     DATASET_FORMATS.canonical(config.dataset.format)
     ck = config.checkpoint
-    check_names(ck, "checkpoint.")
+    check_names(ck)
     needs_layout = getattr(get_format_class(ck.format), "needs_layout", None)
     if needs_layout and ck.layout != needs_layout:
         raise ConfigError(
@@ -377,6 +379,16 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
             f"reader.batch_size: {config.reader.batch_size} is larger than a rank's share of the dataset "
             f"({samples} samples over {world_size} ranks) and reader.drop_last=true would leave no step; "
             "lower reader.batch_size, add files, or set reader.drop_last=false"
+        )
+    if config.train.step_counting == "dlio" and samples // config.reader.batch_size // world_size < 1:
+        raise ConfigError(
+            f"train.step_counting: dlio runs floor({samples} samples / batch {config.reader.batch_size} / {world_size} ranks) "
+            "= 0 steps per epoch; lower reader.batch_size, add files, or run fewer ranks"
+        )
+    if config.reader.access == "transfer" and config.reader.name != "tensorflow" and ds.num_files_train < world_size:
+        raise ConfigError(
+            f"reader.access: transfer reads whole files: {world_size} ranks need dataset.num_files_train >= {world_size} "
+            f"(it is {ds.num_files_train}); raise it, run fewer ranks or set reader.access=sample"
         )
     if config.reader.name == "tensorflow" and ds.num_files_train < world_size:
         raise ConfigError(

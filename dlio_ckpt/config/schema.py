@@ -120,6 +120,7 @@ class ReaderConfig:
     shuffle_buffer_size: int
     transfer_size: Bytes
     drop_last: bool
+    access: Literal["sample", "transfer"]  # sample: a read per sample (PyTorch); transfer: whole files in transfer_size reads (tf.data)
 
     def validate(self, key: str) -> None:
         require(self.batch_size >= 1, f"{key}batch_size: must be at least 1 (got {self.batch_size})")
@@ -138,6 +139,7 @@ class TrainConfig:
     computation_time_stdev: float
     computation_distribution: Literal["fixed", "normal", "uniform", "lognormal"]
     seed: int
+    step_counting: Literal["global", "dlio"]  # dlio: floor(samples/batch/ranks) steps per epoch; steps counted per epoch
 
     def validate(self, key: str) -> None:
         require(self.epochs >= 1, f"{key}epochs: must be at least 1 (got {self.epochs})")
@@ -306,6 +308,7 @@ class DatasizeConfig:
 @dataclass(frozen=True)
 class RunConfig:
     workload: str
+    accelerator: str  # "" = the workload's own figures; else a name of its `accelerators` table
     description: str
     source: str
     mode: Literal["train", "plan", "generate", "checkpoint", "restore", "datasize"]

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import psutil
 
+from dlio_ckpt.checkpoint.base import NoCheckpoints
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.generate import ensure_dataset, format_options
 from dlio_ckpt.engine.train import run_training
@@ -46,8 +47,6 @@ def drop_page_cache() -> str | None:
 
 def make_checkpoints(ctx: RunContext) -> Any:
     if not ctx.config.checkpoint.enabled:
-        from dlio_ckpt.engine.run import NoCheckpoints
-
         return NoCheckpoints()
     from dlio_ckpt.checkpoint import make_checkpoint_engine
 
@@ -115,7 +114,7 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
             "restore": restore.as_dict() if restore is not None else None,
         }
         if config.checkpoint.enabled:
-            sections["checkpoint"] = _checkpoint_section(config, result.wall_s)
+            sections["checkpoint"] = _checkpoint_section(config)
     cache_note = page_cache_warning(generated.bytes_on_disk, config.storage.direct_io, dropped)
     if cache_note and config.mode != "generate":
         warnings.append(cache_note)
@@ -134,8 +133,9 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
     return sections, local, warnings
 
 
-def _checkpoint_section(config: Any, train_wall_s: float) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
-    """Built on rank 0 once every rank's checkpoint records are gathered."""
+def _checkpoint_section(config: Any) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+    """Built on rank 0 once every rank's checkpoint records are gathered (training wall time:
+    the slowest rank's, from the gathered records)."""
 
     def build(everyone: list[dict[str, Any]]) -> dict[str, Any]:
         from dlio_ckpt.checkpoint.report import checkpoint_summary

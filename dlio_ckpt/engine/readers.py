@@ -12,21 +12,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions, SampleReader, Scratch
-from dlio_ckpt.plan.read import EpochReadPlan
+from dlio_ckpt.plan.read import Batch, EpochReadPlan, transfer_end, transfer_requests
 
 OPEN_FILES_PER_WORKER = 4
-
-
-@dataclass(frozen=True)
-class Batch:
-    samples: int
-    payload_bytes: int
 
 
 class _OpenFiles:
@@ -112,6 +105,88 @@ class NativeReader:
                         future.cancel()
         finally:
             self._open.close_all()
+
+
+class _SequentialFile:
+    """One file read from its start in transfer_size requests, as far as the samples consumed reach."""
+
+    def __init__(self, handle: Any, spec: FileSpec, uses: int) -> None:
+        self.handle = handle
+        self.spec = spec
+        self.size = handle.size()
+        self.done = 0  # bytes read from the start
+        self.uses = uses  # samples of this file still to be consumed in the epoch
+        self.lock = threading.Lock()
+
+
+class TransferReader:
+    """reader.access=transfer: tf.data's TFRecordDataset pattern without TensorFlow.
+
+    Each file of the rank's whole-file share is read sequentially from offset 0 in
+    transfer_size requests (tf.data's read buffer); a sample is available once the request
+    holding its last byte has been read. Read threads assemble batches as the native reader's
+    do; a file shared by two batches in flight is read once, in order, under its lock.
+    """
+
+    def __init__(self, storage: Any, files: tuple[FileSpec, ...], transfer_size: int, read_threads: int,
+                 prefetch_size: int) -> None:
+        self._storage = storage
+        self._files = files
+        self._transfer = transfer_size
+        self._threads = read_threads
+        self._window = max(1, read_threads * max(prefetch_size, 1))
+
+    def _read_batch(self, rows: np.ndarray, streams: dict[int, _SequentialFile], scratch: threading.local) -> Batch:
+        payload = 0
+        for file_position, sample in rows:
+            stream = streams[int(file_position)]
+            with stream.lock:
+                end = transfer_end(stream.size, stream.spec.num_samples, int(sample), self._transfer)
+                if end > stream.done:
+                    buffer = getattr(scratch, "buffer", None)
+                    if buffer is None:
+                        buffer = scratch.buffer = Scratch()
+                    for offset, length in transfer_requests(stream.done, end, stream.size, self._transfer):
+                        got = stream.handle.read_at_into(buffer.view(length), offset)
+                        if got < length:
+                            raise EOFError(f"{stream.spec.path}: the file ended at {offset + max(got, 0)} bytes, "
+                                           f"before the {stream.size} it had when opened")
+                    stream.done = end
+                stream.uses -= 1
+                if stream.uses == 0:
+                    stream.handle.close()
+            payload += stream.spec.sample_bytes
+        return Batch(samples=len(rows), payload_bytes=payload)
+
+    def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
+        count = plan.num_batches
+        positions, uses = np.unique(plan.samples[: plan.samples_read, 0], return_counts=True)
+        streams: dict[int, _SequentialFile] = {}
+        scratch = threading.local()
+        try:
+            for position, n in zip(positions, uses):
+                spec = self._files[int(position)]
+                streams[int(position)] = _SequentialFile(self._storage.open_read(spec.path), spec, int(n))
+            if self._threads == 0:
+                for index in range(count):
+                    yield self._read_batch(plan.batch(index), streams, scratch)
+                return
+            with ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="reader") as pool:
+                pending: list[Future] = []
+                submitted = 0
+                try:
+                    for _ in range(count):
+                        while submitted < count and len(pending) < self._window:
+                            pending.append(pool.submit(self._read_batch, plan.batch(submitted), streams, scratch))
+                            submitted += 1
+                        yield pending.pop(0).result()
+                finally:
+                    for future in pending:
+                        future.cancel()
+        finally:
+            for stream in streams.values():
+                if stream.uses > 0:
+                    stream.handle.close()
 
 
 class TensorFlowReader:

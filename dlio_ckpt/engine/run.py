@@ -24,25 +24,6 @@ from dlio_ckpt.storage.traced import TracedStorage
 from dlio_ckpt.world import World
 
 
-class NoCheckpoints:
-    """The checkpoint engine of a run with checkpointing off."""
-
-    def __init__(self) -> None:
-        self.records: list = []
-
-    def due(self, step: int, epoch: int, epoch_end: bool) -> bool:
-        return False
-
-    def save(self, step: int, epoch: int) -> None:
-        raise AssertionError("save() called with checkpointing disabled")
-
-    def finish(self) -> None:
-        pass
-
-    def restore(self) -> None:
-        return None
-
-
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from dlio_ckpt.optional import require
-from dlio_ckpt.engine.readers import Batch
+from dlio_ckpt.plan.read import Batch
 
 
 def _tensorflow() -> Any:

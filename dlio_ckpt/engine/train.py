@@ -18,11 +18,11 @@ from typing import Any, Iterable, Iterator
 
 from dlio_ckpt.engine.compute import ComputeModel
 from dlio_ckpt.engine.context import RunContext
-from dlio_ckpt.engine.readers import Batch, NativeReader, TensorFlowReader
+from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader, TransferReader
 from dlio_ckpt.formats.base import DatasetFormat, FormatOptions
 from dlio_ckpt.metrics.progress import Progress
 from dlio_ckpt.plan.dataset import DatasetPlan
-from dlio_ckpt.plan.read import check_world, plan_epoch
+from dlio_ckpt.plan.read import Batch, check_world, dlio_steps_per_epoch, plan_epoch
 
 
 @dataclass
@@ -89,42 +89,63 @@ def make_reader(ctx: RunContext, storage: Any, fmt: DatasetFormat, options: Form
     reader = ctx.config.reader
     if reader.name == "tensorflow":
         return TensorFlowReader(storage, files, reader, seed=reader.shuffle_seed + ctx.world.rank)
+    if reader.access == "transfer":
+        return TransferReader(storage, files, reader.transfer_size, reader.read_threads, reader.prefetch_size)
     return NativeReader(storage, fmt, options, files, reader.read_threads, reader.prefetch_size)
+
+
+def whole_files(config: Any) -> bool:
+    """Readers that take whole files per rank: tf.data itself, or its access pattern (reader.access=transfer)."""
+    return config.reader.name == "tensorflow" or config.reader.access == "transfer"
+
+
+def in_file_order(config: Any, fmt: DatasetFormat) -> bool:
+    return fmt.sequential or config.reader.access == "transfer"
 
 
 def run_training(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: FormatOptions, checkpoints: Any) -> TrainResult:
     config, world = ctx.config, ctx.world
-    whole_files = config.reader.name == "tensorflow"
-    check_world(plan.train, world.size, whole_files)
+    whole = whole_files(config)
+    sequential = in_file_order(config, fmt)
+    check_world(plan.train, world.size, whole)
     compute = ComputeModel.for_training(config.train, world.rank)
     train_reader = make_reader(ctx, ctx.storage.with_phase("train"), fmt, options, plan.train)
     result = TrainResult()
-    first_plan = plan_epoch(plan.train, config.reader, world.rank, world.size, 1, fmt.sequential, whole_files=whole_files)
+    # DLIO's counting: the same floor(samples / batch / ranks) steps on every rank, every epoch,
+    # total_steps and step checkpoints counted within the epoch.
+    dlio = config.train.step_counting == "dlio"
+    max_batches = dlio_steps_per_epoch(plan.train, config.reader.batch_size, world.size, whole,
+                                       config.train.total_steps) if dlio else 0
+    first_plan = plan_epoch(plan.train, config.reader, world.rank, world.size, 1, sequential, whole_files=whole,
+                            max_batches=max_batches)
     steps_per_epoch = first_plan.num_batches
-    total = config.train.total_steps or steps_per_epoch * config.train.epochs
+    total = steps_per_epoch * config.train.epochs if dlio else (config.train.total_steps or steps_per_epoch * config.train.epochs)
     progress = Progress("training", total, enabled=config.progress and world.is_root)
     start = time.perf_counter()
     done = False
     try:
         for epoch in range(1, config.train.epochs + 1):
             epoch_plan = first_plan if epoch == 1 else plan_epoch(
-                plan.train, config.reader, world.rank, world.size, epoch, fmt.sequential, whole_files=whole_files)
+                plan.train, config.reader, world.rank, world.size, epoch, sequential, whole_files=whole,
+                max_batches=max_batches)
             result.au_blocks.start_block()
             step_start = time.perf_counter()
+            epoch_step = 0
             with closing(_waiting_for(train_reader.batches(epoch_plan), result)) as batches:
                 for batch in batches:
                     seconds = compute.run()
                     result.steps += 1
+                    epoch_step += 1
                     result.samples += batch.samples
                     result.payload_bytes += batch.payload_bytes
                     result.compute_s += seconds
                     now = time.perf_counter()
                     result.au_blocks.step(now - step_start, seconds)
                     progress.advance()
-                    if checkpoints.due(result.steps, epoch, False):
+                    if checkpoints.due(result.steps, epoch, False, trigger_step=epoch_step if dlio else None):
                         result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
                         result.au_blocks.start_block()
-                    if config.train.total_steps and result.steps >= config.train.total_steps:
+                    if not dlio and config.train.total_steps and result.steps >= config.train.total_steps:
                         done = True
                         break
                     step_start = time.perf_counter()
@@ -152,10 +173,13 @@ def _checkpoint(checkpoints: Any, step: int, epoch: int) -> float:
 
 def _evaluate(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: FormatOptions, epoch: int, result: TrainResult) -> None:
     config, world = ctx.config, ctx.world
-    whole_files = config.reader.name == "tensorflow"
-    check_world(plan.eval, world.size, whole_files)
-    eval_plan = plan_epoch(plan.eval, config.reader, world.rank, world.size, epoch, fmt.sequential,
-                           batch_size=config.reader.batch_size_eval, shuffle=False, whole_files=whole_files)
+    whole = whole_files(config)
+    check_world(plan.eval, world.size, whole)
+    max_batches = dlio_steps_per_epoch(plan.eval, config.reader.batch_size_eval, world.size, whole) \
+        if config.train.step_counting == "dlio" else 0
+    eval_plan = plan_epoch(plan.eval, config.reader, world.rank, world.size, epoch, in_file_order(config, fmt),
+                           batch_size=config.reader.batch_size_eval, shuffle=False, whole_files=whole,
+                           max_batches=max_batches)
     compute = ComputeModel(config.evaluation.computation_time, 0.0, "fixed", 0)
     reader = make_reader(ctx, ctx.storage.with_phase("eval"), fmt, options, plan.eval)
     start = time.perf_counter()

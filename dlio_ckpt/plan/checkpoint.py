@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dlio_ckpt.checkpoint.formats import FORMATS
+from dlio_ckpt.checkpoint.formats import get_format_class
 from dlio_ckpt.checkpoint.layouts import Layout, get_layout
 from dlio_ckpt.config.schema import RunConfig
-from dlio_ckpt.errors import ConfigError, close_match
 from dlio_ckpt.plan.model import ModelPlan, TensorSpec, build_model_plan
 
 MANIFEST_NAME = "dlio_ckpt_manifest.json"
@@ -60,7 +59,7 @@ class CheckpointPlan:
 
     def encoded_bytes(self) -> int | None:
         """Bytes on disk of the data files, where the format makes that predictable."""
-        fmt = FORMATS[self.format_name]()
+        fmt = get_format_class(self.format_name)()
         total = 0
         for files in self.files_by_rank:
             for f in files:
@@ -85,17 +84,11 @@ class CheckpointPlan:
         return names
 
 
-def validate_choice(key: str, value: str, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}: unknown value '{value}'{close_match(value, list(choices))}; choose one of: {', '.join(choices)}")
-
-
 def build_checkpoint_plan(config: RunConfig, world_size: int) -> CheckpointPlan:
     """The plan for `world_size` running ranks (pure: plan mode calls this for 1,024 ranks)."""
     ck = config.checkpoint
     layout = get_layout(ck.layout)
-    validate_choice("checkpoint.format", ck.format, FORMATS)
-    fmt = FORMATS[ck.format]()
+    fmt = get_format_class(ck.format)()
     model = build_model_plan(config.model, world_size, config.scale.max_model_bytes)
     files_by_rank = []
     for rank in range(model.world_size):

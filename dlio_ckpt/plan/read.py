@@ -5,6 +5,11 @@ Pure and seeded: the epoch's global order is the file order (shuffled per epoch 
 differ by at most one sample, so every sample is read exactly once per epoch. Sample shuffling
 then permutes a rank's share (seeded by epoch and rank) for formats read by index; formats read
 in file order (TFRecord) keep the on-disk order, as tf.data does, and shuffle in memory.
+
+Two framework behaviours are planned here too. DLIO's step counting (`train.step_counting=dlio`)
+gives every rank floor(samples / batch / ranks) steps per epoch, dropping what is left. A reader
+with `reader.access=transfer` (tf.data's TFRecordDataset) takes whole files and reads each
+from its start in transfer_size requests, as far as the samples consumed so far reach.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ from dlio_ckpt.world import rank_slices
 
 
 @dataclass(frozen=True)
+class Batch:
+    """What reading one planned batch delivered: samples and their payload bytes."""
+
+    samples: int
+    payload_bytes: int
+
+
+@dataclass(frozen=True)
 class EpochReadPlan:
     epoch: int
     rank: int
@@ -27,6 +40,7 @@ class EpochReadPlan:
     samples: np.ndarray
     batch_size: int
     drop_last: bool
+    max_batches: int = 0  # 0: every batch of the share; else at most this many (DLIO step counting)
 
     @property
     def num_samples(self) -> int:
@@ -35,7 +49,13 @@ class EpochReadPlan:
     @property
     def num_batches(self) -> int:
         full, rest = divmod(self.num_samples, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        count = full + (1 if rest and not self.drop_last else 0)
+        return min(count, self.max_batches) if self.max_batches else count
+
+    @property
+    def samples_read(self) -> int:
+        """Samples the batches cover (the whole share unless batches are dropped)."""
+        return min(self.num_samples, self.num_batches * self.batch_size)
 
     def batch(self, index: int) -> np.ndarray:
         return self.samples[index * self.batch_size : (index + 1) * self.batch_size]
@@ -65,6 +85,47 @@ def check_world(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> No
         )
 
 
+def share_sizes(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> list[int]:
+    """Samples each rank reads per epoch: contiguous sample shares, or whole-file shares."""
+    if not whole_files:
+        total = sum(f.num_samples for f in files)
+        return [stop - start for start, stop in rank_slices(total, size)]
+    counts = [f.num_samples for f in files]  # files hold equal sample counts: the file order does not matter
+    return [sum(counts[start:stop]) for start, stop in rank_slices(len(files), size)]
+
+
+def dlio_steps_per_epoch(files: tuple[FileSpec, ...], batch_size: int, size: int, whole_files: bool,
+                         total_steps: int = 0) -> int:
+    """DLIO 2.0.0's steps per epoch: floor(samples / batch / ranks), capped by total_steps.
+
+    Every rank runs the same count (a rank whose whole-file share is short of it runs the
+    shortest share's count, so that no rank waits in a checkpoint the others never reach).
+    """
+    total = sum(f.num_samples for f in files)
+    steps = total // batch_size // size
+    steps = min([steps] + [share // batch_size for share in share_sizes(files, size, whole_files)])
+    return min(steps, total_steps) if total_steps else steps
+
+
+def transfer_end(file_bytes: int, num_samples: int, sample: int, transfer_size: int) -> int:
+    """Bytes from the start of a file a sequential reader has read once `sample` is consumed.
+
+    Samples lie in file order and take equal shares of the file (TFRecord records of one file
+    have one length); tf.data reads whole transfer_size requests, so it has read through the
+    request that holds the sample's last byte, or to the end of the file.
+    """
+    last_byte = -(-(sample + 1) * file_bytes // num_samples)
+    if transfer_size <= 0:
+        return last_byte
+    return min(file_bytes, -(-last_byte // transfer_size) * transfer_size)
+
+
+def transfer_requests(start: int, end: int, file_bytes: int, transfer_size: int) -> list[tuple[int, int]]:
+    """The (offset, length) requests that read bytes [start, end) of a file, transfer_size at a time."""
+    step = transfer_size if transfer_size > 0 else max(1, end - start)
+    return [(offset, min(step, file_bytes - offset)) for offset in range(start, end, step) if offset < file_bytes]
+
+
 def plan_epoch(
     files: tuple[FileSpec, ...],
     reader: ReaderConfig,
@@ -75,11 +136,13 @@ def plan_epoch(
     batch_size: int | None = None,
     shuffle: bool = True,
     whole_files: bool = False,
+    max_batches: int = 0,
 ) -> EpochReadPlan:
     """The read order of `rank` in `epoch` (epochs count from 1).
 
     `whole_files` shards by file instead of by sample, for readers that consume whole files
-    (tf.data): each rank gets a contiguous share of the epoch's file order.
+    (tf.data): each rank gets a contiguous share of the epoch's file order. `max_batches` > 0
+    caps the batches (DLIO's step count; the rest of the share is not read).
     """
     order = file_order(len(files), shuffle and reader.file_shuffle, reader.shuffle_seed, epoch)
     if whole_files:
@@ -99,5 +162,6 @@ def plan_epoch(
         rank=rank,
         samples=share,
         batch_size=batch_size or reader.batch_size,
-        drop_last=reader.drop_last,
+        drop_last=reader.drop_last or max_batches > 0,
+        max_batches=max_batches,
     )
