@@ -335,12 +335,13 @@ def check_replay_log(config: RunConfig) -> None:
 
 def check_dependencies(config: RunConfig) -> None:
     """Optional libraries the chosen features need, checked before anything is written."""
+    from dlio_ckpt.checkpoint.formats import get_format_class
     from dlio_ckpt.optional import check_installed
 
     if config.reader.name == "tensorflow":
         check_installed("tensorflow")
     if config.checkpoint.enabled or config.mode == "checkpoint":
-        needs = {"tensorflow": "tensorflow", "torch": "torch"}.get(config.checkpoint.format)
+        needs = get_format_class(config.checkpoint.format).requires
         if needs:
             check_installed(needs)
 
