@@ -1,0 +1,83 @@
+"""The one registry helper: lazy import, close matches, aliases and install hints, and that every
+config name table of the project is one of these registries."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from dlio_ckpt.checkpoint.formats import CHECKPOINT_FORMATS
+from dlio_ckpt.checkpoint.layouts import LAYOUTS
+from dlio_ckpt.checkpoint.registry import STRATEGIES
+from dlio_ckpt.config.load import load_config
+from dlio_ckpt.errors import ConfigError, MissingDependency
+from dlio_ckpt.formats import DATASET_FORMATS
+from dlio_ckpt.registry import Registry
+from dlio_ckpt.storage import BACKENDS
+
+ALL = [BACKENDS, DATASET_FORMATS, CHECKPOINT_FORMATS, LAYOUTS, STRATEGIES]
+
+
+def test_unknown_name_names_the_key_a_close_match_and_the_choices():
+    registry = Registry(key="thing.kind", noun="kind", entries={"alpha": "json:dumps", "beta": "json:loads"})
+    with pytest.raises(ConfigError) as caught:
+        registry.canonical("alpah")
+    assert str(caught.value) == "thing.kind: unknown kind 'alpah' (did you mean 'alpha'?); choose one of: alpha, beta"
+
+
+def test_load_imports_only_on_use_and_resolves_aliases():
+    import json
+
+    registry = Registry(key="k", noun="n", entries={"dump": "json:dumps"}, aliases={"old": "dump"})
+    assert registry.load("old") is json.dumps and registry.names() == ["dump"]
+
+
+def test_a_missing_optional_module_gets_the_install_hint():
+    registry = Registry(key="storage.backend", noun="backend", entries={"far": "dlio_ckpt_no_such_module:Far"},
+                        install_hints={"far": "pip install 'dlio_ckpt[far]'"})
+    with pytest.raises(MissingDependency, match=r"storage.backend=far needs a library .* install it with: pip install 'dlio_ckpt\[far\]'"):
+        registry.load("far")
+
+
+def test_a_missing_module_without_a_hint_is_a_bug_and_keeps_its_traceback():
+    registry = Registry(key="k", noun="n", entries={"x": "dlio_ckpt_no_such_module:X"})
+    with pytest.raises(ModuleNotFoundError):
+        registry.load("x")
+
+
+@pytest.mark.parametrize("registry", ALL, ids=lambda r: r.key)
+def test_every_entry_of_every_registry_loads(registry):
+    for name in registry.names():
+        if name in registry.install_hints:
+            continue  # an optional dependency (the s3 backend): checked by its own tests
+        assert registry.load(name) is not None
+
+
+def test_choosing_a_layout_does_not_import_the_checkpoint_writers():
+    """Plans are pure: naming files must not pull in the strategies (threads, MPI) or h5py."""
+    for module in [m for m in sys.modules if m.startswith("dlio_ckpt.checkpoint.strategies")]:
+        del sys.modules[module]
+    LAYOUTS.load("deepspeed")
+    assert "dlio_ckpt.checkpoint.strategies" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("checkpoint.strategy=shardd", "checkpoint.strategy: unknown strategy 'shardd' (did you mean 'sharded'?)"),
+        ("checkpoint.layout=deepspeeed", "checkpoint.layout: unknown layout 'deepspeeed' (did you mean 'deepspeed'?)"),
+        ("checkpoint.format=tourch", "checkpoint.format: unknown format 'tourch' (did you mean 'torch'?)"),
+        ("dataset.format=npzz", "dataset.format: unknown format 'npzz' (did you mean 'npz'?)"),
+        ("storage.backend=posixx", "storage.backend: unknown backend 'posixx' (did you mean 'posix'?)"),
+    ],
+)
+def test_config_names_are_checked_by_the_registries(override, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(["checkpoint.enabled=true", override])
+    assert str(caught.value).startswith(message)
+
+
+def test_the_sync_alias_still_means_sharded():
+    config = load_config(["checkpoint.strategy=sync"])
+    assert STRATEGIES.canonical(config.checkpoint.strategy) == "sharded"
