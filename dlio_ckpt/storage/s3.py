@@ -200,7 +200,8 @@ class S3WriteFile(io.RawIOBase):
         self._uri = uri
         self._part_size = part_size
         self._concurrency = concurrency
-        self._buffer = bytearray()
+        self._part: bytearray | None = None  # the part being filled
+        self._filled = 0
         self._written = 0
         self._parts: queue.Queue | None = None
         self._uploader: threading.Thread | None = None
@@ -238,14 +239,21 @@ class S3WriteFile(io.RawIOBase):
         view = memoryview(data).cast("B")
         done = 0
         while done < len(view):  # one copy: into the part being filled, which is then handed over whole
-            take = min(self._part_size - len(self._buffer), len(view) - done)
-            self._buffer += view[done : done + take]
+            if self._part is None:
+                self._part, self._filled = bytearray(self._part_size), 0  # allocated once, never grown
+            take = min(self._part_size - self._filled, len(view) - done)
+            self._part[self._filled : self._filled + take] = view[done : done + take]
+            self._filled += take
             done += take
-            if len(self._buffer) == self._part_size:
-                part, self._buffer = self._buffer, bytearray()
+            if self._filled == self._part_size:
+                part, self._part = self._part, None
                 self._queue_part(part)
         self._written += len(view)
         return len(view)
+
+    def _pending(self) -> memoryview:
+        """The bytes of the part being filled (possibly none)."""
+        return memoryview(self._part)[: self._filled] if self._part is not None else memoryview(b"")
 
     def flush(self) -> None:
         """Parts leave as they fill; the object appears on close()."""
@@ -304,12 +312,12 @@ class S3WriteFile(io.RawIOBase):
         try:
             if self._uploader is None:
                 try:
-                    obstore.put(self._store, self._key, self._buffer, use_multipart=False)
+                    obstore.put(self._store, self._key, self._pending(), use_multipart=False)
                 except Exception as exc:
                     raise _object_error(exc, self._uri, "upload") from None
             else:
-                if self._buffer:
-                    self._queue_part(self._buffer)
+                if self._filled:
+                    self._queue_part(self._pending())
                 self._queue_part(_END)
                 self._uploader.join()
                 if self._upload_error is not None:
@@ -318,7 +326,7 @@ class S3WriteFile(io.RawIOBase):
             self._discard()
             raise
         finally:
-            self._buffer = bytearray()
+            self._part, self._filled = None, 0
         self._published = True
 
     def close(self) -> None:
@@ -343,7 +351,7 @@ class S3WriteFile(io.RawIOBase):
         super().close()
 
     def _discard(self) -> None:
-        self._buffer = bytearray()
+        self._part, self._filled = None, 0
         if self._uploader is not None and self._uploader.is_alive():
             self._queue_part(_ABORT)
             self._uploader.join()
