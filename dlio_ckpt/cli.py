@@ -179,6 +179,10 @@ def _main(argv: Sequence[str] | None) -> None:
     if LIST_WORKLOADS_FLAG in arguments:
         list_workloads()
         return
+    from dlio_ckpt.slurm import DRY_RUN_FLAG
+
+    dry_run = DRY_RUN_FLAG in arguments
+    arguments = [a for a in arguments if a != DRY_RUN_FLAG]
     flags, overrides, multirun, info = split_command_line(arguments)
     from dlio_ckpt.config.load import register_workloads
 
@@ -217,7 +221,7 @@ def _main(argv: Sequence[str] | None) -> None:
     try:
         from dlio_ckpt.config.load import validate_command_line
 
-        validate_command_line(overrides, multirun, world.size)
+        validate_command_line(overrides, multirun, slurm_job_size(overrides, multirun, dry_run) or world.size)
         key, folder, token = choose_output_folder(world, overrides, multirun)
     except UserError as exc:
         fail(world, str(exc))
@@ -234,6 +238,9 @@ def _main(argv: Sequence[str] | None) -> None:
     # The run's own checkpoint folder is named after it and rank 0's token: unique even when two
     # run folders share a name or one path is used again.
     run_id = f"{folder.name}-{token}"
+    if dry_run:
+        print_slurm_dry_run(flags + injected, make_task(world, run_id, multirun, darshan_runtime))
+        return
     _run_hydra(flags + injected, task=make_task(world, run_id, multirun, darshan_runtime))
     if multirun and world.is_root:
         from dlio_ckpt.sweep import combine_sweep
@@ -242,10 +249,39 @@ def _main(argv: Sequence[str] | None) -> None:
         print(f"sweep summary: {table}")
 
 
-def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
-    """The Hydra task function: build the RunConfig and run the job on this rank."""
+def slurm_job_size(overrides: Sequence[str], multirun: bool, dry_run: bool) -> int | None:
+    """The ranks each job of a Slurm sweep will run, which the command line is checked for instead of
+    the one process that submits; None when the sweep does not go to Slurm."""
+    from dlio_ckpt.slurm import DRY_RUN_FLAG, slurm_world_size
 
-    def task(cfg) -> None:
+    size = slurm_world_size(overrides) if multirun else None
+    if dry_run and size is None:
+        raise UserError(f"{DRY_RUN_FLAG}: prints the sbatch script of a Slurm sweep; use it with -m hydra/launcher=slurm")
+    return size
+
+
+def print_slurm_dry_run(arguments: list[str], task) -> None:
+    """--slurm-dry-run: the launcher prepares the sweep's submission as for real; its sbatch script is printed, not submitted."""
+    from dlio_ckpt.slurm import dry_run_submissions
+
+    with dry_run_submissions() as submissions:
+        _run_hydra(arguments, task=task)
+    for submission in submissions:
+        print(f"# dry run, nothing submitted: {submission.jobs} Slurm job(s), one per configuration, "
+              f"each running {submission.tasks_per_job} dlio_ckpt rank(s) under srun")
+        print(submission.script, flush=True)
+
+
+def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
+    """The Hydra task function: build the RunConfig and run the job on this rank.
+
+    A launcher that runs the task in other processes (submitit on Slurm: one process per srun
+    task) gets a World built there, from that process's MPI environment."""
+    launched_in = os.getpid()
+
+    def task(cfg, world: World = world) -> None:
+        if os.getpid() != launched_in:
+            world = World.from_environment()
         from hydra.core.hydra_config import HydraConfig
 
         from dlio_ckpt.config.load import explicit_keys, to_run_config

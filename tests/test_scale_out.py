@@ -75,3 +75,54 @@ def test_scaling_of_a_path_that_is_no_run_is_one_line_exit_2(workdir):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "holds no run folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def slurm_dry_run(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    return run_cli(["--slurm-dry-run", "-m", "hydra/launcher=slurm", *overrides, f"hydra.sweep.dir={workdir / 'sweep'}"],
+                   workdir / "cwd")
+
+
+def test_slurm_dry_run_prints_one_array_job_per_configuration_running_dlio_ckpt_under_srun(workdir):
+    done = slurm_dry_run(workdir, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=4", "hydra.launcher.partition=debug",
+                         "hydra.launcher.timeout_min=30", "workload=unet3d,resnet,bert", "scale=tiny", "reader.batch_size=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    script = done.stdout[done.stdout.index("#!/bin/bash"):]
+    flags = {line.split("=", 1)[0]: line.split("=", 1)[1] for line in script.splitlines() if line.startswith("#SBATCH --")}
+    assert flags["#SBATCH --array"] == "0-2%3"  # three configurations: three jobs of one array
+    assert flags["#SBATCH --nodes"] == "2" and flags["#SBATCH --ntasks-per-node"] == "4"
+    assert flags["#SBATCH --partition"] == "debug" and flags["#SBATCH --time"] == "30"
+    lines = script.splitlines()
+    (srun,) = [i for i, line in enumerate(lines) if line.startswith("srun ")]
+    assert lines.index("export DLIO_CKPT_MPI=1") < srun  # every srun task joins the MPI world
+    assert "-m submitit.core._submit" in lines[srun] and str(workdir / "sweep" / ".submitit") in lines[srun]
+    assert "3 Slurm job(s)" in done.stdout and "8 dlio_ckpt rank(s)" in done.stdout
+    assert not (workdir / "sweep" / ".submitit").exists()  # nothing pickled, nothing submitted
+
+
+def test_slurm_sweep_is_checked_for_the_world_size_of_its_jobs(workdir):
+    done = slurm_dry_run(workdir, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=4", "workload=unet3d", "scale=tiny",
+                         "dataset.num_files_train=4")
+    assert done.returncode == 2
+    assert "8 ranks but only 4 training samples" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (workdir / "sweep").exists()
+
+
+def test_slurm_dry_run_needs_the_slurm_launcher(workdir):
+    done = run_cli(["--slurm-dry-run", "-m", "workload=unet3d", "scale=tiny"], workdir / "cwd")
+    assert done.returncode == 2 and "hydra/launcher=slurm" in done.stderr
+    assert list((workdir / "cwd").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_submitit_sweep_runs_each_job_in_a_process_of_its_own(workdir):
+    """The local submitit launcher pickles the task into a new process, as the Slurm one does per srun task."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    sweep = workdir / "sweep"
+    done = run_cli(["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=1", *TINY,
+                    f"storage.root={workdir / 'store'}", f"hydra.sweep.dir={sweep}"], workdir / "cwd")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = load_summary(sweep / "0")
+    assert summary["world_size"] == 1
+    assert summary["train"]["bytes_read"] == summary["train"]["epochs"] * train_bytes_on_disk(workdir / "store")
+    assert "0,workload=unet3d" in (sweep / "sweep_summary.csv").read_text()
