@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dlio_ckpt.errors import (INTERRUPTED_EXIT_CODE, RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, RunFailure, UserError,
-                              report_failure)
+                              report_failure, storage_failure)
 from dlio_ckpt.world import World
 
 # Hydra flags that only print something: they run without MPI set-up or validation.
@@ -307,6 +307,9 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
                 print(f"dlio_ckpt: interrupted; the run in {run_dir} is incomplete", file=sys.stderr, flush=True)
             world.abort(INTERRUPTED_EXIT_CODE)
         except BaseException as exc:
+            if isinstance(exc, OSError) and exc.filename:  # a file it could not read or write: one line, not a traceback
+                report_failure(str(storage_failure(exc, exc.filename)), world)
+                world.abort(RUN_FAILURE_EXIT_CODE)
             if isinstance(exc, SystemExit) and not world.parallel:
                 raise
             print(f"dlio_ckpt: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
