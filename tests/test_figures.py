@@ -60,13 +60,13 @@ def test_recorder_totals_exact_under_threads():
 
 # -- checkpoint write time without the read-back; bytes from the tracer -------------------------
 
-def checkpoint_events(ctx, folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The checkpoint-phase events on the data files of one checkpoint folder, and their paths."""
+def checkpoint_events(ctx, folder: Path) -> np.ndarray:
+    """The checkpoint-phase events on the data files of one checkpoint folder."""
     events = ctx.recorder.array()
     paths = np.array(ctx.recorder.paths)
     data = {str(p) for p in data_files(folder)}
     on_data = np.isin(paths[events["file"]], list(data)) & (events["phase"] == PHASE_CODE["checkpoint"])
-    return events[on_data], paths[events["file"][on_data]]
+    return events[on_data]
 
 
 @pytest.mark.parametrize("fmt", ["npz", "hdf5", "raw"])
@@ -75,7 +75,7 @@ def test_checkpoint_write_s_leaves_the_checksum_read_back_out(tmp_path, fmt):
     engine = make_checkpoint_engine(ctx)
     record = engine.save(3, 1)
     engine.finish()
-    events, _ = checkpoint_events(ctx, Path(engine.root) / engine.layout.folder(3))
+    events = checkpoint_events(ctx, Path(engine.root) / engine.layout.folder(3))
     first_open = events["start"][events["op"] == OP_CODE["open"]].min()
     last_fsync = events["end"][events["op"] == OP_CODE["fsync"]].max()
     reads = events[events["op"] == OP_CODE["read"]]
@@ -108,7 +108,7 @@ def test_checkpoint_bytes_are_the_tracers_write_counts(tmp_path, fmt, strategy):
         engine.save(step, 1)
     engine.finish()
     for record in engine.records:
-        events, _ = checkpoint_events(ctx, Path(engine.root) / engine.layout.folder(record.step))
+        events = checkpoint_events(ctx, Path(engine.root) / engine.layout.folder(record.step))
         assert record.bytes == int(events["length"][events["op"] == OP_CODE["write"]].sum()) > 0
     everything = sum(r.bytes + r.metadata_bytes for r in engine.records)
     assert everything == ctx.recorder.bytes_written["checkpoint"]
