@@ -298,9 +298,6 @@ class PosixStorage:
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path)) if os.path.isdir(path) else []
 
-    def rename(self, source: str, target: str) -> None:
-        os.replace(source, target)
-
     def remove(self, path: str) -> None:
         os.unlink(path)
 

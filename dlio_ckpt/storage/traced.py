@@ -156,9 +156,6 @@ class TracedStorage:
     def file_size(self, path: str) -> int:
         return self._meta("stat", path, self.inner.file_size, path)
 
-    def rename(self, source: str, target: str) -> None:
-        self._meta("rename", source, self.inner.rename, source, target)
-
     def remove(self, path: str) -> None:
         self._meta("unlink", path, self.inner.remove, path)
 
