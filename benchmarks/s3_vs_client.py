@@ -86,9 +86,13 @@ def client_read(store, requests: list[tuple[str, int, int]], key_of, concurrency
     return moved / MiB / (time.perf_counter() - start)
 
 
-def client_write(store, payload: bytes, concurrency: int) -> float:
+def client_write(store, concurrency: int) -> float:
+    """obstore's put of 512 MiB from memory. The payload is made here and freed after: a parent
+    holding it when dlio_ckpt starts would pass its RSS high-water mark on (Linux keeps ru_maxrss
+    across fork and exec) and inflate the peak RSS measured there."""
     import obstore
 
+    payload = os.urandom(SHARD)
     start = time.perf_counter()
     obstore.put(store, "bench/client/shard.bin", payload, chunk_size=PART, max_concurrency=concurrency)
     seconds = time.perf_counter() - start
@@ -119,7 +123,6 @@ def main() -> None:
         key_of = lambda path: "bench/" + os.path.relpath(path, root)  # noqa: E731 (the backend's mapping)
         options = s3_options(server, root, c)
         dlio(DATASET + options + ["mode=generate"], Path(scratch) / "generate")
-        payload = os.urandom(SHARD)
         read_dlio, read_client, write_dlio, write_client, rss = [], [], [], [], []
         for round_index in range(args.rounds):
             run = Path(scratch) / f"read-{round_index}"
@@ -139,7 +142,7 @@ def main() -> None:
                 keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
                 if keys:
                     server.client().delete_objects(Bucket=BUCKET, Delete={"Objects": keys})
-            write_client.append(client_write(store, payload, c))
+            write_client.append(client_write(store, c))
             print(f"round {round_index + 1}/{args.rounds}: read {read_dlio[-1]:.0f} vs {read_client[-1]:.0f} MiB/s, "
                   f"write {write_dlio[-1]:.0f} vs {write_client[-1]:.0f} MiB/s, peak RSS {rss[-1]:.0f} MiB", file=sys.stderr)
 

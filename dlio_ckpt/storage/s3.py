@@ -190,7 +190,7 @@ class S3ReadFile(io.RawIOBase):
 
 
 class S3WriteFile(io.RawIOBase):
-    """A streaming upload: nothing is visible at the key until close() completes it."""
+    """A streaming upload: nothing is visible at the key until fsync() or close() completes it."""
 
     def __init__(self, store: S3Store, path: str, key: str, uri: str, part_size: int, concurrency: int) -> None:
         super().__init__()
@@ -256,7 +256,7 @@ class S3WriteFile(io.RawIOBase):
         return memoryview(self._part)[: self._filled] if self._part is not None else memoryview(b"")
 
     def flush(self) -> None:
-        """Parts leave as they fill; the object appears on close()."""
+        """Parts leave as they fill; the object appears on fsync() or close()."""
 
     def fsync(self) -> None:
         """Complete the upload now. S3 has no durability call apart from completing an object, so
