@@ -5,10 +5,11 @@ server holds, listed through boto3 (a client independent of the backend's)."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from conftest import load_summary, run_cli
+from conftest import BIN, load_summary, run_cli
 
 PREFIX = "e2e"
 TINY_CKPT = ["workload=llama3_8b", "scale=tiny", "progress=false", "checkpoint.drop_caches=false"]
@@ -36,7 +37,7 @@ def run_ok(args, cwd, ranks=0):
 def test_train_run_counts_the_bytes_the_server_holds(workdir, s3_server, s3_bucket):
     root, run = workdir / "store", workdir / "run"
     run_ok(["workload=unet3d", "scale=tiny", "dataset.format=raw", "progress=false", "checkpoint.drop_caches=false",
-            *s3_args(s3_server, s3_bucket, root), f"hydra.run.dir={run}"], workdir / "cwd")
+            "trace.chrome=true", *s3_args(s3_server, s3_bucket, root), f"hydra.run.dir={run}"], workdir / "cwd")
     summary = load_summary(run)
     data = server_objects(s3_server, s3_bucket, "data/unet3d/")
     train = {k: v for k, v in data.items() if "/train/" in k}
@@ -51,6 +52,15 @@ def test_train_run_counts_the_bytes_the_server_holds(workdir, s3_server, s3_buck
     with __import__("numpy").load(run / "events" / "rank-00000.npz") as events:
         paths = [str(p) for p in events["paths"]]
     assert any(p.startswith(str(root)) and "/train/" in p for p in paths)
+
+    # The S3 requests are in the Chrome trace (ranged GETs as reads, upload completions as fsyncs)
+    # and in the analysis, with the same bytes.
+    slices = json.loads((run / "trace.chrome.json").read_text())["traceEvents"]
+    assert sum(e["args"]["length"] for e in slices if e.get("name") == "read" and e.get("cat") == "train") == summary["train"]["bytes_read"]
+    assert any(e.get("name") == "fsync" and e.get("cat") == "checkpoint" for e in slices)
+    analysis = subprocess.run([str(BIN / "dlio_ckpt-analyze"), "--json", "--no-plots", str(run)], capture_output=True, text=True, timeout=120)
+    assert analysis.returncode == 0, analysis.stderr[-2000:]
+    assert json.loads(analysis.stdout)["bytes_read"] == summary["io"]["bytes_read"]
 
 
 @pytest.mark.parametrize("strategy, ranks", [
