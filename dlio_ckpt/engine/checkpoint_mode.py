@@ -17,6 +17,7 @@ from typing import Any
 from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.checkpoint.report import GIB, checkpoint_summary
 from dlio_ckpt.errors import RunFailure
+from dlio_ckpt.metrics.mlperf import RULE, mlperf_figures
 
 
 def drop_page_cache() -> str:
@@ -148,7 +149,8 @@ def _summarise(records: list[list[dict]], reads: list[list[dict | None]], write_
         "verify_duration_s": summary["verify_s_max"],  # the checksum read-back, in neither write figure
         "read_duration_s": summary.get("restore_s_max", 0.0),
         "read_throughput_gib_per_s": summary.get("restore_gib_per_s_min_rank", 0.0),
-        "rule": "duration = max over ranks; throughput = min over ranks of per-rank throughput",
+        "rule": RULE,
+        **mlperf_figures(summary.get("per_checkpoint", []), per_read),
     }
     summary["per_read"] = per_read
     return summary

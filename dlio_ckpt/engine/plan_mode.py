@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.metrics.bandwidth import required_read_bandwidth
 from dlio_ckpt.metrics.report import log_report, plain_table, plural
 from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
 
 GIB = float(1 << 30)
+MIB = float(1 << 20)
 
 
 def plan_world_size(config: RunConfig) -> int:
@@ -42,6 +44,7 @@ def build_plan_report(config: RunConfig) -> dict:
         "world_size": world,
         "model": model.describe(),
         "checkpoint": {
+            "enabled": ck.enabled,
             "strategy": ck.strategy,
             "layout": plan.layout_name,
             "format": plan.format_name,
@@ -64,8 +67,33 @@ def build_plan_report(config: RunConfig) -> dict:
             "scale_factor": model.scale_factor,
         },
     }
+    report["dataset"] = dataset_plan_figures(config, world)
     report["plan_s"] = time.perf_counter() - start
     return report
+
+
+def dataset_plan_figures(config: RunConfig, world: int) -> dict:
+    """The dataset side of the plan: its nominal size, and the read bandwidth `world` ranks need
+    to keep their compute busy (metrics/bandwidth.py), from the nominal sample size."""
+    ds = config.dataset
+    need = required_read_bandwidth(world, config.reader.batch_size, ds.record_length_bytes, config.train.computation_time)
+    return {
+        "format": ds.format,
+        "files_train": ds.num_files_train,
+        "samples_per_file": ds.num_samples_per_file,
+        "bytes": ds.num_files_train * ds.num_samples_per_file * ds.record_length_bytes,
+        **need,
+    }
+
+
+def _dataset_rows(data: dict) -> list[tuple[str, str]]:
+    rows = [("dataset", f"{data['files_train']:,} files x {data['samples_per_file']:,} samples x "
+                        f"{data['bytes_per_sample'] / MIB:.3f} MiB = {data['bytes'] / GIB:.2f} GiB ({data['format']}, nominal)")]
+    need = data["required_mib_per_s"]
+    rows.append(("dataset read needed", "unbounded: no compute is emulated (train.computation_time=0)" if need is None else
+                 f"{need:.1f} MiB/s ({data['required_mib_per_s_per_rank']:.1f} per rank) = {plural(data['ranks'], 'rank')} x "
+                 f"batch {data['batch_size']} x {data['bytes_per_sample'] / MIB:.3f} MiB / {data['compute_s_per_step']:.3f} s compute per step"))
+    return rows
 
 
 def _table(report: dict) -> str:
@@ -75,6 +103,8 @@ def _table(report: dict) -> str:
         ("ranks (TP x PP x DP)", f"{report['world_size']} ({m['tensor_parallel']} x {m['pipeline_parallel']} x {m['data_parallel']}), ZeRO {m['zero_stage']}"
          + (" subset" if m["subset"] else "")),
         ("parameters", f"{m['parameters']:,}" if m["parameters"] else "explicit sizes"),
+        *([] if report["checkpoint"]["enabled"] else
+          [("checkpointing", "off in this workload (checkpoint.enabled=false): the sizes below are what it would write")]),
         ("checkpoint total", f"{c['total_gib']:.2f} GiB  (model {c['model_bytes'] / GIB:.2f} / optimizer {c['optimizer_bytes'] / GIB:.2f})"),
         ("per rank", f"max {c['max_rank_bytes'] / GIB:.3f} GiB, min {c['min_rank_bytes'] / GIB:.3f} GiB, "
                      f"{plural(c['writing_ranks'], 'rank')} write{'s' if c['writing_ranks'] == 1 else ''}"),
@@ -82,6 +112,7 @@ def _table(report: dict) -> str:
     ]
     if m["scale_factor"] != 1.0:
         rows.append(("scaled from", f"{m['unscaled_total_bytes'] / GIB:.2f} GiB (factor {m['scale_factor']:.3g})"))
+    rows += _dataset_rows(report["dataset"])
     rows.append(("planned in", f"{report['plan_s']:.3f} s"))
     return plain_table(rows)
 

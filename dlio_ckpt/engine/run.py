@@ -16,6 +16,7 @@ from typing import Any
 
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.metrics import latency
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import print_report
 from dlio_ckpt.storage import make_backend
@@ -75,6 +76,7 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
 
     events = ctx.recorder.array()  # once: a long run holds millions of events
     local["io"] = summaries.rank_io(events)
+    local["latency"] = latency.rank_latency(events)
     if config.trace.events or config.trace.darshan or config.trace.chrome:
         ctx.recorder.save(run_dir / "events", local["hostname"], events)
     local["peak_rss_bytes"] = peak_rss_bytes()  # after the event file: saving it can be the peak
@@ -97,6 +99,7 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
     if "replay" in everyone[0]:
         summary["replay"] = everyone[0]["replay"]  # run_replay already reduced over ranks
     summary["io"] = summaries.io_section(everyone)
+    summary["latency"] = latency.latency_section(everyone)
     summary["ranks"] = summaries.rank_rows(everyone)
     summary["traces"] = _write_traces(ctx, everyone, darshan_runtime)
     # Rank 0 writes the traces after the gather; its peak is taken again once they are written.

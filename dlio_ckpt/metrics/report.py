@@ -6,6 +6,8 @@ import logging
 import sys
 from typing import Any
 
+from dlio_ckpt.metrics.bandwidth import page_cache_meaning
+from dlio_ckpt.metrics.mlperf import mlperf_rows
 from dlio_ckpt.metrics.utilisation import FEW_STEPS_PER_BLOCK
 
 MIB = float(1 << 20)
@@ -36,10 +38,44 @@ def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None) -> lis
         ("samples/s", f"{train['samples_per_s']:.1f}"),
         ("read", f"{train['bytes_read'] / MIB:.1f} MiB read{rate_text}"),
         ("time", f"reading (waiting for data) {shares['reading']:.1%}, computing {shares['computing']:.1%}, "
-                 f"checkpointing {shares['checkpointing']:.1%}, other {shares['other']:.1%} of the training wall time"),
+                 f"checkpoint blocking {shares['checkpointing']:.1%}, other {shares['other']:.1%} of the training wall time"),
         ("AU", f"{train['au_overall']:.3f} over the whole run (au_overall); {dlio}"),
         ("AU target", f"{train['au_target']:.2f}: {verdict}: {train['au_verdict_reason']}"),
-    ]
+    ] + storage_rows(train.get("storage"))
+
+
+def storage_rows(storage: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The read bandwidth training needs and the storage-bound verdict (metrics/bandwidth.py)."""
+    if not storage:
+        return []
+    need = storage["required_mib_per_s"]
+    if need is None:
+        needed = "unbounded: no compute is emulated (train.computation_time=0)"
+    else:
+        needed = (f"{need:.1f} MiB/s ({storage['required_mib_per_s_per_rank']:.1f} per rank) = {plural(storage['ranks'], 'rank')} x "
+                  f"batch {storage['batch_size']} x {storage['bytes_per_sample'] / MIB:.3f} MiB per sample / "
+                  f"{storage['compute_s_per_step']:.3f} s compute per step")
+    return [("needed", needed), ("storage", storage["verdict"])]
+
+
+def latency_rows(latency: dict[str, Any]) -> list[tuple[str, str]]:
+    """p50 / p99 / max and IOPS of the data-moving calls of the phases a user asks about."""
+    rows = []
+    for phase, op in (("train", "read"), ("checkpoint", "write"), ("restore", "read")):
+        row = latency.get(phase, {}).get(op)
+        if row:
+            iops = "" if row["iops"] is None else f", {row['iops']:,.0f} IOPS"
+            rows.append((f"{phase} {op}s", f"latency p50 {row['p50_s'] * 1e3:.3f} ms, p99 {row['p99_s'] * 1e3:.3f} ms, "
+                                          f"max {row['max_s'] * 1e3:.3f} ms over {row['count']:,} calls{iops}"))
+    return rows
+
+
+def async_persist_row(ckpt: dict[str, Any]) -> list[tuple[str, str]]:
+    """Async checkpoints persist behind training: say how long, apart from what training lost."""
+    if ckpt.get("strategy") != "async" or not ckpt.get("writes"):
+        return []
+    return [("async persist", f"{ckpt['persist_s_max']:.3f} s per checkpoint in the background (slowest rank, "
+                              f"read-back included), beside {ckpt['blocking_s_max']:.3f} s blocking training")]
 
 
 def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -57,14 +93,19 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         verify = f", checksum read-back {ckpt['verify_s_max']:.3f} s apart" if ckpt.get("verify_s_max") else ""
         rows.append(("checkpoint", f"{plural(ckpt['writes'], 'write')} of {ckpt['bytes'] / GIB:.3f} GiB, slowest rank "
                                    f"{ckpt['write_s_max']:.3f} s, {ckpt['write_gib_per_s']:.3f} GiB/s{verify}"))
+        rows += async_persist_row(ckpt)
+        rows += mlperf_rows(ckpt)
         if ckpt.get("restore_verified") is not None and ckpt.get("restore_s_max") is not None:
             rows.append(("restore", f"{ckpt['restore_s_max']:.3f} s, {ckpt.get('restore_gib_per_s', 0):.3f} GiB/s, verified: {ckpt['restore_verified']}"))
     replay = summary.get("replay")
     if replay:
         rows.append(("replay", ", ".join(f"{k}={v}" for k, v in replay.items())))
+    rows += latency_rows(summary.get("latency", {}))
     rows.append(("run folder", summary["run_dir"]))
     for note in summary.get("warnings", []):
         rows.append(("warning", note))
+    if dataset and dataset.get("page_cache_risk") and train and train.get("storage"):
+        rows.append(("warning", f"page cache and the verdict: {page_cache_meaning(train['storage'])}"))
     return rows
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from dlio_ckpt import __version__
-from dlio_ckpt.metrics import utilisation
+from dlio_ckpt.metrics import bandwidth, utilisation
 from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.storage.events import totals_by_phase
 
@@ -85,7 +85,7 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
     # DLIO's throughput: per rank samples / wall without checkpoint time, summed; its "I/O MB/s"
     # multiplies that by the nominal record length.
     dlio_samples_per_s = sum(_ratio(r["samples"], r["train_wall_s"] - r["checkpoint_s"]) for r in ranks)
-    return {
+    section = {
         "epochs": max(r["epochs"] for r in ranks),
         "steps": max(r["steps"] for r in ranks),
         "steps_per_rank": [r["steps"] for r in ranks],
@@ -112,6 +112,8 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
         "dlio_io_mib_per_s_nominal": dlio_samples_per_s * config.dataset.record_length_bytes / MIB,
         "checkpoint_s_in_loop": max(r["checkpoint_s"] for r in ranks),
     }
+    section["storage"] = bandwidth.run_storage_section(section, len(ranks), config)
+    return section
 
 
 def eval_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:

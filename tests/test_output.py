@@ -1,0 +1,155 @@
+"""Output that answers the user's question (issue 13): required bandwidth and the storage-bound
+verdict, where time went, latency percentiles and IOPS, MLPerf-style checkpoint results.
+
+One tiny async-checkpointing training run and one tiny mode=checkpoint run are shared by the
+assertions (module-scoped), so the module stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import load_summary, run_cli
+from dlio_ckpt.metrics import bandwidth, latency
+from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, load_run_events
+
+MIB = float(1 << 20)
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory) -> tuple[Path, dict, str]:
+    base = tmp_path_factory.mktemp("train")
+    (base / "cwd").mkdir()
+    run = base / "run"
+    done = run_cli(["workload=unet3d", "scale=tiny", "progress=false", "checkpoint.strategy=async", "reader.batch_size=2",
+                    "train.computation_time=0.02", f"storage.root={base / 'store'}", f"hydra.run.dir={run}"], base / "cwd")
+    assert done.returncode == 0, done.stderr
+    return run, load_summary(run), done.stdout
+
+
+@pytest.fixture(scope="module")
+def checkpoint_run(tmp_path_factory) -> tuple[dict, str]:
+    base = tmp_path_factory.mktemp("ckpt")
+    (base / "cwd").mkdir()
+    run = base / "run"
+    done = run_cli(["workload=llama3_8b", "scale=tiny", "mode=checkpoint", "progress=false", "checkpoint.drop_caches=false",
+                    "checkpoint.num_checkpoints_write=3", "checkpoint.num_checkpoints_read=2",
+                    f"storage.root={base / 'store'}", f"hydra.run.dir={run}"], base / "cwd")
+    assert done.returncode == 0, done.stderr
+    return load_summary(run), done.stdout
+
+
+def _line(stdout: str, key: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.split("  ")[0].strip() == key]
+    assert lines, f"no '{key}' row in:\n{stdout}"
+    return lines[0]
+
+
+# -- is the storage the bottleneck? -------------------------------------------------------------
+
+def test_required_bandwidth_is_ranks_times_batch_times_sample_bytes_over_compute():
+    need = bandwidth.required_read_bandwidth(ranks=8, batch_size=4, bytes_per_sample=140 * MIB, compute_s_per_step=1.0)
+    assert need["required_mib_per_s_per_rank"] == pytest.approx(560.0)
+    assert need["required_mib_per_s"] == pytest.approx(8 * 560.0)
+    assert bandwidth.required_read_bandwidth(1, 4, MIB, 0.0)["required_mib_per_s"] is None
+
+
+@pytest.mark.parametrize("delivered, bound, word", [(50.0, True, "storage-bound"), (105.0, False, "borderline"),
+                                                    (300.0, False, "not storage-bound"), (None, None, "cannot judge")])
+def test_storage_verdict_says_whether_and_by_how_much(delivered, bound, word):
+    verdict = bandwidth.storage_verdict(100.0, delivered)
+    assert verdict["storage_bound"] is bound
+    assert verdict["verdict"].startswith(word)
+    if delivered:
+        assert verdict["delivered_over_required"] == pytest.approx(delivered / 100.0)
+        assert f"{delivered / 100.0:.{2 if delivered < 110 else 1}f}x" in verdict["verdict"]
+
+
+def test_a_run_reports_required_and_delivered_bandwidth_and_a_verdict(train_run):
+    _, summary, stdout = train_run
+    train, storage = summary["train"], summary["train"]["storage"]
+    per_sample = train["bytes_read"] / train["samples"]
+    assert storage["bytes_per_sample"] == pytest.approx(per_sample)
+    assert storage["required_mib_per_s"] == pytest.approx(1 * 2 * per_sample / 0.02 / MIB)
+    assert storage["delivered_mib_per_s"] == train["read_mib_per_s"]
+    assert storage["storage_bound"] == (train["read_mib_per_s"] < storage["required_mib_per_s"])
+    assert _line(stdout, "storage").split("storage", 1)[1].strip() == storage["verdict"]
+    assert f"{storage['required_mib_per_s']:.1f} MiB/s" in _line(stdout, "needed")
+
+
+def test_the_table_shows_where_time_went_and_the_async_persist(train_run):
+    _, summary, stdout = train_run
+    shares = summary["train"]["time_shares"]
+    time_row = _line(stdout, "time")
+    for label, key in (("reading (waiting for data)", "reading"), ("computing", "computing"),
+                       ("checkpoint blocking", "checkpointing")):
+        assert f"{label} {shares[key]:.1%}" in time_row
+    ckpt = summary["checkpoint"]
+    assert f"{ckpt['persist_s_max']:.3f} s per checkpoint in the background" in _line(stdout, "async persist")
+
+
+def test_the_page_cache_warning_says_what_the_verdict_means(train_run):
+    _, summary, stdout = train_run
+    assert summary["dataset"]["page_cache_risk"] is True  # a few MiB always fits in memory
+    note = [line for line in stdout.splitlines() if "page cache and the verdict" in line]
+    assert note and bandwidth.page_cache_meaning(summary["train"]["storage"]) in note[0]
+
+
+def test_plan_mode_shows_the_dataset_side(workdir):
+    run = workdir / "plan"
+    done = run_cli(["workload=resnet", "mode=plan", "world.size=8", f"hydra.run.dir={run}"], workdir / "cwd")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((run / "plan.json").read_text())
+    data = plan["dataset"]
+    assert data["required_mib_per_s"] == pytest.approx(8 * data["batch_size"] * data["bytes_per_sample"]
+                                                        / data["compute_s_per_step"] / MIB)
+    assert data["bytes"] == data["files_train"] * data["samples_per_file"] * data["bytes_per_sample"]
+    assert f"{data['required_mib_per_s']:.1f} MiB/s" in _line(done.stdout, "dataset read needed")
+    assert _line(done.stdout, "dataset").split("dataset", 1)[1].strip().startswith(f"{data['files_train']:,} files")
+
+
+# -- latency percentiles and IOPS ------------------------------------------------------------------
+
+def test_latency_percentiles_and_iops_match_the_event_files(train_run):
+    run, summary, stdout = train_run
+    reads = summary["latency"]["train"]["read"]
+    assert reads["count"] == summary["io"]["by_phase"]["train"]["reads"]
+    events = load_run_events(run)[0].events
+    mask = (events["phase"] == PHASE_CODE["train"]) & (events["op"] == OP_CODE["read"])
+    took = events["end"][mask] - events["start"][mask]
+    assert reads["max_s"] == pytest.approx(took.max())
+    for percent in (50, 99):
+        true = np.percentile(took, percent, method="inverted_cdf")
+        # the histogram's upper bin edge: never below the true value, at most one bin above
+        assert true <= reads[f"p{percent}_s"] * (1 + 1e-9)
+        assert reads[f"p{percent}_s"] <= max(true, latency.SMALLEST_S) * 10 ** (1 / latency.BINS_PER_DECADE) * (1 + 1e-9)
+    assert reads["p50_s"] <= reads["p99_s"] <= reads["max_s"]
+    assert reads["iops"] == pytest.approx(reads["count"] / summary["ranks"][0]["train_read_s"], rel=1e-6)
+    assert f"over {reads['count']:,} calls" in _line(stdout, "train reads")
+
+
+# -- MLPerf Storage checkpoint results ----------------------------------------------------------
+
+def test_checkpoint_mode_prints_mlperf_mean_and_std(checkpoint_run):
+    summary, stdout = checkpoint_run
+    ckpt = summary["checkpoint"]
+    figures = ckpt["mlperf"]
+    durations = [c["write_s_max"] for c in ckpt["per_checkpoint"]]
+    rates = [c["write_gib_per_s_min_rank"] for c in ckpt["per_checkpoint"]]
+    assert figures["writes"] == 3 and figures["reads"] == 2
+    assert figures["write_duration_s_mean"] == pytest.approx(np.mean(durations))
+    assert figures["write_duration_s_std"] == pytest.approx(np.std(durations))
+    assert figures["write_throughput_gb_per_s_mean"] == pytest.approx(np.mean(rates) * (1 << 30) / 1e9)
+    read_rates = [r["read_gib_per_s_min_rank"] for r in ckpt["per_read"]]
+    assert figures["read_throughput_gib_per_s_std"] == pytest.approx(np.std(read_rates))
+    save = _line(stdout, "save (MLPerf)")
+    assert (f"duration {figures['write_duration_s_mean']:.3f} ({figures['write_duration_s_std']:.3f}) s" in save
+            and f"{figures['write_throughput_gb_per_s_mean']:.3f} ({figures['write_throughput_gb_per_s_std']:.3f}) GB/s" in save
+            and "mean (std) over 3 writes" in save)
+    assert "over 2 reads" in _line(stdout, "load (MLPerf)")
+    assert "min over ranks" in _line(stdout, "MLPerf rule")
+    assert _line(stdout, "page cache").endswith("not dropped (not requested)")
