@@ -230,3 +230,51 @@ def test_tensorflow_dlio_config_reads_whole_files_in_transfer_size_under_mpi(wor
     assert summary["train"]["steps_per_rank"] == [steps * config.train.epochs] * 2
     assert summary["train"]["bytes_read"] == expected_bytes
     assert summary["train"]["reads"] == expected_reads
+
+
+# DLIO 2.0.0's per-accelerator files: (computation_time, batch_size) of *_a100/_h100/_v100.yaml.
+ACCELERATORS = [("unet3d", "a100", 0.636, 7), ("unet3d", "h100", 0.323, 7), ("unet3d", "v100", 1.3604, 4),
+                ("resnet", "a100", 0.435, 400), ("resnet", "h100", 0.224, 400), ("resnet", "v100", 0.195, 64),
+                ("cosmoflow", "a100", 0.00551, 1), ("cosmoflow", "h100", 0.0035, 1), ("cosmoflow", "v100", 0.00936, 1),
+                ("bert", "v100", 0.968, 48)]
+
+
+@pytest.mark.parametrize("workload,accelerator,compute,batch", ACCELERATORS)
+def test_accelerator_selects_dlio_figures(workload, accelerator, compute, batch):
+    config = load_config([f"workload={workload}", f"accelerator={accelerator}"])
+    assert (config.train.computation_time, config.reader.batch_size) == (compute, batch)
+    dlio_name = {"resnet": "resnet50"}.get(workload, workload) + f"_{accelerator}.yaml"
+    for path in dlio_wheel_workloads():
+        if path.name == dlio_name:
+            dlio = load_config([f"dlio_config={path}"])
+            assert (dlio.train.computation_time, dlio.reader.batch_size, dlio.reader.file_shuffle, dlio.metric.au) == \
+                (config.train.computation_time, config.reader.batch_size, config.reader.file_shuffle, config.metric.au)
+
+
+def test_accelerator_errors_and_explicit_keys_win():
+    with pytest.raises(ConfigError, match="accelerator: workload bert has no figures for 'h100'; choose one of: v100"):
+        load_config(["workload=bert", "accelerator=h100"])
+    with pytest.raises(ConfigError, match="workload llama3_8b has no figures for 'a100'"):
+        load_config(["workload=llama3_8b", "accelerator=a100"])
+    config = load_config(["workload=unet3d", "accelerator=v100", "reader.batch_size=3", "scale=tiny"])
+    assert config.reader.batch_size == 3 and config.train.computation_time == 0.01  # tiny caps compute after it
+
+
+def test_own_workload_files_run_like_shipped_ones(workdir: Path):
+    folder = workdir / "mine"
+    folder.mkdir()
+    (folder / "mine.yaml").write_text("dataset:\n  format: npy\n  num_files_train: 4\n  record_length_bytes: 64KiB\n"
+                                      "reader:\n  batch_size: 2\n  read_threads: 0\n")
+    config = load_config([f"workload={folder / 'mine.yaml'}", "scale=tiny"])
+    assert (config.workload, config.dataset.format, config.dataset.num_files_train) == ("mine", "npy", 4)
+    done = run_cli(["--config-dir", str(folder), "workload=mine", "scale=tiny", "progress=false",
+                    f"storage.root={workdir}/root", f"hydra.run.dir={workdir}/run"], workdir / "cwd")
+    assert done.returncode == 0, done.stderr
+    summary = load_summary(workdir / "run")
+    assert summary["workload"] == "mine" and summary["train"]["samples"] == 4  # 4 files, 1 epoch (conf/config.yaml)
+    (folder / "bad.yaml").write_text("reader:\n  batch_sise: 2\n")
+    done = run_cli([f"workload={folder / 'bad.yaml'}", f"storage.root={workdir}/root2", f"hydra.run.dir={workdir}/run2"],
+                   workdir / "cwd")
+    assert done.returncode == 2 and not (workdir / "run2").exists() and not (workdir / "root2").exists()
+    (line,) = done.stderr.strip().splitlines()
+    assert "bad.yaml" in line and "reader.batch_sise" in line and "reader.batch_size" in line
