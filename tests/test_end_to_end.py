@@ -19,8 +19,14 @@ from conftest import BIN, cli_env, load_summary, run_cli
 TINY_RAW = ["workload=unet3d", "scale=tiny", "dataset.format=raw", "checkpoint.enabled=false", "progress=false"]
 
 
+def dataset_dir(root: Path, workload: str = "unet3d") -> Path:
+    """The one dataset of a test's storage root: data/<workload>/<fingerprint>/."""
+    (folder,) = (root / "data" / workload).iterdir()
+    return folder
+
+
 def train_files(root: Path, workload: str = "unet3d") -> list[Path]:
-    return sorted((root / "data" / workload / "train").rglob("*.*"))
+    return sorted((dataset_dir(root, workload) / "train").rglob("*.*"))
 
 
 def run_ok(args, cwd, ranks=0):
@@ -41,7 +47,7 @@ def test_serial_run_counts_the_bytes_on_disk(workdir):
     assert train["samples"] == 2 * 8
     assert train["steps"] == 4  # 8 samples / batch 4, two epochs
     assert summary["dataset"]["bytes_on_disk"] == on_disk
-    manifest = root / "data" / "unet3d" / ".dlio_ckpt_dataset.json"
+    manifest = dataset_dir(root) / ".dlio_ckpt_dataset.json"
     assert summary["io"]["by_phase"]["generate"]["bytes_written"] == on_disk + manifest.stat().st_size
     assert (run / ".hydra" / "config.yaml").exists()
     assert (run / "events" / "rank-00000.npz").exists()
@@ -221,7 +227,7 @@ def test_evaluation_reads_the_eval_files(workdir):
     run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "evaluation.enabled=true", "dataset.num_files_eval=2"],
            workdir / "cwd")
     summary = load_summary(run)
-    eval_bytes = sum(p.stat().st_size for p in (root / "data" / "unet3d" / "eval").rglob("*.bin"))
+    eval_bytes = sum(p.stat().st_size for p in (dataset_dir(root) / "eval").rglob("*.bin"))
     assert summary["eval"]["samples"] == 2 * 2
     assert summary["eval"]["bytes_read"] == 2 * eval_bytes
     assert summary["io"]["by_phase"]["eval"]["bytes_read"] == 2 * eval_bytes

@@ -100,8 +100,8 @@ def test_dataset_plan_sizes_are_seeded_and_clipped():
     assert sizes == [f.sample_bytes for f in again.train]
     assert len(set(sizes)) > 1  # unet3d has a size spread
     assert min(sizes) >= config.dataset.record_length_bytes_min
-    assert plan.folder == "/nonexistent/data/unet3d"
-    assert all(f.path.startswith("/nonexistent/data/unet3d/train/") for f in plan.train)
+    assert plan.folder == f"/nonexistent/data/unet3d/{plan.fingerprint}"
+    assert all(f.path.startswith(f"/nonexistent/data/unet3d/{plan.fingerprint}/train/") for f in plan.train)
 
 
 def test_fingerprint_follows_what_decides_the_bytes():
@@ -109,6 +109,9 @@ def test_fingerprint_follows_what_decides_the_bytes():
     assert base == plan_dataset(load_config(["scale=tiny", "dataset.format=npz", "reader.batch_size=2"]), "npz").fingerprint
     assert base != plan_dataset(load_config(["scale=tiny", "dataset.format=npz", "dataset.seed=8"]), "npz").fingerprint
     assert base != plan_dataset(load_config(["scale=tiny", "dataset.format=npz", "dataset.num_files_train=3"]), "npz").fingerprint
+    # the fingerprint names the folder: datasets of different shapes never share one
+    other = plan_dataset(load_config(["scale=tiny", "dataset.format=npz", "dataset.record_length_bytes=2KiB"]), "npz")
+    assert other.folder != plan_dataset(load_config(["scale=tiny", "dataset.format=npz"]), "npz").folder
 
 
 def test_subfolders_spread_files():

@@ -2,8 +2,10 @@
 
 Sample sizes are drawn once per file from a seeded normal distribution (mean, stdev, clipped at
 the minimum), so every rank and every later run computes the same plan without communicating.
-The fingerprint covers everything that decides the bytes on disk: a dataset whose manifest has
-the same fingerprint is reused, any other is regenerated.
+The fingerprint covers everything that decides the bytes on disk, and it names the dataset's
+folder (`<dataset.folder or data/<workload>>/<fingerprint>/`): runs that share a storage.root,
+even at the same time, never write a dataset of one shape where another run reads one of another
+shape; runs of the same shape share one dataset (reused when its manifest matches).
 """
 
 from __future__ import annotations
@@ -46,9 +48,34 @@ class DatasetPlan:
         return sum(f.payload_bytes for f in self.files)
 
 
-def dataset_folder(config: RunConfig) -> str:
+def dataset_base_folder(config: RunConfig) -> str:
+    """The folder the user chose (or data/<workload>) under storage.root; each shape gets a subfolder."""
     relative = config.dataset.folder or os.path.join("data", config.workload)
     return os.path.abspath(os.path.join(config.storage.root, relative))
+
+
+def dataset_fingerprint(config: RunConfig) -> str:
+    """A digest of everything that decides the dataset's bytes (not where it lives)."""
+    ds = config.dataset
+    identity = {
+        "format": ds.format,
+        "files": [ds.num_files_train, ds.num_files_eval],
+        "samples_per_file": ds.num_samples_per_file,
+        "sizes": [ds.record_length_bytes, ds.record_length_bytes_stdev, ds.record_length_bytes_min],
+        "subfolders": [ds.num_subfolders_train, ds.num_subfolders_eval],
+        "prefix": ds.file_prefix,
+        "compression": [ds.compression, ds.compression_level],
+        "chunking": [ds.chunking, ds.chunk_size_bytes],
+        "content": ds.content,
+        "seed": ds.seed,
+        "pool_bytes": config.generate.pool_bytes,
+        "version": 1,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def dataset_folder(config: RunConfig) -> str:
+    return os.path.join(dataset_base_folder(config), dataset_fingerprint(config))
 
 
 def _sizes(count: int, config: RunConfig, stream: int) -> np.ndarray:
@@ -75,7 +102,8 @@ def _paths(folder: str, split: str, count: int, subfolders: int, prefix: str, ex
 def plan_dataset(config: RunConfig, extension: str) -> DatasetPlan:
     """The dataset a config describes; `extension` comes from the format (e.g. 'npz')."""
     ds = config.dataset
-    folder = dataset_folder(config)
+    fingerprint = dataset_fingerprint(config)
+    folder = os.path.join(dataset_base_folder(config), fingerprint)
     specs: dict[str, tuple[FileSpec, ...]] = {}
     offset = 0
     for split, count, subfolders, stream in (
@@ -89,21 +117,6 @@ def plan_dataset(config: RunConfig, extension: str) -> DatasetPlan:
             for i in range(count)
         )
         offset += count
-    identity = {
-        "format": ds.format,
-        "files": [ds.num_files_train, ds.num_files_eval],
-        "samples_per_file": ds.num_samples_per_file,
-        "sizes": [ds.record_length_bytes, ds.record_length_bytes_stdev, ds.record_length_bytes_min],
-        "subfolders": [ds.num_subfolders_train, ds.num_subfolders_eval],
-        "prefix": ds.file_prefix,
-        "compression": [ds.compression, ds.compression_level],
-        "chunking": [ds.chunking, ds.chunk_size_bytes],
-        "content": ds.content,
-        "seed": ds.seed,
-        "pool_bytes": config.generate.pool_bytes,
-        "version": 1,
-    }
-    fingerprint = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return DatasetPlan(folder=folder, format=ds.format, train=specs["train"], eval=specs["eval"], fingerprint=fingerprint)
 
 
