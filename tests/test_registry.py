@@ -81,3 +81,18 @@ def test_config_names_are_checked_by_the_registries(override, message):
 def test_the_sync_alias_still_means_sharded():
     config = load_config(["checkpoint.strategy=sync"])
     assert STRATEGIES.canonical(config.checkpoint.strategy) == "sharded"
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["dataset.format=npz", "dataset.compression=lzf"], "dataset.compression: 'lzf' is not offered by dataset.format=npz; choose one of: none, gzip"),
+        (["dataset.format=raw", "dataset.compression=gzip"], "dataset.compression: 'gzip' is not offered by dataset.format=raw; choose one of: none"),
+        (["dataset.format=npz", "dataset.compression=zstd"], "dataset.compression: 'zstd' is not offered"),
+    ],
+)
+def test_a_format_states_the_compressions_it_offers(overrides, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides)
+    assert str(caught.value).startswith(message)
+    load_config(["dataset.format=hdf5", "dataset.compression=lzf"])

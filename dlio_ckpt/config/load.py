@@ -271,7 +271,11 @@ def check_registered_names(config: RunConfig) -> None:
     from dlio_ckpt.storage import BACKENDS
 
     BACKENDS.canonical(config.storage.backend)
-    DATASET_FORMATS.canonical(config.dataset.format)
+    ds = config.dataset
+    offered = DATASET_FORMATS.load(ds.format).compressions
+    if ds.compression not in offered:
+        raise ConfigError(f"dataset.compression: '{ds.compression}' is not offered by dataset.format={ds.format}; "
+                          f"choose one of: {', '.join(offered)}")
     ck = config.checkpoint
     check_names(ck)
     needs_layout = getattr(get_format_class(ck.format), "needs_layout", None)

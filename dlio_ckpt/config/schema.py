@@ -64,7 +64,7 @@ class DatasetConfig:
     num_subfolders_train: int
     num_subfolders_eval: int
     file_prefix: str
-    compression: Literal["none", "gzip", "lzf"]
+    compression: str  # one of the format's `compressions` (checked with the format's registry entry)
     compression_level: int
     chunking: bool
     chunk_size_bytes: Bytes
@@ -79,20 +79,10 @@ class DatasetConfig:
         require(self.num_subfolders_train >= 0, f"{key}num_subfolders_train: cannot be negative")
         require(self.num_subfolders_eval >= 0, f"{key}num_subfolders_eval: cannot be negative")
         require(self.record_length_bytes_min >= 1, f"{key}record_length_bytes_min: must be at least 1 byte")
-        if self.compression != "none":
-            require(
-                self.format in ("hdf5", "npz"),
-                f"{key}compression: '{self.compression}' applies to hdf5 (gzip, lzf) or npz (gzip); "
-                f"set {key}compression=none for format {self.format}",
-            )
-        if self.format == "hdf5":
-            require(self.compression in ("none", "gzip", "lzf"), f"{key}compression: hdf5 supports none, gzip or lzf")
         if self.compression == "gzip":
             require(0 <= self.compression_level <= 9,
                     f"{key}compression_level: gzip levels are 0 (none) to 9 (best) (got {self.compression_level})")
         require_seed(self.seed, f"{key}seed")
-        if self.format == "npz":
-            require(self.compression in ("none", "gzip"), f"{key}compression: npz supports none or gzip (deflate)")
 
 
 @dataclass(frozen=True)

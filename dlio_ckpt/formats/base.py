@@ -83,6 +83,7 @@ class DatasetFormat(Protocol):
     companion_suffixes: tuple[str, ...]
     sequential: bool  # True: samples come in file order (TFRecord); False: any order by index
     write_needs: frozenset[str]  # storage capabilities the writer needs (e.g. "seekable_write"); empty: appends only
+    compressions: tuple[str, ...]  # dataset.compression values it offers ("none" always)
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None: ...
 

@@ -115,6 +115,7 @@ class Hdf5Format:
     companion_suffixes: tuple[str, ...] = ()
     sequential = False
     write_needs: frozenset[str] = frozenset({"seekable_write"})  # HDF5 rewrites its superblock and metadata
+    compressions: tuple[str, ...] = ("none", "gzip", "lzf")  # dataset.compression values it offers
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         chunks = chunk_shape(spec, options)

@@ -44,6 +44,7 @@ class NpyFormat:
     companion_suffixes: tuple[str, ...] = ()
     sequential = False
     write_needs: frozenset[str] = frozenset()
+    compressions: tuple[str, ...] = ("none",)  # dataset.compression values it offers
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         with buffered(open_output(""), options) as out:

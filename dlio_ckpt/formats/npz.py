@@ -55,6 +55,7 @@ class NpzFormat:
     companion_suffixes: tuple[str, ...] = ()
     sequential = False
     write_needs: frozenset[str] = frozenset()  # zipfile streams (data descriptors) where the handle cannot seek
+    compressions: tuple[str, ...] = ("none", "gzip")  # dataset.compression values it offers
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         if options.compression not in _COMPRESSION:

@@ -139,6 +139,7 @@ class TFRecordFormat:
     companion_suffixes: tuple[str, ...] = ()
     sequential = True
     write_needs: frozenset[str] = frozenset()
+    compressions: tuple[str, ...] = ("none",)  # dataset.compression values it offers
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         with buffered(open_output(""), options) as out:
