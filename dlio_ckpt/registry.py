@@ -42,13 +42,17 @@ class Registry:
         """The attribute `name` points at, imported now; MissingDependency with the install hint
         when its module (or something it imports) is not installed."""
         name = self.canonical(name)
-        module_name, _, attr = self.entries[name].partition(":")
         try:
-            module = importlib.import_module(module_name)
+            return import_target(self.entries[name])
         except ImportError as exc:
             if name not in self.install_hints:
                 raise
             raise MissingDependency(
                 f"{self.key}={name} needs a library that is not installed ({exc}); install it with: {self.install_hints[name]}"
             ) from exc
-        return getattr(module, attr)
+
+
+def import_target(target: str) -> Any:
+    """The attribute a "module:attr" string names, its module imported now."""
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
