@@ -299,8 +299,12 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
         except RunFailure as exc:  # one line per failing rank (it may have printed it already), exit 1
             if str(exc):
                 report_failure(str(exc), world)
-            if exc.known_everywhere or not world.parallel:
-                raise SystemExit(RUN_FAILURE_EXIT_CODE) from None
+            if exc.known_everywhere and world.parallel:
+                # Every rank is here: once all lines are out, rank 0 alone ends the job. Ranks that
+                # exit 1 by themselves race the launcher, which may SIGKILL the slower ones (exit 9).
+                world.barrier()
+                if not world.is_root:
+                    world.barrier()  # rank 0 never joins: its MPI_Abort ends this rank
             world.abort(RUN_FAILURE_EXIT_CODE)
         except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line for the job, exit 130
             if world.is_root:

@@ -23,7 +23,8 @@ from dlio_ckpt.plan.dataset import MANIFEST_NAME as DATASET_MANIFEST, plan_datas
 MIB = 1 << 20
 # 4 files x 2 samples x 1 MiB = 8 MiB of dataset; checkpoints of SMALL_MODEL are 6 MiB (3 MiB model + optimizer)
 DATASET = ["dataset.num_files_train=4", "dataset.num_files_eval=0", "dataset.num_samples_per_file=2",
-           "dataset.record_length_bytes=1MiB", "dataset.record_length_bytes_stdev=0", "dataset.format=npy"]
+           "dataset.record_length_bytes=1MiB", "dataset.record_length_bytes_stdev=0", "dataset.format=npy",
+           "reader.batch_size=1", "model.layer_parameters=[]"]
 CHECKPOINT_BYTES = 6 * MIB
 
 
@@ -112,7 +113,8 @@ def test_a_real_full_disk_mid_checkpoint(workdir):
         env = cli_env()
         env[FREE_BYTES_VARIABLE] = str(1 << 40)  # let the run start, so that the disk fills up during it
         done = subprocess.run([str(BIN / "dlio_ckpt"), "workload=unet3d", *SMALL_MODEL, "mode=checkpoint",
-                               "checkpoint.num_checkpoints_write=2", "progress=false", f"storage.root={disk}",
+                               "model.layer_parameters=[]", "checkpoint.num_checkpoints_write=2", "progress=false",
+                               f"storage.root={disk}",
                                f"hydra.run.dir={workdir / 'run'}"], cwd=workdir / "cwd", env=env, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 1 and "Traceback" not in done.stderr

@@ -23,7 +23,8 @@ from dlio_ckpt.plan.checkpoint import MANIFEST_NAME
 # A hang is forever: this only turns one into a failure instead of a stuck suite.
 HANG = 60
 # ZeRO 3: every rank holds (and, but with single_writer, writes) a 3 MiB shard
-CHECKPOINT_RUN = ["workload=unet3d", "scale=tiny", "mode=checkpoint", *SMALL_MODEL, "model.parallelism.zero_stage=3",
+CHECKPOINT_RUN = ["workload=unet3d", "scale=tiny", "mode=checkpoint", *SMALL_MODEL, "model.layer_parameters=[]",
+                  "model.parallelism.zero_stage=3",
                   "checkpoint.num_checkpoints_write=3", "checkpoint.write_chunk_bytes=64KiB", "progress=false"]
 
 
