@@ -135,3 +135,12 @@ def test_verify_file_refuses_unknown_algorithms_and_empty_checksums(tmp_path):
     assert verify_file(engine.restore_storage, str(victim), size, "abc", "md5", buffer)[1] == "unknown checksum algorithm 'md5'"
     assert verify_file(engine.restore_storage, str(victim), size, "", "xxh3_128", buffer)[1] == "no xxh3_128 checksum recorded"
     assert verify_file(engine.restore_storage, str(victim), size, "", "none", buffer) == (size, None)
+
+
+def test_a_deleted_data_file_rejects_its_checkpoint(tmp_path):
+    engine, folder = two_checkpoints(tmp_path)
+    victim = data_files(folder)[0]
+    victim.unlink()
+    restored = engine.restore()
+    assert restored.verified and restored.checkpoint_step == 1
+    assert restored.skipped == [f"step_00000002: {victim.name}: missing"]
