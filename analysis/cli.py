@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
                    help="Darshan log(s), a folder of logs, run folder(s) or a sweep folder")
     p.add_argument("--compare", action="store_true",
                    help="show runs / sweep jobs side by side (table and bar chart) instead of one by one")
+    p.add_argument("--baseline", metavar="JOB", default=None,
+                   help="with --compare (implied): show each metric's change in percent against this job "
+                        "(a sweep job's folder number, e.g. 0, or a run's column number or label)")
     p.add_argument("--scaling", action="store_true",
                    help="weak-scaling table: per-rank and aggregate bandwidth against ranks, from run folders "
                         "or sweep folders of one configuration run at several `mpirun -np` (prints only)")
@@ -144,6 +147,7 @@ def document(args: argparse.Namespace, jobs: list[JobAnalysis], table: dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
+    args.compare = args.compare or args.baseline is not None
     if args.scaling:
         return show_scaling(args)
     sources = detect_all(args.paths)
@@ -159,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compare and len(jobs) < 2:
         raise UserError(f"--compare needs at least two runs, sweep jobs or Darshan jobs; found {len(jobs)} "
                         f"in {', '.join(map(str, args.paths))}")
-    table = compare(jobs) if args.compare or len(jobs) > 1 else None
+    table = compare(jobs, args.baseline) if args.compare or len(jobs) > 1 else None
     written: list[str] = []
     compare_figure = None
     if report_path is not None:

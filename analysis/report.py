@@ -7,14 +7,15 @@ with other tools' (docs/metrics.md).
 
 from __future__ import annotations
 
+import base64
 import html
 import os
 from pathlib import Path
 from typing import Any
 
-from dlio_ckpt.analysis.model import GIB, JobAnalysis
+from dlio_ckpt.analysis.model import GIB, MIB, JobAnalysis
 
-Block = tuple  # ("h", level, text) | ("p", text) | ("ul", [text]) | ("table", headers, rows) | ("img", src, alt)
+Block = tuple  # ("h", level, text) | ("p", text) | ("ul", [text]) | ("table", headers, rows) | ("img", src, alt, file)
 
 _RANKS_SHOWN = 20
 _FILES_SHOWN = 20
@@ -22,14 +23,14 @@ _FILES_SHOWN = 20
 
 def fmt_bytes(value: Any) -> str:
     if value is None:
-        return "–"
+        return "-"
     return f"{int(value):,} ({int(value) / GIB:.3f} GiB)"
 
 
 def fmt_size(value: Any) -> str:
     """Short binary size for narrow places (terminal columns): exact counts are in the report."""
     if value is None:
-        return "–"
+        return "-"
     size = float(value)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(size) < 1024 or unit == "TiB":
@@ -44,7 +45,7 @@ def fmt(value: Any) -> str:
     Shares as percentages are left to the caller.
     """
     if value is None:
-        return "–"
+        return "-"
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, int):
@@ -60,7 +61,7 @@ def fmt(value: Any) -> str:
 
 
 def fmt_share(value: Any) -> str:
-    return "–" if value is None else f"{100 * value:.1f} %"
+    return "-" if value is None else f"{100 * value:.1f} %"
 
 
 def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Block]:
@@ -151,7 +152,9 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         }
         for name, path in job.figures.items():
             blocks.append(("p", captions.get(name, name)))
-            blocks.append(("img", _relative(path, out_dir), f"{job.label} {name}"))
+            if name == "bandwidth":
+                blocks += [("p", note) for note in bandwidth_notes(job)]
+            blocks.append(("img", _relative(path, out_dir), f"{job.label} {name}", path))
 
     darshan = job.extra.get("darshan")
     if darshan:
@@ -173,6 +176,24 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
     return blocks
 
 
+def bandwidth_notes(job: JobAnalysis) -> list[str]:
+    """Why a phase's headline bandwidth differs from the bandwidth plot's curve: the table divides
+    by the slowest rank's busy time in reads or writes, the plot by wall-clock time over all ranks
+    (ranks also compute, wait and checkpoint), so the plot's mean over the phase is lower."""
+    notes = []
+    for phase, p in job.per_phase.items():
+        span = (p.get("last_end_s") or 0.0) - (p.get("first_start_s") or 0.0)
+        for kind in ("read", "write"):
+            nbytes, rate, busy = p.get(f"bytes_{kind}"), p.get(f"{kind}_mib_per_s"), p.get(f"{kind}_s")
+            if not nbytes or rate is None or span <= 0:
+                continue
+            plotted = nbytes / span / MIB
+            notes.append(f"{phase} {kind}s: the tables' {fmt(rate)} MiB/s is {fmt(nbytes)} bytes / the slowest rank's "
+                         f"{fmt(busy)} s busy in {kind} calls; the plot averages {fmt(plotted)} MiB/s over the phase's "
+                         f"{fmt(span)} s of wall-clock time, all ranks together (time outside {kind} calls included).")
+    return notes
+
+
 def _relative(path: str, out_dir: Path | None) -> str:
     if out_dir is None:
         return path
@@ -183,13 +204,18 @@ def _relative(path: str, out_dir: Path | None) -> str:
 
 
 def comparison_blocks(table: dict[str, Any], figure: str | None, level: int, out_dir: Path | None) -> list[Block]:
+    from dlio_ckpt.analysis.compare import cell, column_header
+
     runs = table["runs"]
-    head = ["metric"] + [f"{i + 1}: {run}" for i, run in enumerate(runs)]
-    body = [[row["label"]] + [fmt(row["values"].get(run)) for run in runs] for row in table["rows"]]
-    blocks: list[Block] = [("h", level, "Comparison"), ("table", head, body)]
+    head = ["metric"] + [column_header(table, run) for run in runs]
+    body = [[row["label"]] + [cell(table, row, run) for run in runs] for row in table["rows"]]
+    blocks: list[Block] = [("h", level, "Comparison")]
+    if table.get("baseline"):
+        blocks.append(("p", f"In brackets: the change against the baseline, {table['baseline']}, in percent of its value."))
+    blocks.append(("table", head, body))
     if figure:
         blocks += [("p", "Bars: the first headline metrics with values; numbers under the bars are the columns above."),
-                   ("img", _relative(figure, out_dir), "comparison")]
+                   ("img", _relative(figure, out_dir), "comparison", figure)]
     return blocks
 
 
@@ -252,9 +278,18 @@ def to_html(blocks: list[Block]) -> str:
             body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in block[2])
             parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
         elif kind == "img":
-            parts.append(f"<p><img src='{e(block[1])}' alt='{e(block[2])}'></p>")
+            parts.append(f"<p><img src='{_data_uri(block)}' alt='{e(block[2])}' data-file='{e(block[1])}'></p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _data_uri(block: Block) -> str:
+    """The figure inside the page (base64 PNG), so the HTML report is one file that can be mailed
+    or attached; the relative link when the file is not there to read."""
+    source = Path(block[3]) if len(block) > 3 else None
+    if source is None or not source.is_file():
+        return html.escape(block[1])
+    return "data:image/png;base64," + base64.b64encode(source.read_bytes()).decode("ascii")
 
 
 def render(blocks: list[Block], fmt_name: str) -> str:

@@ -220,8 +220,15 @@ def _headline(summary: dict[str, Any], analysis: JobAnalysis) -> dict[str, Any]:
         "checkpoint_write_gib_per_s": ckpt.get("write_gib_per_s"),
         "checkpoint_write_gib_per_s_min_rank": ckpt.get("write_gib_per_s_min_rank"),
         "checkpoint_blocking_s_max": ckpt.get("blocking_s_max"),
+        "checkpoint_persist_s_max": ckpt.get("persist_s_max"),
         "training_time_lost_fraction": ckpt.get("training_time_lost_fraction"),
-        "restore_gib_per_s": ckpt.get("restore_gib_per_s"),
+        # a run that restored nothing has no restore rate (summary.json keeps 0.0 there)
+        "restore_gib_per_s": ckpt.get("restore_gib_per_s") if ckpt.get("restore_verified") is not None else None,
+        "au_overall": train.get("au_overall"),
+        "required_read_mib_per_s": (train.get("storage") or {}).get("required_mib_per_s"),
+        "storage_bound": (train.get("storage") or {}).get("storage_bound"),
+        "train_read_p99_s": ((summary.get("latency") or {}).get("train") or {}).get("read", {}).get("p99_s"),
+        "train_read_iops": ((summary.get("latency") or {}).get("train") or {}).get("read", {}).get("iops"),
     }
 
 

@@ -78,6 +78,7 @@ def analyse_sweep(sweep_dir: Path, timeline: bool = True) -> list[JobAnalysis]:
         analysis = analyse_run(folder, label=_job_label(row, varied), timeline=timeline)
         analysis.extra["sweep_row"] = row
         analysis.job["sweep"] = str(sweep_dir)
+        analysis.job["job"] = row.get("job")  # the folder's name, so columns can be named after it
         for key, value in row.items():
             # world_size is the "ranks" row already; job/overrides label the column
             if key not in ("job", "overrides", "world_size") and analysis.headline.get(key) is None:

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dlio_ckpt.analysis.compare import cell
 from dlio_ckpt.analysis.model import JobAnalysis
 from dlio_ckpt.analysis.report import fmt, fmt_bytes, fmt_share, fmt_size
 
@@ -56,12 +57,18 @@ def _job(console: Console, job: JobAnalysis) -> None:
 
 
 def comparison(console: Console, table: dict[str, Any]) -> None:
-    view = Table(title="comparison")
-    view.add_column("metric")
-    for i, run in enumerate(table["runs"]):
-        view.add_column(f"{i + 1}: {run}", justify="right", overflow="fold")
+    """Columns named by short ids (a sweep job's folder number), each explained once above the
+    table, so several jobs fit in 80 columns; metric names fold rather than push values off."""
+    for run in table["runs"]:
+        short = table["ids"][run]
+        console.print(f"{short}: {run.removeprefix(short).lstrip(': ') or run}"
+                      + ("  (baseline)" if run == table.get("baseline") else ""), soft_wrap=True)
+    view = Table(title="comparison" + (" (change against the baseline in brackets)" if table.get("baseline") else ""))
+    view.add_column("metric", overflow="fold", ratio=1)
+    for run in table["runs"]:
+        view.add_column(table["ids"][run], justify="right", no_wrap=True)
     for row in table["rows"]:
-        view.add_row(row["label"], *[fmt(row["values"].get(run)) for run in table["runs"]])
+        view.add_row(row["label"], *[cell(table, row, run) for run in table["runs"]])
     console.print(view)
 
 

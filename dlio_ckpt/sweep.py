@@ -22,10 +22,17 @@ HEADLINE_COLUMNS = (
     ("train_au_target_met", ("train", "au_target_met")),
     ("train_au_verdict", ("train", "au_verdict")),
     ("train_steps", ("train", "steps")),
+    ("train_required_read_mib_per_s", ("train", "storage", "required_mib_per_s")),
+    ("train_storage_bound", ("train", "storage", "storage_bound")),
+    ("train_storage_verdict", ("train", "storage", "verdict")),
+    ("train_read_p99_s", ("latency", "train", "read", "p99_s")),
     ("checkpoint_writes", ("checkpoint", "writes")),
     ("checkpoint_bytes", ("checkpoint", "bytes")),
     ("checkpoint_write_s_max", ("checkpoint", "write_s_max")),
     ("checkpoint_write_gib_per_s", ("checkpoint", "write_gib_per_s")),
+    ("checkpoint_blocking_s_max", ("checkpoint", "blocking_s_max")),
+    ("checkpoint_persist_s_max", ("checkpoint", "persist_s_max")),
+    ("checkpoint_training_time_lost_fraction", ("checkpoint", "training_time_lost_fraction")),
     ("wall_s", ("wall_s",)),
 )
 

@@ -7,13 +7,18 @@ assertions (module-scoped), so the module stays fast.
 
 from __future__ import annotations
 
+import base64
+import csv
+import html
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import load_summary, run_cli
+from dlio_ckpt.analysis.cli import main as analyze
 from dlio_ckpt.metrics import bandwidth, latency
 from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, load_run_events
 
@@ -32,7 +37,7 @@ def train_run(tmp_path_factory) -> tuple[Path, dict, str]:
 
 
 @pytest.fixture(scope="module")
-def checkpoint_run(tmp_path_factory) -> tuple[dict, str]:
+def checkpoint_run(tmp_path_factory) -> tuple[dict, str, Path]:
     base = tmp_path_factory.mktemp("ckpt")
     (base / "cwd").mkdir()
     run = base / "run"
@@ -40,7 +45,18 @@ def checkpoint_run(tmp_path_factory) -> tuple[dict, str]:
                     "checkpoint.num_checkpoints_write=3", "checkpoint.num_checkpoints_read=2",
                     f"storage.root={base / 'store'}", f"hydra.run.dir={run}"], base / "cwd")
     assert done.returncode == 0, done.stderr
-    return load_summary(run), done.stdout
+    return load_summary(run), done.stdout, run
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("sweep")
+    (base / "cwd").mkdir()
+    done = run_cli(["-m", "workload=unet3d", "scale=tiny", "progress=false", "checkpoint.strategy=sync,async",
+                    "train.computation_time=0.02", f"storage.root={base / 'store'}", f"hydra.sweep.dir={base / 'sweep'}"],
+                   base / "cwd")
+    assert done.returncode == 0, done.stderr
+    return base / "sweep"
 
 
 def _line(stdout: str, key: str) -> str:
@@ -135,7 +151,7 @@ def test_latency_percentiles_and_iops_match_the_event_files(train_run):
 # -- MLPerf Storage checkpoint results ----------------------------------------------------------
 
 def test_checkpoint_mode_prints_mlperf_mean_and_std(checkpoint_run):
-    summary, stdout = checkpoint_run
+    summary, stdout, _ = checkpoint_run
     ckpt = summary["checkpoint"]
     figures = ckpt["mlperf"]
     durations = [c["write_s_max"] for c in ckpt["per_checkpoint"]]
@@ -153,3 +169,84 @@ def test_checkpoint_mode_prints_mlperf_mean_and_std(checkpoint_run):
     assert "over 2 reads" in _line(stdout, "load (MLPerf)")
     assert "min over ranks" in _line(stdout, "MLPerf rule")
     assert _line(stdout, "page cache").endswith("not dropped (not requested)")
+
+
+# -- sweeps and comparisons ---------------------------------------------------------------------
+
+def test_sweep_summary_has_checkpoint_time_au_and_the_verdict(sweep):
+    with open(sweep / "sweep_summary.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["job"] for r in rows] == ["0", "1"]
+    for row in rows:
+        summary = load_summary(sweep / row["job"])
+        ckpt, train = summary["checkpoint"], summary["train"]
+        assert float(row["checkpoint_blocking_s_max"]) == pytest.approx(ckpt["blocking_s_max"])
+        assert float(row["checkpoint_persist_s_max"]) == pytest.approx(ckpt["persist_s_max"])
+        assert float(row["checkpoint_training_time_lost_fraction"]) == pytest.approx(ckpt["training_time_lost_fraction"])
+        assert float(row["train_au_overall"]) == pytest.approx(train["au_overall"])
+        assert row["train_storage_verdict"] == train["storage"]["verdict"]
+        assert row["train_storage_bound"] == str(train["storage"]["storage_bound"])
+        assert float(row["train_required_read_mib_per_s"]) == pytest.approx(train["storage"]["required_mib_per_s"])
+        assert float(row["train_read_p99_s"]) == pytest.approx(summary["latency"]["train"]["read"]["p99_s"])
+
+
+def _compare_json(capsys, argv: list[str]) -> dict:
+    assert analyze(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)["comparison"]
+
+
+def test_compare_shows_each_metric_once_under_the_folder_numbers(sweep, capsys):
+    table = _compare_json(capsys, ["--compare", str(sweep)])
+    metrics = [row["metric"] for row in table["rows"]]
+    assert len(metrics) == len(set(metrics))
+    # the sweep's own columns for figures the table has are folded into them, not repeated
+    assert not {"train_samples_per_s", "train_au", "train_au_overall", "job", "status"} & set(metrics)
+    assert list(table["ids"].values()) == ["job 0", "job 1"]
+    by_metric = {row["metric"]: row for row in table["rows"]}
+    for run, short in table["ids"].items():
+        summary = load_summary(sweep / short.split()[1])
+        assert by_metric["strategy"]["values"][run] == summary["checkpoint"]["strategy"]
+        assert by_metric["au_overall"]["values"][run] == pytest.approx(summary["train"]["au_overall"])
+
+
+def test_compare_prints_a_dash_for_absent_values_within_80_columns(train_run, checkpoint_run, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    train_dir, checkpoint_dir = train_run[0], checkpoint_run[2]
+    assert analyze(["--compare", str(train_dir), str(checkpoint_dir), "--no-plots", "--out-dir", str(train_dir.parent / "cmp")]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80, out
+    samples = [line for line in lines if "training samples/s" in line]
+    # the checkpoint-only run trained nothing: a dash, not 0
+    assert samples and samples[0].rstrip(" │|").split()[-1] == "-"
+    assert re.search(r"^1: run", out, re.M) and re.search(r"^2: run", out, re.M)
+
+
+def test_compare_against_a_baseline_gives_the_change_in_percent(sweep, capsys):
+    table = _compare_json(capsys, ["--compare", str(sweep), "--baseline", "0"])
+    assert table["baseline"].startswith("job 0")
+    base, other = table["runs"]
+    wall = next(row for row in table["rows"] if row["metric"] == "wall_s")
+    expected = (wall["values"][other] - wall["values"][base]) / wall["values"][base] * 100
+    assert wall["change_percent"][other] == pytest.approx(expected)
+    assert wall["change_percent"][base] == 0
+    assert analyze(["--baseline", "0", str(sweep), "--no-plots", "--out-dir", str(sweep.parent / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert f"({expected:+.0f}%)" in out
+    assert analyze(["--compare", str(sweep), "--baseline", "7", "--no-plots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--baseline 7" in err[0] and "job 0, job 1" in err[0]
+
+
+def test_html_report_is_one_file_with_its_figures_and_explains_the_bandwidth(train_run, tmp_path, capsys):
+    run, summary, _ = train_run
+    report = tmp_path / "out" / "report.html"
+    assert analyze([str(run), "--output", str(report)]) == 0
+    text = report.read_text()
+    images = re.findall(r"<img src='data:image/png;base64,([A-Za-z0-9+/=]+)'", text)
+    assert len(images) == 2  # heat map and bandwidth, inside the page
+    assert all(base64.b64decode(image)[:8] == b"\x89PNG\r\n\x1a\n" for image in images)
+    assert not re.search(r"src='[^d]", text)
+    rate = summary["io"]["by_phase"]["train"]["bytes_read"]
+    words = html.unescape(text)
+    assert "the slowest rank's" in words and "the plot averages" in words and f"{rate:,} bytes" in words
