@@ -28,6 +28,7 @@ def test_dlrm_is_dlios_profile():
     assert (ds.format, ds.num_files_train, ds.num_samples_per_file, ds.record_length_bytes) == ("indexed_binary", 1, 1024, 640 << 20)
     assert config.train.computation_time == 0.064296 and config.reader.batch_size == 1
     assert config.checkpoint.enabled is False
+    assert (config.reader.access, config.train.step_counting) == ("sample", "dlio")  # PyTorch loader, DLIO's steps
 
 
 def test_seed_paper_models_hold_their_published_parameter_counts():
