@@ -220,3 +220,12 @@ def test_analyze_refuses_a_truncated_log(workdir, source):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "cut.darshan" in lines[0] and "truncated" in lines[0], done.stderr
     assert "Error:" not in done.stderr and done.stdout == "" and list((workdir / "cwd").iterdir()) == []
+
+
+@pytest.mark.mpi
+def test_under_mpi_the_ranks_of_a_node_share_its_memory(workdir):
+    # 3 x pool fits half the memory for one rank, not for the two that mpirun puts on this node
+    pool = int(limits.psutil.virtual_memory().total * limits.MEMORY_SHARE / 4)
+    done = run_cli([*TINY, f"generate.pool_bytes={pool}", f"storage.root={workdir / 'store'}"], workdir / "cwd", mpi_ranks=2)
+    assert_refused(done, workdir, "generate.pool_bytes")
+    assert "with 2 ranks on this node" in done.stderr
