@@ -9,6 +9,7 @@ waiting in a collective.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
@@ -239,7 +240,7 @@ def _main(argv: Sequence[str] | None) -> None:
     # run folders share a name or one path is used again.
     run_id = f"{folder.name}-{token}"
     if dry_run:
-        print_slurm_dry_run(flags + injected, make_task(world, run_id, multirun, darshan_runtime))
+        print_slurm_dry_run(flags + injected, make_task(world, run_id, multirun, darshan_runtime), folder)
         return
     _run_hydra(flags + injected, task=make_task(world, run_id, multirun, darshan_runtime))
     if multirun and world.is_root:
@@ -260,12 +261,19 @@ def slurm_job_size(overrides: Sequence[str], multirun: bool, dry_run: bool) -> i
     return size
 
 
-def print_slurm_dry_run(arguments: list[str], task) -> None:
-    """--slurm-dry-run: the launcher prepares the sweep's submission as for real; its sbatch script is printed, not submitted."""
+def print_slurm_dry_run(arguments: list[str], task, folder: Path) -> None:
+    """--slurm-dry-run: the launcher prepares the sweep's submission as for real; its sbatch script is
+    printed, not submitted, and the sweep folder claimed for it is given back."""
     from dlio_ckpt.slurm import dry_run_submissions
 
-    with dry_run_submissions() as submissions:
-        _run_hydra(arguments, task=task)
+    try:
+        with dry_run_submissions() as submissions:
+            _run_hydra(arguments, task=task)
+    finally:
+        for name in (RUN_CLAIM, "multirun.yaml"):  # all that a sweep folder holds before its first job
+            (folder / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
     for submission in submissions:
         print(f"# dry run, nothing submitted: {submission.jobs} Slurm job(s), one per configuration, "
               f"each running {submission.tasks_per_job} dlio_ckpt rank(s) under srun")

@@ -97,7 +97,7 @@ def test_slurm_dry_run_prints_one_array_job_per_configuration_running_dlio_ckpt_
     assert lines.index("export DLIO_CKPT_MPI=1") < srun  # every srun task joins the MPI world
     assert "-m submitit.core._submit" in lines[srun] and str(workdir / "sweep" / ".submitit") in lines[srun]
     assert "2 Slurm job(s)" in done.stdout and "8 dlio_ckpt rank(s)" in done.stdout
-    assert not (workdir / "sweep" / ".submitit").exists()  # nothing pickled, nothing submitted
+    assert not (workdir / "sweep").exists()  # nothing pickled, nothing submitted, no folder left
 
 
 def test_slurm_sweep_is_checked_for_the_world_size_of_its_jobs(workdir):
