@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import subprocess
 from pathlib import Path
 
@@ -29,7 +30,10 @@ GOOD = sorted(p for p in DATA.glob("*.yaml") if not p.name.startswith("bad_"))
 
 
 def dlio_wheel_workloads() -> list[Path]:
-    """The workload YAMLs of an installed DLIO benchmark (pip install dlio_benchmark==2.0.0), if any."""
+    """DLIO's own workload YAMLs: a folder named by DLIO_WORKLOADS_DIR, or those of an installed
+    DLIO benchmark (pip install dlio_benchmark==2.0.0); none when neither is there."""
+    if os.environ.get("DLIO_WORKLOADS_DIR"):
+        return sorted(Path(os.environ["DLIO_WORKLOADS_DIR"]).glob("*.yaml"))
     spec = importlib.util.find_spec("dlio_benchmark")
     if spec is None or not spec.submodule_search_locations:
         return []

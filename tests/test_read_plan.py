@@ -10,7 +10,7 @@ import pytest
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.formats.base import FileSpec
 from dlio_ckpt.plan.dataset import plan_dataset
-from dlio_ckpt.plan.read import check_world, plan_epoch
+from dlio_ckpt.plan.read import check_world, dlio_steps_per_epoch, plan_epoch, transfer_end, transfer_requests
 from dlio_ckpt.errors import ConfigError
 
 
@@ -118,3 +118,24 @@ def test_subfolders_spread_files():
     config = load_config(["scale=tiny", "dataset.num_subfolders_train=3", "storage.root=/r"])
     folders = {f.path.rsplit("/", 2)[1] for f in plan_dataset(config, "npz").train}
     assert folders == {"0", "1", "2"}
+
+
+def test_dlio_step_counting_gives_every_rank_floor_of_samples_over_batch_and_ranks():
+    spec = files(16, 1)  # the unet3d: 16 files, batch 3, 2 ranks -> 2 steps per rank
+    assert dlio_steps_per_epoch(spec, 3, 2, whole_files=False) == 2
+    assert dlio_steps_per_epoch(spec, 3, 2, whole_files=False, total_steps=1) == 1
+    assert dlio_steps_per_epoch(files(17, 1), 3, 2, whole_files=False) == 2  # a 9-sample share does not get 3
+    plans = [plan_epoch(spec, reader(batch_size=3), r, 2, 1, False, max_batches=2) for r in range(2)]
+    assert [(p.num_batches, p.samples_read) for p in plans] == [(2, 6), (2, 6)]
+    assert not any(p.drop_last is False for p in plans)
+    # whole-file shares: the shortest share decides, so no rank waits in a checkpoint another never reaches
+    assert dlio_steps_per_epoch(files(3, 10), 5, 2, whole_files=True) == 2  # shares of 20 and 10 samples
+
+
+def test_transfer_reads_cover_whole_requests_from_the_start_of_the_file():
+    # 4 records in a 1,000-byte file, 256-byte requests: record 0 ends at byte 250 -> 256 read
+    assert [transfer_end(1000, 4, s, 256) for s in range(4)] == [256, 512, 768, 1000]
+    assert transfer_end(1000, 4, 1, 0) == 500  # no transfer size: exactly through the sample
+    assert transfer_requests(0, 768, 1000, 256) == [(0, 256), (256, 256), (512, 256)]
+    assert transfer_requests(768, 1000, 1000, 256) == [(768, 232)]
+    assert transfer_requests(0, 1000, 1000, 4096) == [(0, 1000)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -85,26 +85,32 @@ class NativeReader:
         return Batch(samples=len(rows), payload_bytes=payload)
 
     def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
-        count = plan.num_batches
         try:
-            if self._threads == 0:
-                for index in range(count):
-                    yield self._read_batch(plan.batch(index))
-                return
-            with ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="reader") as pool:
-                pending: list[Future] = []
-                submitted = 0
-                try:
-                    for _ in range(count):
-                        while submitted < count and len(pending) < self._window:
-                            pending.append(pool.submit(self._read_batch, plan.batch(submitted)))
-                            submitted += 1
-                        yield pending.pop(0).result()
-                finally:
-                    for future in pending:
-                        future.cancel()
+            yield from read_ahead(lambda index: self._read_batch(plan.batch(index)), plan.num_batches,
+                                  self._threads, self._window)
         finally:
             self._open.close_all()
+
+
+def read_ahead(read_batch: Callable[[int], Batch], count: int, threads: int, window: int) -> Iterator[Batch]:
+    """Batches 0..count-1 in order, read by `threads` workers up to `window` batches ahead
+    (threads 0: in the caller's thread), as a DataLoader's workers and prefetch do."""
+    if threads == 0:
+        for index in range(count):
+            yield read_batch(index)
+        return
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reader") as pool:
+        pending: list[Future] = []
+        submitted = 0
+        try:
+            for _ in range(count):
+                while submitted < count and len(pending) < window:
+                    pending.append(pool.submit(read_batch, submitted))
+                    submitted += 1
+                yield pending.pop(0).result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 class _SequentialFile:
@@ -167,22 +173,8 @@ class TransferReader:
             for position, n in zip(positions, uses):
                 spec = self._files[int(position)]
                 streams[int(position)] = _SequentialFile(self._storage.open_read(spec.path), spec, int(n))
-            if self._threads == 0:
-                for index in range(count):
-                    yield self._read_batch(plan.batch(index), streams, scratch)
-                return
-            with ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="reader") as pool:
-                pending: list[Future] = []
-                submitted = 0
-                try:
-                    for _ in range(count):
-                        while submitted < count and len(pending) < self._window:
-                            pending.append(pool.submit(self._read_batch, plan.batch(submitted), streams, scratch))
-                            submitted += 1
-                        yield pending.pop(0).result()
-                finally:
-                    for future in pending:
-                        future.cancel()
+            yield from read_ahead(lambda index: self._read_batch(plan.batch(index), streams, scratch), count,
+                                  self._threads, self._window)
         finally:
             for stream in streams.values():
                 if stream.uses > 0:
