@@ -51,6 +51,18 @@ def report_failure(message: str, world: Any) -> None:
     print(f"dlio_ckpt: error{where}: {message}", file=sys.stderr, flush=True)
 
 
+def failure_text(error: BaseException) -> str:
+    """One line for an error that failed this rank's work: ours as they are, an OSError with its
+    file and (for a full disk) the free space, anything else as its repr."""
+    if isinstance(error, RunFailure):
+        return str(error)
+    if isinstance(error, OSError):
+        if error.filename:
+            return str(storage_failure(error, error.filename))
+        return error.strerror or repr(error)
+    return repr(error)
+
+
 def storage_failure(exc: OSError, path: str) -> RunFailure:
     """One line for a failed file operation: the file, the error and, when the disk is full, the free space."""
     reason = exc.strerror or str(exc)

@@ -28,7 +28,7 @@ from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
 from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.errors import ConfigError, RunFailure, storage_failure
+from dlio_ckpt.errors import ConfigError, RunFailure, failure_text, storage_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.metrics.report import plural
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
@@ -190,7 +190,7 @@ class CheckpointEngineImpl:
     def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry], error: BaseException | None = None) -> tuple[int, float]:
         """Collective: make checkpoint `step` visible (manifest renamed last). Returns (metadata bytes, seconds)."""
         start = now()
-        mine = _failure_text(error) if error else None
+        mine = failure_text(error) if error else None
         gathered = self.world.gather((None if error else [e.as_dict() for e in entries], mine))
         status: tuple[str, Any] = ("ok", 0)
         if self.world.is_root:
@@ -203,7 +203,7 @@ class CheckpointEngineImpl:
                     status = ("ok", self._write_manifest(index, step, epoch, files))
                 except Exception as exc:  # every rank must hear of it, or they wait forever
                     self.discard_failed(step)
-                    mine = _failure_text(exc)
+                    mine = failure_text(exc)
                     status = ("failed", 0)
         status = self.world.bcast(status)
         if status[0] == "failed":
@@ -361,15 +361,6 @@ class CheckpointEngineImpl:
     def _warn(self, message: str) -> None:
         if self.world.is_root:
             print(f"dlio_ckpt: checkpoint restore: {message}", file=sys.stderr, flush=True)
-
-
-def _failure_text(error: BaseException) -> str:
-    """One line for an error that failed a checkpoint on this rank."""
-    if isinstance(error, RunFailure):
-        return str(error)
-    if isinstance(error, OSError):
-        return str(storage_failure(error, error.filename or "checkpoint storage"))
-    return repr(error)
 
 
 def _digest(data: bytes, algorithm: str) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord
 from dlio_ckpt.checkpoint.fileio import FileEntry, now, peak_rss_bytes
-from dlio_ckpt.errors import RunFailure, report_failure
+from dlio_ckpt.errors import RunFailure, failure_text, report_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.plan.checkpoint import PlannedFile
 
@@ -99,12 +99,12 @@ class SingleWriterStrategy(SyncStrategy):
                 return e.write_planned(self.files_to_write(), step, lambda pf: self._chunks(pf, step)), None
             except Exception as exc:
                 e.discard_failed(step)
-                report_failure(f"checkpoint {e.layout.folder(step)} not written: {_one_line(exc)}", e.world)
+                report_failure(f"checkpoint {e.layout.folder(step)} not written: {failure_text(exc)}", e.world)
                 raise RunFailure() from None
         try:
             self._send_own_state(step)
         except Exception as exc:
-            reason = np.frombuffer(_one_line(exc).encode()[:1024], dtype=np.uint8)
+            reason = np.frombuffer(failure_text(exc).encode()[:1024], dtype=np.uint8)
             e.world.comm.Send(reason, dest=0, tag=GATHER_FAILED_TAG)  # small: sent eagerly, never blocks
             return [], exc
         return [], None
@@ -159,10 +159,6 @@ class _SenderFailed(Exception):
 
     def __repr__(self) -> str:
         return str(self)
-
-
-def _one_line(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, RunFailure) else repr(exc)
 
 
 @dataclass

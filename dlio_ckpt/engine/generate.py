@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlio_ckpt.engine.context import RunContext
-from dlio_ckpt.errors import RunFailure, UserError, storage_failure
+from dlio_ckpt.errors import RunFailure, UserError, failure_text, storage_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
 from dlio_ckpt.metrics.progress import Progress
@@ -139,7 +139,7 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
             if isinstance(failure, UserError):
                 raise failure
             # One line from each rank that failed; the others end quietly (exit 1).
-            raise RunFailure(f"dataset generation failed: {failure}" if failure else "", known_everywhere=True)
+            raise RunFailure(f"dataset generation failed: {failure_text(failure)}" if failure else "", known_everywhere=True)
 
         def finish() -> None:
             sizes = {os.path.relpath(p, plan.folder): storage.file_size(p) for p in all_paths(plan, fmt)}
