@@ -29,6 +29,10 @@ _MULTIRUN_FLAGS = {"--multirun", "-m"}
 _SHOWS_CONFIG = {"--cfg", "-c", "--info", "-i", "--resolve"}
 # Prints the workload library, one line per workload, and exits: no MPI, no Hydra, no run folder.
 LIST_WORKLOADS_FLAG = "--list-workloads"
+# `dlio_ckpt clean RUN_FOLDER`: remove the dataset and checkpoints that run created (dlio_ckpt/clean.py).
+CLEAN_COMMAND = "clean"
+# With --cfg job: the configuration that would run, after the scale caps (Hydra's --cfg shows it before them).
+SCALED_FLAG = "--scaled"
 # Left in a run folder that a run has claimed, so a second run given the same folder is refused.
 RUN_CLAIM = ".dlio_ckpt_run"
 _RUN_OUTPUTS = (RUN_CLAIM, "summary.json", "plan.json", "sweep_summary.csv", "events")
@@ -177,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _main(argv: Sequence[str] | None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == [CLEAN_COMMAND]:
+        from dlio_ckpt.clean import main as clean_main
+
+        clean_main(arguments[1:])
+        return
     if LIST_WORKLOADS_FLAG in arguments:
         list_workloads()
         return
@@ -202,6 +211,9 @@ def _main(argv: Sequence[str] | None) -> None:
     if os.environ.get("PMI_RANK", "0") == "0":
         for warning in warnings:
             print(f"dlio_ckpt: warning: {warning}", file=sys.stderr, flush=True)
+    if SCALED_FLAG in flags:
+        print_scaled_config(flags, overrides)
+        return
     if info:
         if _SHOWS_CONFIG & set(flags):
             from dlio_ckpt.config.load import validate_for_display
@@ -248,6 +260,27 @@ def _main(argv: Sequence[str] | None) -> None:
 
         table = combine_sweep(folder)
         print(f"sweep summary: {table}")
+
+
+def print_scaled_config(flags: Sequence[str], overrides: Sequence[str]) -> None:
+    """`--cfg job --scaled`: the validated RunConfig after `scale=` caps, as YAML; writes nothing."""
+    import dataclasses
+
+    import yaml
+
+    from dlio_ckpt.config.load import load_config
+
+    if "--cfg" not in flags and "-c" not in flags:
+        print(f"dlio_ckpt: error: {SCALED_FLAG} goes with --cfg job (the configuration after the scale caps)",
+              file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE)
+    try:
+        config = load_config(overrides)
+    except UserError as exc:
+        print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE) from None
+    print(f"# after the scale caps (scale={config.scale.name}); keys you set yourself are not capped")
+    print(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False), end="", flush=True)
 
 
 def slurm_job_size(overrides: Sequence[str], multirun: bool, dry_run: bool) -> int | None:

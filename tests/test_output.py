@@ -102,8 +102,9 @@ def test_the_table_shows_where_time_went_and_the_async_persist(train_run):
     shares = summary["train"]["time_shares"]
     time_row = _line(stdout, "time")
     for label, key in (("reading (waiting for data)", "reading"), ("computing", "computing"),
-                       ("checkpoint blocking", "checkpointing")):
+                       ("checkpointing", "checkpointing")):
         assert f"{label} {shares[key]:.1%}" in time_row
+    assert f"checkpointing {shares['checkpointing']:.1%} (blocking training)" in time_row
     ckpt = summary["checkpoint"]
     assert f"{ckpt['persist_s_max']:.3f} s per checkpoint in the background" in _line(stdout, "async persist")
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlio_ckpt.clean import created_paths
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.metrics import latency
@@ -106,6 +107,8 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
     summary["ranks"][0]["peak_rss_bytes"] = max(summary["ranks"][0]["peak_rss_bytes"], peak_rss_bytes())
     summary["peak_rss_bytes_max"] = max(r["peak_rss_bytes"] for r in summary["ranks"])
     summary["warnings"] = warnings
+    wrote_checkpoints = bool((summary.get("checkpoint") or {}).get("writes"))
+    summary["created"] = created_paths(config, ctx.checkpoint_root() if wrote_checkpoints else None, summary.get("dataset"))
     summaries.write_summary(run_dir, summary)
     print_report(summary, config.progress)
     return summary

@@ -141,7 +141,7 @@ def run_training(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options
                     result.compute_s += seconds
                     now = time.perf_counter()
                     result.au_blocks.step(now - step_start, seconds)
-                    progress.advance()
+                    progress.advance(1, batch.payload_bytes)
                     if checkpoints.due(result.steps, epoch, False, trigger_step=epoch_step if dlio else None):
                         result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
                         result.au_blocks.start_block()

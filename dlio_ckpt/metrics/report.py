@@ -38,7 +38,7 @@ def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None) -> lis
         ("samples/s", f"{train['samples_per_s']:.1f}"),
         ("read", f"{train['bytes_read'] / MIB:.1f} MiB read{rate_text}"),
         ("time", f"reading (waiting for data) {shares['reading']:.1%}, computing {shares['computing']:.1%}, "
-                 f"checkpoint blocking {shares['checkpointing']:.1%}, other {shares['other']:.1%} of the training wall time"),
+                 f"checkpointing {shares['checkpointing']:.1%} (blocking training), other {shares['other']:.1%} of the training wall time"),
         ("AU", f"{train['au_overall']:.3f} over the whole run (au_overall); {dlio}"),
         ("AU target", f"{train['au_target']:.2f}: {verdict}: {train['au_verdict_reason']}"),
     ] + storage_rows(train.get("storage"))
