@@ -11,18 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from dlio_ckpt.config.workload_files import dotted_leaves
 from dlio_ckpt.errors import ConfigError
-
-
-def _flatten(node: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    items = []
-    for key, value in node.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            items.extend(_flatten(value, name + "."))
-        else:
-            items.append((name, value))
-    return items
 
 
 def apply_accelerator(data: dict[str, Any], explicit: set[str]) -> None:
@@ -41,7 +31,7 @@ def apply_accelerator(data: dict[str, Any], explicit: set[str]) -> None:
     entry = table[name]
     if not isinstance(entry, Mapping):
         raise ConfigError(f"accelerators.{name}: expected a mapping of config keys in workload {workload}")
-    for key, value in _flatten(entry):
+    for key, value in dotted_leaves(entry):
         if key in explicit:
             continue
         node = data

@@ -13,11 +13,11 @@ silently. The key-by-key table is docs/dlio-compat.md.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from dlio_ckpt.config.workload_files import dotted_leaves, file_name
 from dlio_ckpt.errors import ConfigError
 
 # DLIO 2.0.0's defaults (utils/config.py, ConfigArguments) for the keys that shape I/O.
@@ -230,6 +230,14 @@ def _shuffle(where: str, value: Any) -> bool:
     return text != "off"
 
 
+def _relative_folder(where: str, value: Any) -> str:
+    """A DLIO folder as a folder under storage.root; "" for an absolute or escaping one (not mapped)."""
+    folder = _str(where, value).strip().rstrip("/")
+    if not folder or folder.startswith("/") or ".." in Path(folder).parts:
+        return ""
+    return folder.removeprefix("./")
+
+
 def _unwrap(data: Any, origin: str) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{origin}: not a DLIO workload: expected a mapping of sections (model, dataset, reader, ...), "
@@ -245,17 +253,6 @@ def _unwrap(data: Any, origin: str) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{origin}: {section}: expected a mapping of keys, got {value!r}")
     return data
-
-
-def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and name not in ("checkpoint.ksm", "storage.storage_options", "hydra"):
-            keys.extend(_leaves(value, name + "."))
-        else:
-            keys.append(name)
-    return keys
 
 
 def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
@@ -284,7 +281,7 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
             model_name = _str(f"{origin}: model", r.raw("model"))
         elif isinstance(model_node, Mapping) and "name" in model_node:
             model_name = _str(f"{origin}: model.name", r.raw("model.name"))
-    framework, framework_origin = r.get("framework", _str)
+    framework, _ = r.get("framework", _str)
     framework = framework.lower()
     if framework not in ("tensorflow", "pytorch"):
         raise ConfigError(f"{origin}: framework: expected tensorflow or pytorch, got {framework!r}")
@@ -310,10 +307,10 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
                           f"supported: {', '.join(sorted(FORMATS))}")
     put("dataset.format", FORMATS[fmt], fmt_origin)
     if r.has("dataset.data_folder"):
-        folder = _str(f"{origin}: dataset.data_folder", r.raw("dataset.data_folder")).strip().rstrip("/")
-        if folder and not folder.startswith("/") and ".." not in Path(folder).parts:
-            put("dataset.folder", folder.removeprefix("./"), "dataset.data_folder (under storage.root)")
-    files = take("dataset.num_files_train", "dataset.num_files_train", _count)
+        folder = _relative_folder(f"{origin}: dataset.data_folder", r.raw("dataset.data_folder"))
+        if folder:
+            put("dataset.folder", folder, "dataset.data_folder (under storage.root)")
+    take("dataset.num_files_train", "dataset.num_files_train", _count)
     take("dataset.num_files_eval", "dataset.num_files_eval", _count)
     take("dataset.num_samples_per_file", "dataset.num_samples_per_file", _count)
     if not r.has("dataset.record_length") and not r.has("dataset.record_length_bytes") and r.has("dataset.record_dims"):
@@ -353,7 +350,7 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
     access = "transfer" if loader == "tensorflow" and FORMATS[fmt] == "tfrecord" else "sample"
     put("reader.name", "native", "dlio_ckpt's reader emulates the access pattern; reader.name=tensorflow runs tf.data itself")
     put("reader.access", access, f"{loader_origin} ({loader}) and dataset.format ({fmt})")
-    batch = take("reader.batch_size", "reader.batch_size", _count)
+    take("reader.batch_size", "reader.batch_size", _count)
     take("reader.batch_size_eval", "reader.batch_size_eval", _count)
     take("reader.read_threads", "reader.read_threads", _count)
     take("reader.prefetch_size", "reader.prefetch_size", _count)
@@ -395,16 +392,14 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
     # Checkpoint and model ---------------------------------------------------------------------------
     _checkpoint(r, put, take, ckpt_on, model_name, framework, origin)
 
-    del files, batch, framework_origin  # read for their checks
-    seen_prefixes = {k for k in r.seen}
     known = set(DLIO_DEFAULTS) | set(UNUSED) | {"model", "model.name", "workflow.train", "workflow.checkpoint",
                                                "workflow.evaluation", "dataset.data_folder", "reader.odirect",
                                                "storage.storage_root", "dataset.record_length_bytes",
                                                "dataset.record_length_bytes_stdev", "dataset.record_dims",
                                                "dataset.record_element_bytes", "dataset.record_element_type"}
     unused, unknown = [], []
-    for key in _leaves(data):
-        if key in seen_prefixes:
+    for key, _ in dotted_leaves(data, opaque=("checkpoint.ksm", "storage.storage_options", "hydra")):
+        if key in r.seen:
             continue
         reason = UNUSED.get(key) or next((why for k, why in UNUSED.items() if key.startswith(k + ".")), None)
         if reason:
@@ -431,9 +426,9 @@ def _checkpoint(r: _Reader, put: Callable, take: Callable, enabled: bool, model_
     put("checkpoint.layout", "raw", "DLIO names files model-/optimizer-/layer-<epoch>-<step>-<rank>")
     put("checkpoint.format", "raw", f"the tensor bytes DLIO's {framework} checkpoint holds, without its container")
     if r.has("checkpoint.checkpoint_folder"):
-        folder = _str(f"{origin}: checkpoint.checkpoint_folder", r.raw("checkpoint.checkpoint_folder")).strip().rstrip("/")
-        if folder and not folder.startswith("/") and ".." not in Path(folder).parts:
-            put("checkpoint.folder", folder.removeprefix("./"), "checkpoint.checkpoint_folder (under storage.root)")
+        folder = _relative_folder(f"{origin}: checkpoint.checkpoint_folder", r.raw("checkpoint.checkpoint_folder"))
+        if folder:
+            put("checkpoint.folder", folder, "checkpoint.checkpoint_folder (under storage.root)")
     steps_between, steps_origin = r.get("checkpoint.steps_between_checkpoints", _count)
     after, after_origin = r.get("checkpoint.checkpoint_after_epoch", _count)
     every, every_origin = r.get("checkpoint.epochs_between_checkpoints", _count)
@@ -527,11 +522,7 @@ def load_dlio_file(path: str) -> Any:
 
 def import_file(path: str) -> DlioImport:
     """Read and convert a DLIO workload file; the workload is named after the file."""
-    return convert(load_dlio_file(path), workload_name(path), path)
-
-
-def workload_name(path: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "_", Path(path).stem) or "dlio"
+    return convert(load_dlio_file(path), file_name(path), path)
 
 
 def to_yaml(result: DlioImport) -> str:

@@ -45,13 +45,17 @@ def _field_type(key: str) -> Any:
     return None if dataclasses.is_dataclass(hint) else hint
 
 
-def _leaves(node: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+def dotted_leaves(node: Mapping[str, Any], prefix: str = "", opaque: Iterable[str] = ()) -> list[tuple[str, Any]]:
+    """(dotted key, value) of every leaf; a mapping named in `opaque` (or an empty one) is a leaf."""
+    opaque = set(opaque)
+    leaves = []
     for key, value in node.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and name not in EXTRA_TOP_KEYS:
-            yield from _leaves(value, name + ".")
+        if isinstance(value, Mapping) and value and name not in opaque:
+            leaves.extend(dotted_leaves(value, name + ".", opaque))
         else:
-            yield name, value
+            leaves.append((name, value))
+    return leaves
 
 
 def check_workload_node(node: Any, path: str) -> None:
@@ -60,7 +64,7 @@ def check_workload_node(node: Any, path: str) -> None:
         raise ConfigError(f"{path}: a workload file holds a mapping of config keys (dataset:, reader:, ...), "
                           f"not {type(node).__name__}")
     known = set(all_keys(RunConfig)) - {"run_dir"}
-    for key, value in _leaves(node):
+    for key, value in dotted_leaves(node, opaque=EXTRA_TOP_KEYS):
         if key in EXTRA_TOP_KEYS or key == "defaults":
             continue
         if key not in known:
