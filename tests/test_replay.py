@@ -18,7 +18,7 @@ from dlio_ckpt.plan.replay import READ, WRITE, load_replay_plan  # noqa: E402
 from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, JobClock, RankEvents  # noqa: E402
 from dlio_ckpt.storage.posix import PosixStorage  # noqa: E402
 from dlio_ckpt.storage.traced import TracedStorage  # noqa: E402
-from dlio_ckpt.trace.darshan_writer import JobInfo, build_log_contents, encode_log, write_darshan_log  # noqa: E402
+from dlio_ckpt.trace.darshan_writer import JobInfo, write_darshan_log  # noqa: E402
 from dlio_ckpt.world import World  # noqa: E402
 from trace_events import JOB_START, two_rank_job  # noqa: E402
 
@@ -128,38 +128,23 @@ def test_serial_world_replays_every_log_rank(original, tmp_path):
     assert (root / "data" / "train.bin").stat().st_size == 5_000_000
 
 
-@pytest.mark.parametrize("case", ["empty", "missing", "not_a_log", "no_dxt"])
+@pytest.mark.parametrize("case", ["empty", "missing", "not_a_log"])
 def test_bad_logs_are_one_line_config_errors(tmp_path, case):
     if case == "empty":
         path = ""
     elif case == "missing":
         path = str(tmp_path / "nope.darshan")
-    elif case == "not_a_log":
+    else:
         path = str(tmp_path / "junk.darshan")
         Path(path).write_bytes(b"not a darshan log" * 100)
-    else:
-        ranks = two_rank_job(tmp_path / "fs")
-        contents = build_log_contents(ranks, job(2))
-        contents.dxt.clear()
-        path = str(tmp_path / "nodxt.darshan")
-        Path(path).write_bytes(encode_log(contents, job(2)))
     with pytest.raises(ConfigError) as error:
         load_replay_plan(path)
     message = str(error.value)
     assert message.startswith("replay.log:") and "\n" not in message
-    if case == "no_dxt":
-        assert "DXT_POSIX" in message and "DARSHAN_MOD_ENABLE" in message
+    # a log without DXT traces is replayed approximately: tests/test_replay_approx.py
 
 
 def test_read_and_write_codes_are_distinct():
     assert READ != WRITE
 
 
-REAL_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "darshan" / "dlio_logs"
-
-
-@pytest.mark.skipif(not REAL_LOGS.is_dir(), reason="the shared real DLIO logs are not here")
-def test_real_runtime_log_without_dxt_is_refused_with_a_hint():
-    log = sorted(REAL_LOGS.glob("*.darshan"))[0]
-    with pytest.raises(ConfigError, match="has no DXT_POSIX traces; record the run with DARSHAN_MOD_ENABLE=DXT_POSIX"):
-        load_replay_plan(log)

@@ -1,5 +1,9 @@
 """Replay a Darshan DXT trace on this system: same files, offsets, lengths and order per rank.
 
+A log without DXT traces is replayed approximately from its POSIX counters (plan/replay_approx.py):
+the same bytes, calls, size mix and files per rank, with synthesised offsets and order; the
+summary says `approximate` and compares the log's figures with the replay's (`original`, `replayed`).
+
 The log's files are recreated under storage.root/replay/<log stem>/ with synthetic bytes (only
 the files some call reads need contents; written-only files are created by the replayed writes),
 then every rank re-issues its log ranks' calls through the traced storage, so the run's events,
@@ -23,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.metrics.replay_compare import side
+from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.plan.replay import READ, WRITE, ReplayPlan, load_replay_plan
 
 REPLAY_FOLDER = "replay"
@@ -125,6 +131,9 @@ def run_replay(ctx: RunContext) -> dict:
     elapsed = time.perf_counter() - started
     world.barrier()
     totals = {key: int(world.allreduce_sum(value)) for key, value in counts.items()}
+    events = ctx.recorder.array()
+    read_s = world.allreduce_max(phase_busy_seconds(events, "train", ("read",)))
+    write_s = world.allreduce_max(phase_busy_seconds(events, "checkpoint", ("write",)))
     return {
         "log": plan.log,
         "log_ranks": plan.log_ranks,
@@ -134,4 +143,7 @@ def run_replay(ctx: RunContext) -> dict:
         **totals,
         "wall_s": world.allreduce_max(elapsed),
         "expected": plan.totals(),
+        "approximate": plan.approximate,
+        "original": side(plan.totals(), *plan.original_s),
+        "replayed": side({key: totals[key] for key in ("reads", "writes", "bytes_read", "bytes_written")}, read_s, write_s),
     }

@@ -44,15 +44,20 @@ def mlperf_rows(checkpoint: dict[str, Any]) -> list[tuple[str, str]]:
     """The printed rows MLPerf Storage users expect, from summary.json's checkpoint section."""
     figures = checkpoint.get("mlperf", {})
     rows = []
+    distinct = len({r.get("step") for r in checkpoint.get("per_read", [])})
     for kind, label, noun in (("write", "save (MLPerf)", "write"), ("read", "load (MLPerf)", "read")):
         count = figures.get(f"{kind}s")
         if not count or figures.get(f"{kind}_duration_s_mean") is None:
             continue
+        repeated = ""
+        if kind == "read" and distinct < count:
+            repeated = (f", of {distinct} distinct checkpoint{'s' if distinct != 1 else ''} (checkpoint.keep_last kept "
+                        "only those; keep_last=0 reads each one written, as MLPerf does)")
         rows.append((label, (
             f"duration {figures[f'{kind}_duration_s_mean']:.3f} ({figures[f'{kind}_duration_s_std']:.3f}) s, "
             f"throughput {figures[f'{kind}_throughput_gb_per_s_mean']:.3f} ({figures[f'{kind}_throughput_gb_per_s_std']:.3f}) GB/s"
             f" = {figures[f'{kind}_throughput_gib_per_s_mean']:.3f} ({figures[f'{kind}_throughput_gib_per_s_std']:.3f}) GiB/s,"
-            f" mean (std) over {count} {noun}{'s' if count != 1 else ''}")))
+            f" mean (std) over {count} {noun}{'s' if count != 1 else ''}{repeated}")))
     if rows:
         rows.append(("MLPerf rule", figures.get("rule", RULE)))
         cache = checkpoint.get("page_cache_drop", "not requested")

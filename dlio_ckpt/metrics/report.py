@@ -8,6 +8,7 @@ from typing import Any
 
 from dlio_ckpt.metrics.bandwidth import page_cache_meaning
 from dlio_ckpt.metrics.mlperf import mlperf_rows
+from dlio_ckpt.metrics.replay_compare import comparison_rows
 from dlio_ckpt.metrics.utilisation import FEW_STEPS_PER_BLOCK
 
 MIB = float(1 << 20)
@@ -99,7 +100,7 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
             rows.append(("restore", f"{ckpt['restore_s_max']:.3f} s, {ckpt.get('restore_gib_per_s', 0):.3f} GiB/s, verified: {ckpt['restore_verified']}"))
     replay = summary.get("replay")
     if replay:
-        rows.append(("replay", ", ".join(f"{k}={v}" for k, v in replay.items())))
+        rows += comparison_rows(replay)
     rows += latency_rows(summary.get("latency", {}))
     rows.append(("run folder", summary["run_dir"]))
     for note in summary.get("warnings", []):

@@ -37,6 +37,8 @@ class ReplayPlan:
     nprocs: int  # ranks of the logged job
     files: tuple[ReplayFile, ...]
     ops: tuple[np.ndarray, ...]  # per log rank: OP_DTYPE calls in start-time order
+    approximate: bool = False  # True: synthesised from POSIX counters (replay_approx.py), the log had no DXT
+    original_s: tuple[float, float] = (0.0, 0.0)  # the log's slowest-rank read and write time, for the comparison
 
     @property
     def log_ranks(self) -> int:
@@ -84,9 +86,9 @@ def _open_report(path: str):
         report = open_report(path, read_all=False)
     except BadDarshanLog as exc:
         raise _bad(f"'{path}' {exc}; give a complete .darshan log with DXT_POSIX traces") from None
-    if "DXT_POSIX" not in report.modules:
-        raise _bad(f"'{path}' has no DXT_POSIX traces; record the run with DARSHAN_MOD_ENABLE=DXT_POSIX "
-                   "(darshan-runtime) or trace.darshan=true (dlio_ckpt)")
+    if "DXT_POSIX" not in report.modules and "POSIX" not in report.modules:
+        raise _bad(f"'{path}' has neither DXT_POSIX traces nor POSIX counters; record the run with darshan-runtime "
+                   "(DARSHAN_MOD_ENABLE=DXT_POSIX for an exact replay) or trace.darshan=true (dlio_ckpt)")
     return report
 
 
@@ -129,6 +131,8 @@ def load_replay_plan(path: str | Path) -> ReplayPlan:
     report = _open_report(path)
     from dlio_ckpt.trace.darshan_input import captured_c_stderr
 
+    if "DXT_POSIX" not in report.modules:
+        return _approximate_plan(report, path)
     with captured_c_stderr():  # libdarshan's messages; a checked log has no errors left to report
         report.mod_read_all_dxt_records("DXT_POSIX", dtype="pandas")
     names: dict[int, str] = dict(report.name_records)
@@ -162,5 +166,36 @@ def load_replay_plan(path: str | Path) -> ReplayPlan:
     originals = list(file_index)
     files = tuple(ReplayFile(original=o, relative=r, size=extents[i], read=i in read_files)
                   for i, (o, r) in enumerate(zip(originals, _relative_paths(originals))))
-    stem = Path(path).name.split(".darshan")[0] or "log"
-    return ReplayPlan(log=os.path.abspath(path), stem=stem, nprocs=nprocs, files=files, ops=tuple(ops))
+    return ReplayPlan(log=os.path.abspath(path), stem=_stem(path), nprocs=nprocs, files=files, ops=tuple(ops),
+                      original_s=_slowest_busy(ops))
+
+
+def _stem(path: str) -> str:
+    return Path(path).name.split(".darshan")[0] or "log"
+
+
+def _slowest_busy(ops: list[np.ndarray]) -> tuple[float, float]:
+    """The slowest rank's overlap-free read and write time in the log's calls."""
+    from dlio_ckpt.metrics.timing import busy_seconds
+
+    times = [[busy_seconds(calls["start"][calls["op"] == op], calls["end"][calls["op"] == op]) for calls in ops]
+             for op in (READ, WRITE)]
+    return max(times[0], default=0.0), max(times[1], default=0.0)
+
+
+def _approximate_plan(report, path: str) -> ReplayPlan:
+    """A log without DXT: a plan synthesised from its POSIX counters (plan/replay_approx.py)."""
+    from dlio_ckpt.plan.replay_approx import approximate_ops
+    from dlio_ckpt.trace.darshan_input import captured_c_stderr
+
+    with captured_c_stderr():
+        report.mod_read_all_records("POSIX")
+    frames = report.records["POSIX"].to_df()
+    counters = frames["counters"].to_dict("records")
+    fcounters = frames["fcounters"].to_dict("records")
+    nprocs = int(report.metadata["job"]["nprocs"])
+    files, ops, figures = approximate_ops(list(zip(counters, fcounters)), dict(report.name_records), nprocs)
+    if not files or not any(len(calls) for calls in ops):
+        raise _bad(f"'{path}' has no DXT_POSIX traces and its POSIX counters show no reads or writes of named files")
+    return ReplayPlan(log=os.path.abspath(path), stem=_stem(path), nprocs=nprocs, files=files, ops=ops,
+                      approximate=True, original_s=(figures["read_s"], figures["write_s"]))
