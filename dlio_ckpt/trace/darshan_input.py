@@ -2,9 +2,10 @@
 
 libdarshan-util prints its own `Error:` lines on the C stderr and PyDarshan may still return a
 report of a truncated log, whose missing modules then read as zero bytes. So a log is first
-checked here against its own header (the magic number, and every region the header maps lying
-inside the file), and PyDarshan runs with the C stderr captured: whatever it says becomes part of
-one message, never loose lines on the terminal.
+checked here against its own header (the magic number and, for the 3.41 format that dlio_ckpt and
+current Darshan write, every region the header maps lying inside the file; older layouts differ),
+and PyDarshan runs with the C stderr captured: whatever it says becomes part of one message, never
+loose lines on the terminal.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tempfile
 from typing import Any, Iterator
 
 from dlio_ckpt.optional import require
-from dlio_ckpt.trace.darshan_writer import HEADER_SIZE, MAGIC, MODULE_SLOTS
+from dlio_ckpt.trace.darshan_writer import HEADER_SIZE, LOG_VERSION, MAGIC, MODULE_SLOTS
 
 _PREAMBLE = struct.Struct("<8sqB7xQ")  # version string, magic, compression, partial flag
 _REGION = struct.Struct("<QQ")  # (offset, length) of the name region and of each module's region
@@ -50,6 +51,8 @@ def log_problem(path: str) -> str | None:
         return f"is truncated: {size} bytes, shorter than the {HEADER_SIZE}-byte Darshan header"
     if not version.rstrip(b"\0").startswith(b"3."):
         return f"is a Darshan log of format {version.rstrip(bytes(1)).decode(errors='replace')}, which PyDarshan 3.4 cannot read"
+    if version.rstrip(b"\0") != LOG_VERSION:
+        return None  # older header layouts differ: PyDarshan's own complaints are the check there
     region = struct.Struct(order + "QQ")
     maps = [region.unpack_from(header, _PREAMBLE.size + i * region.size) for i in range(1 + MODULE_SLOTS)]
     end = max((offset + length for offset, length in maps if length), default=HEADER_SIZE)
