@@ -125,6 +125,15 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
                      ["checkpoint", fmt_share(share.get("checkpoint")), fmt(share.get("checkpoint_s"))],
                      ["other", fmt_share(share.get("other")), fmt(share.get("other_s"))]])]
 
+    latency = job.extra.get("latency")
+    if latency:
+        from dlio_ckpt.analysis.latency import HEADERS, latency_rows
+
+        blocks += [("h", level + 1, "Latency and IOPS"),
+                   ("p", f"Per phase and call kind, all ranks: percentiles of call durations "
+                         f"({job.extra.get('latency_source', '')}); IOPS = calls / the slowest rank's busy time in them."),
+                   ("table", HEADERS, [[fmt(c) for c in row] for row in latency_rows(latency)])]
+
     hist = job.histogram
     if hist and hist.get("buckets"):
         blocks += [("h", level + 1, "Access sizes"),

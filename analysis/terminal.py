@@ -45,6 +45,15 @@ def _job(console: Console, job: JobAnalysis) -> None:
             phases.add_row(name, fmt_size(p["bytes_read"]), fmt_size(p["bytes_written"]), fmt(p["read_s"]), fmt(p["write_s"]),
                            fmt(p["read_mib_per_s"]), fmt(p["write_mib_per_s"]))
         console.print(phases)
+    if job.extra.get("latency"):
+        from dlio_ckpt.analysis.latency import HEADERS, latency_rows
+
+        latency = Table(title="latency and IOPS (calls / slowest rank's busy time)")
+        for col in HEADERS:
+            latency.add_column(col, justify="right")
+        for row in latency_rows(job.extra["latency"]):
+            latency.add_row(*[fmt(c) for c in row])
+        console.print(latency)
     if job.per_rank:
         ranks = Table(title=f"slowest ranks (of {len(job.per_rank)})")
         for col in ("rank", "bytes read", "bytes written", "I/O s"):

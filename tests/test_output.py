@@ -251,3 +251,21 @@ def test_html_report_is_one_file_with_its_figures_and_explains_the_bandwidth(tra
     rate = summary["io"]["by_phase"]["train"]["bytes_read"]
     words = html.unescape(text)
     assert "the slowest rank's" in words and "the plot averages" in words and f"{rate:,} bytes" in words
+
+
+def test_the_analysis_shows_exact_latency_percentiles_and_iops(train_run, capsys):
+    run, summary, _ = train_run
+    assert analyze([str(run), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    exact = doc["latency"]["train"]["read"]
+    events = load_run_events(run)[0].events
+    mask = (events["phase"] == PHASE_CODE["train"]) & (events["op"] == OP_CODE["read"])
+    took = events["end"][mask] - events["start"][mask]
+    assert exact["count"] == len(took) == summary["latency"]["train"]["read"]["count"]
+    assert exact["p99_s"] == pytest.approx(np.percentile(took, 99, method="inverted_cdf"))
+    assert exact["p50_s"] <= summary["latency"]["train"]["read"]["p50_s"]  # the summary's bin edge is never below
+    assert exact["iops"] == pytest.approx(summary["latency"]["train"]["read"]["iops"])
+    assert analyze([str(run), "--no-plots", "--out-dir", str(run.parent / "lat")]) == 0
+    out = capsys.readouterr().out
+    assert "latency and IOPS" in out
+    assert "Latency and IOPS" in (run.parent / "lat" / "report.md").read_text()
