@@ -214,6 +214,8 @@ def test_tensorflow_dlio_config_reads_whole_files_in_transfer_size_under_mpi(wor
     result = run_cli(args + [f"storage.root={workdir}/root", f"hydra.run.dir={workdir}/run", "progress=false"],
                      workdir / "cwd", mpi_ranks=2)
     assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line and "train.warmup_steps" in line]
+    assert len(warnings) == 1  # the unknown DLIO key, named once (rank 0)
     summary = load_summary(workdir / "run")
     config = load_config(args)
     paths = sorted((workdir / "root" / "data" / "textnet").rglob("*.tfrecord"))
