@@ -283,3 +283,11 @@ def test_own_workload_files_run_like_shipped_ones(workdir: Path):
     assert done.returncode == 2 and not (workdir / "run2").exists() and not (workdir / "root2").exists()
     (line,) = done.stderr.strip().splitlines()
     assert "bad.yaml" in line and "reader.batch_sise" in line and "reader.batch_size" in line
+
+
+def test_shipped_unet3d_checkpoint_holds_dlio_layer_tensors():
+    """DLIO 2.0.0's unet3d checkpoint: the 499,153,191-byte model and its default layer tensors."""
+    config = load_config(["workload=unet3d"])
+    assert build_checkpoint_plan(config, 2).total_bytes == 499153191 + 17371 + 24740228
+    assert build_checkpoint_plan(config, 2).total_bytes == \
+        dlio_checkpoint_bytes(yaml.safe_load((DATA / "pt_npz_epoch_ckpt.yaml").read_text()) | {"checkpoint": {"model_size": 499153191}}, 2)
