@@ -85,6 +85,12 @@ def test_storage_verdict_says_whether_and_by_how_much(delivered, bound, word):
         assert f"{delivered / 100.0:.{2 if delivered < 110 else 1}f}x" in verdict["verdict"]
 
 
+def test_a_fast_storage_that_still_made_training_wait_says_so():
+    assert "yet training waited for data 40%" in bandwidth.storage_verdict(100.0, 300.0, 0.4)["verdict"]
+    assert "waited" not in bandwidth.storage_verdict(100.0, 300.0, 0.05)["verdict"]
+    assert "waited" not in bandwidth.storage_verdict(100.0, 50.0, 0.9)["verdict"]
+
+
 def test_a_run_reports_required_and_delivered_bandwidth_and_a_verdict(train_run):
     _, summary, stdout = train_run
     train, storage = summary["train"], summary["train"]["storage"]

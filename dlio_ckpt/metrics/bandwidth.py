@@ -15,6 +15,8 @@ from typing import Any
 MIB = float(1 << 20)
 # Within this factor of the requirement the run is called borderline, not bound or free.
 MARGIN = 1.1
+# A run fast enough on storage that still waited this share of its time for data is told why.
+WAITING_SHARE = 0.1
 
 
 def required_read_bandwidth(ranks: int, batch_size: int, bytes_per_sample: float, compute_s_per_step: float) -> dict[str, Any]:
@@ -32,8 +34,11 @@ def required_read_bandwidth(ranks: int, batch_size: int, bytes_per_sample: float
     }
 
 
-def storage_verdict(required_mib_per_s: float | None, delivered_mib_per_s: float | None) -> dict[str, Any]:
-    """`storage_bound` (None when it cannot be judged), delivered / required, and one line saying it."""
+def storage_verdict(required_mib_per_s: float | None, delivered_mib_per_s: float | None,
+                    waiting_share: float | None = None) -> dict[str, Any]:
+    """`storage_bound` (None when it cannot be judged), delivered / required, and one line saying
+    it. `waiting_share` (the share of training time spent waiting for data) lets a run whose
+    storage was fast enough still say that something else in the input path made it wait."""
     if required_mib_per_s is None:
         return {"delivered_mib_per_s": delivered_mib_per_s, "delivered_over_required": None, "storage_bound": None,
                 "verdict": "cannot judge: no compute is emulated (train.computation_time=0), so any storage rate "
@@ -50,6 +55,9 @@ def storage_verdict(required_mib_per_s: float | None, delivered_mib_per_s: float
         verdict = f"borderline: {figures} ({ratio:.2f}x, within {MARGIN - 1:.0%} of the requirement)"
     else:
         verdict = f"not storage-bound: {figures} ({ratio:.1f}x the requirement)"
+        if waiting_share is not None and waiting_share >= WAITING_SHARE:
+            verdict += (f", yet training waited for data {waiting_share:.0%} of its time: the input pipeline "
+                        "(reader threads, prefetch, decoding) or the start-up of a short run limits it, not the storage")
     return {"delivered_mib_per_s": delivered_mib_per_s, "delivered_over_required": ratio, "storage_bound": ratio < 1.0,
             "verdict": verdict}
 
@@ -59,7 +67,8 @@ def run_storage_section(train: dict[str, Any], world_size: int, config: Any) -> 
     sample in this run, and the verdict against the delivered read rate."""
     bytes_per_sample = train["bytes_read"] / train["samples"] if train["samples"] else float(config.dataset.record_length_bytes)
     need = required_read_bandwidth(world_size, config.reader.batch_size, bytes_per_sample, config.train.computation_time)
-    return {**need, **storage_verdict(need["required_mib_per_s"], train["read_mib_per_s"])}
+    waiting = train["time_shares"]["reading"]
+    return {**need, **storage_verdict(need["required_mib_per_s"], train["read_mib_per_s"], waiting)}
 
 
 def page_cache_meaning(storage: dict[str, Any]) -> str:
