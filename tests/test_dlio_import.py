@@ -149,8 +149,12 @@ def test_the_issue_unet3d_numbers():
     assert [p.num_batches for p in plans] == [2, 2]
     read = np.concatenate([p.samples[: p.samples_read] for p in plans])
     assert len(read) == 12 and len({int(f) for f, _ in read}) == 12
+    # the bytes read are those 12 samples' (the 4 dropped ones are never read)
+    dropped = {int(f) for p in plans for f, _ in p.samples[p.samples_read:]}
+    assert sum(files[int(f)].sample_bytes for f, _ in read) == sum(1000 + i for i in range(16) if i not in dropped)
     global_plans = [plan_epoch(files, config.reader, r, 2, 1, False) for r in range(2)]
     assert [p.num_batches for p in global_plans] == [3, 3]  # dlio_ckpt's own counting keeps the partial batch
+    assert sum(p.samples_read for p in global_plans) == 16
 
 
 @pytest.mark.parametrize("name,key", [("bad_not_yaml.yaml", "not valid YAML"), ("bad_no_dataset.yaml", "dataset"),
