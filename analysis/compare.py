@@ -155,7 +155,7 @@ def cell(table: dict[str, Any], row: dict[str, Any], run: str) -> str:
     text = fmt(row["values"].get(run))
     change = (row.get("change_percent") or {}).get(run)
     if change is not None and run != table.get("baseline"):
-        text += f" ({change:+.0f}%)"
+        text += f" ({round(change):+d}%)"  # round first: a tiny drop reads +0%, not -0%
     return text
 
 

@@ -65,20 +65,33 @@ def _job(console: Console, job: JobAnalysis) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
+# terminal comparison layout: the metric names' column, and the widest value cell ("12,345 (+100%)")
+_METRIC_WIDTH = 26
+_VALUE_WIDTH = 16
+# rows the legend above the table already says (what each job varied)
+_LEGEND_ROWS = ("overrides",)
+
+
 def comparison(console: Console, table: dict[str, Any]) -> None:
     """Columns named by short ids (a sweep job's folder number), each explained once above the
-    table, so several jobs fit in 80 columns; metric names fold rather than push values off."""
-    for run in table["runs"]:
+    table; as many jobs per table as fit the console's width (80 columns when not a terminal), the
+    rest in further tables, so metric names are never squeezed out."""
+    runs = table["runs"]
+    for run in runs:
         short = table["ids"][run]
         console.print(f"{short}: {run.removeprefix(short).lstrip(': ') or run}"
                       + ("  (baseline)" if run == table.get("baseline") else ""), soft_wrap=True)
-    view = Table(title="comparison" + (" (change against the baseline in brackets)" if table.get("baseline") else ""))
-    view.add_column("metric", overflow="fold", ratio=1)
-    for run in table["runs"]:
-        view.add_column(table["ids"][run], justify="right", no_wrap=True)
-    for row in table["rows"]:
-        view.add_row(row["label"], *[cell(table, row, run) for run in table["runs"]])
-    console.print(view)
+    per_table = max(1, (console.width - _METRIC_WIDTH - 4) // (_VALUE_WIDTH + 3))
+    rows = [row for row in table["rows"] if row["metric"] not in _LEGEND_ROWS]
+    for first in range(0, len(runs), per_table):
+        shown = runs[first:first + per_table]
+        view = Table(title="comparison" + (" (change against the baseline in brackets)" if table.get("baseline") else ""))
+        view.add_column("metric", overflow="fold", min_width=_METRIC_WIDTH // 2, ratio=1)
+        for run in shown:
+            view.add_column(table["ids"][run], justify="right", no_wrap=True, overflow="ellipsis", max_width=_VALUE_WIDTH)
+        for row in rows:
+            view.add_row(row["label"], *[cell(table, row, run) for run in shown])
+        console.print(view)
 
 
 def show(jobs: list[JobAnalysis], table: dict[str, Any] | None, written: list[str], compare_only: bool) -> None:

@@ -227,6 +227,13 @@ def test_compare_prints_a_dash_for_absent_values_within_80_columns(train_run, ch
     # the checkpoint-only run trained nothing: a dash, not 0
     assert samples and samples[0].rstrip(" │|").split()[-1] == "-"
     assert re.search(r"^1: run", out, re.M) and re.search(r"^2: run", out, re.M)
+    # more jobs than fit: further tables, still 80 columns, every job a column somewhere
+    many = [str(train_dir), str(checkpoint_dir)] * 3
+    assert analyze(["--compare", *many, "--no-plots", "--out-dir", str(train_dir.parent / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    headers = [line for line in out.splitlines() if line.startswith("┃ metric")]
+    assert len(headers) >= 2 and sorted(re.findall(r"┃\s+(\d)\s", " ".join(headers))) == ["1", "2", "3", "4", "5", "6"]
 
 
 def test_compare_against_a_baseline_gives_the_change_in_percent(sweep, capsys):
@@ -239,7 +246,7 @@ def test_compare_against_a_baseline_gives_the_change_in_percent(sweep, capsys):
     assert wall["change_percent"][base] == 0
     assert analyze(["--baseline", "0", str(sweep), "--no-plots", "--out-dir", str(sweep.parent / "cmp")]) == 0
     out = capsys.readouterr().out
-    assert f"({expected:+.0f}%)" in out
+    assert f"({round(expected):+d}%)" in out
     assert analyze(["--compare", str(sweep), "--baseline", "7", "--no-plots"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--baseline 7" in err[0] and "job 0, job 1" in err[0]
