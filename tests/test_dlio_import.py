@@ -287,6 +287,8 @@ def test_own_workload_files_run_like_shipped_ones(workdir: Path):
     assert done.returncode == 2 and not (workdir / "run2").exists() and not (workdir / "root2").exists()
     (line,) = done.stderr.strip().splitlines()
     assert "bad.yaml" in line and "reader.batch_sise" in line and "reader.batch_size" in line
+    with pytest.raises(ConfigError, match="looks like a DLIO benchmark workload; run it with dlio_config="):
+        load_config([f"workload={DATA / 'pt_npz_epoch_ckpt.yaml'}"])
 
 
 def test_shipped_unet3d_checkpoint_holds_dlio_layer_tensors():

@@ -68,6 +68,9 @@ def check_workload_node(node: Any, path: str) -> None:
         if key in EXTRA_TOP_KEYS or key == "defaults":
             continue
         if key not in known:
+            if key.split(".")[0] in ("framework", "workflow") or key == "model":
+                raise ConfigError(f"{path}: unknown config key '{key}': this looks like a DLIO benchmark workload; "
+                                  f"run it with dlio_config={path}")
             raise ConfigError(f"{path}: unknown config key '{key}'{close_match(key, known)}; "
                               "every key and its default: conf/config.yaml")
         hint = _field_type(key)
