@@ -25,6 +25,7 @@ from dlio_ckpt.world import World
 # Hydra flags that only print something: they run without MPI set-up or validation.
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "--version"}
 _MULTIRUN_FLAGS = {"--multirun", "-m"}
+INTERRUPT_GRACE_S = 3.0  # after Ctrl-C, how long other ranks leave rank 0 to report and end the job
 # Info flags that show the composed config: its overrides are checked first, as for a run.
 _SHOWS_CONFIG = {"--cfg", "-c", "--info", "-i", "--resolve"}
 # Prints the workload library, one line per workload, and exits: no MPI, no Hydra, no run folder.
@@ -348,8 +349,11 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
                     world.barrier()  # rank 0 never joins: its MPI_Abort ends this rank
             world.abort(RUN_FAILURE_EXIT_CODE)
         except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line for the job, exit 130
-            if world.is_root:
-                print(f"dlio_ckpt: interrupted; the run in {run_dir} is incomplete", file=sys.stderr, flush=True)
+            if world.parallel and not world.is_root:
+                # Rank 0 says it and ends the job; this rank only does when rank 0 has not (it may
+                # be blocked inside an MPI call, where Python never sees the signal).
+                time.sleep(INTERRUPT_GRACE_S)
+            print(f"dlio_ckpt: interrupted; the run in {run_dir} is incomplete", file=sys.stderr, flush=True)
             world.abort(INTERRUPTED_EXIT_CODE)
         except BaseException as exc:
             if isinstance(exc, OSError) and exc.filename:  # a file it could not read or write: one line, not a traceback
