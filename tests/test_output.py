@@ -282,3 +282,24 @@ def test_the_analysis_shows_exact_latency_percentiles_and_iops(train_run, capsys
     out = capsys.readouterr().out
     assert "latency and IOPS" in out
     assert "Latency and IOPS" in (run.parent / "lat" / "report.md").read_text()
+
+
+@pytest.mark.mpi
+def test_two_ranks_need_twice_the_bandwidth_and_count_every_rank_in_the_latency(workdir):
+    run = workdir / "run"
+    done = run_cli(["workload=unet3d", "scale=tiny", "progress=false", "checkpoint.enabled=false", "reader.batch_size=2",
+                    "train.computation_time=0.02", f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"],
+                   workdir / "cwd", mpi_ranks=2)
+    assert done.returncode == 0, done.stderr
+    summary = load_summary(run)
+    storage, train = summary["train"]["storage"], summary["train"]
+    assert storage["ranks"] == 2
+    assert storage["required_mib_per_s"] == pytest.approx(2 * 2 * (train["bytes_read"] / train["samples"]) / 0.02 / MIB)
+    assert storage["required_mib_per_s_per_rank"] == pytest.approx(storage["required_mib_per_s"] / 2)
+    reads = summary["latency"]["train"]["read"]
+    per_rank = [r.events for r in load_run_events(run)]
+    assert len(per_rank) == 2
+    counted = sum(int(((e["phase"] == PHASE_CODE["train"]) & (e["op"] == OP_CODE["read"])).sum()) for e in per_rank)
+    assert reads["count"] == counted == summary["io"]["by_phase"]["train"]["reads"]
+    slowest = max(r["train_read_s"] for r in summary["ranks"])
+    assert reads["iops"] == pytest.approx(counted / slowest, rel=1e-6)
