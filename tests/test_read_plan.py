@@ -128,6 +128,8 @@ def test_dlio_step_counting_gives_every_rank_floor_of_samples_over_batch_and_ran
     plans = [plan_epoch(spec, reader(batch_size=3), r, 2, 1, False, max_batches=2) for r in range(2)]
     assert [(p.num_batches, p.samples_read) for p in plans] == [(2, 6), (2, 6)]
     assert not any(p.drop_last is False for p in plans)
+    # a share smaller than one batch per rank gives 0 steps (DLIO's evaluation of a small eval set)
+    assert plan_epoch(files(2, 1), reader(batch_size=3), 0, 2, 1, False, max_batches=0).num_batches == 0
     # whole-file shares: the shortest share decides, so no rank waits in a checkpoint another never reaches
     assert dlio_steps_per_epoch(files(3, 10), 5, 2, whole_files=True) == 2  # shares of 20 and 10 samples
 

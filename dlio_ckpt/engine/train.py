@@ -115,7 +115,7 @@ def run_training(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options
     # total_steps and step checkpoints counted within the epoch.
     dlio = config.train.step_counting == "dlio"
     max_batches = dlio_steps_per_epoch(plan.train, config.reader.batch_size, world.size, whole,
-                                       config.train.total_steps) if dlio else 0
+                                       config.train.total_steps) if dlio else None
     first_plan = plan_epoch(plan.train, config.reader, world.rank, world.size, 1, sequential, whole_files=whole,
                             max_batches=max_batches)
     steps_per_epoch = first_plan.num_batches
@@ -176,7 +176,7 @@ def _evaluate(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: F
     whole = whole_files(config)
     check_world(plan.eval, world.size, whole)
     max_batches = dlio_steps_per_epoch(plan.eval, config.reader.batch_size_eval, world.size, whole) \
-        if config.train.step_counting == "dlio" else 0
+        if config.train.step_counting == "dlio" else None
     eval_plan = plan_epoch(plan.eval, config.reader, world.rank, world.size, epoch, in_file_order(config, fmt),
                            batch_size=config.reader.batch_size_eval, shuffle=False, whole_files=whole,
                            max_batches=max_batches)

@@ -40,7 +40,7 @@ class EpochReadPlan:
     samples: np.ndarray
     batch_size: int
     drop_last: bool
-    max_batches: int = 0  # 0: every batch of the share; else at most this many (DLIO step counting)
+    max_batches: int | None = None  # None: every batch of the share; else at most this many (DLIO step counting)
 
     @property
     def num_samples(self) -> int:
@@ -50,7 +50,7 @@ class EpochReadPlan:
     def num_batches(self) -> int:
         full, rest = divmod(self.num_samples, self.batch_size)
         count = full + (1 if rest and not self.drop_last else 0)
-        return min(count, self.max_batches) if self.max_batches else count
+        return count if self.max_batches is None else min(count, self.max_batches)
 
     @property
     def samples_read(self) -> int:
@@ -136,13 +136,13 @@ def plan_epoch(
     batch_size: int | None = None,
     shuffle: bool = True,
     whole_files: bool = False,
-    max_batches: int = 0,
+    max_batches: int | None = None,
 ) -> EpochReadPlan:
     """The read order of `rank` in `epoch` (epochs count from 1).
 
     `whole_files` shards by file instead of by sample, for readers that consume whole files
-    (tf.data): each rank gets a contiguous share of the epoch's file order. `max_batches` > 0
-    caps the batches (DLIO's step count; the rest of the share is not read).
+    (tf.data): each rank gets a contiguous share of the epoch's file order. `max_batches` caps
+    the batches (DLIO's step count, possibly 0; the rest of the share is not read).
     """
     order = file_order(len(files), shuffle and reader.file_shuffle, reader.shuffle_seed, epoch)
     if whole_files:
@@ -162,6 +162,6 @@ def plan_epoch(
         rank=rank,
         samples=share,
         batch_size=batch_size or reader.batch_size,
-        drop_last=reader.drop_last or max_batches > 0,
+        drop_last=reader.drop_last or max_batches is not None,
         max_batches=max_batches,
     )
