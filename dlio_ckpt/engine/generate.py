@@ -130,7 +130,7 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
                 except OSError as exc:  # a full disk, say: name the file (its partial copy is gone)
                     raise storage_failure(exc, spec.path) from None
                 written_files += 1
-                progress.advance()
+                progress.advance(1, spec.payload_bytes)  # sample payload: the rate shown is nominal, the count exact
         except Exception as exc:  # every rank must learn of it, or the others wait forever
             failure = exc
         finally:
