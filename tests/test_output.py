@@ -133,6 +133,8 @@ def test_plan_mode_shows_the_dataset_side(workdir):
     assert data["bytes"] == data["files_train"] * data["samples_per_file"] * data["bytes_per_sample"]
     assert f"{data['required_mib_per_s']:.1f} MiB/s" in _line(done.stdout, "dataset read needed")
     assert _line(done.stdout, "dataset").split("dataset", 1)[1].strip().startswith(f"{data['files_train']:,} files")
+    assert plan["checkpoint"]["enabled"] is False  # resnet does not checkpoint: the table says so
+    assert "off in this workload" in _line(done.stdout, "checkpointing")
 
 
 # -- latency percentiles and IOPS ------------------------------------------------------------------
