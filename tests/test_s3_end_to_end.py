@@ -170,3 +170,17 @@ def test_a_darshan_log_is_refused_on_s3(workdir, s3_server, s3_bucket):
                                 f"hydra.run.dir={workdir / 'run'}"], workdir / "cwd")
     assert done.returncode == 2 and "trace.darshan=true" in done.stderr and "no S3 module" in done.stderr
     assert not (workdir / "run").exists() and s3_server.client().list_objects_v2(Bucket=s3_bucket)["KeyCount"] == 0
+
+
+def test_retention_deletes_only_this_runs_older_checkpoints(workdir, s3_server, s3_bucket):
+    client = s3_server.client()
+    decoy = f"{PREFIX}/checkpoints/another-run/global_step1/keep.me"
+    client.put_object(Bucket=s3_bucket, Key=decoy, Body=b"x")
+    run_ok(TINY_CKPT + [*s3_args(s3_server, s3_bucket, workdir / "store"), "mode=train", "train.total_steps=3",
+                        "checkpoint.steps_between_checkpoints=1", "checkpoint.keep_last=1", f"hydra.run.dir={workdir / 'run'}"],
+           workdir / "cwd")
+    objects = server_objects(s3_server, s3_bucket, "checkpoints/")
+    manifests = sorted(k for k in objects if k.endswith("dlio_ckpt_manifest.json"))
+    assert len(manifests) == 1 and "global_step3" in manifests[0], manifests
+    assert decoy in objects
+    assert not any("global_step1" in k or "global_step2" in k for k in objects if k != decoy)
