@@ -19,7 +19,8 @@ def files(count: int, samples: int) -> tuple[FileSpec, ...]:
 
 
 def reader(**changes):
-    base = load_config(["scale=tiny"]).reader
+    """A shuffling reader (the default workload, resnet, does not shuffle, as in DLIO)."""
+    base = load_config(["scale=tiny", "reader.file_shuffle=true", "reader.sample_shuffle=true"]).reader
     return dataclasses.replace(base, **changes)
 
 
