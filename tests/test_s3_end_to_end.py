@@ -49,6 +49,8 @@ def test_train_run_counts_the_bytes_the_server_holds(workdir, s3_server, s3_buck
     assert summary["io"]["by_phase"]["checkpoint"]["bytes_written"] == sum(checkpoints.values()) > 0
     assert any(k.endswith("dlio_ckpt_manifest.json") for k in checkpoints)
     assert not root.exists()  # nothing of the dataset or checkpoints on the local file system
+    assert summary["dataset"]["page_cache_risk"] is False  # no local page cache in front of S3
+    assert not any("page cache" in warning for warning in summary.get("warnings", []))
     with __import__("numpy").load(run / "events" / "rank-00000.npz") as events:
         paths = [str(p) for p in events["paths"]]
     assert any(p.startswith(str(root)) and "/train/" in p for p in paths)

@@ -115,7 +115,8 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
         }
         if config.checkpoint.enabled:
             sections["checkpoint"] = _checkpoint_section(config)
-    cache_note = page_cache_warning(generated.bytes_on_disk, config.storage.direct_io, dropped)
+    cached_locally = ctx.storage.capabilities.local_paths  # an object store's reads do not pass this host's page cache
+    cache_note = page_cache_warning(generated.bytes_on_disk, config.storage.direct_io, dropped) if cached_locally else None
     if cache_note and config.mode != "generate":
         warnings.append(cache_note)
     dataset = {
