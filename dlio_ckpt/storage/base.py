@@ -113,8 +113,9 @@ class StorageFile(Protocol):
     #   truncate(size) -> int: set the file's length.
 
     def fsync(self) -> None:
-        """Make what was written durable; a no-op where `capabilities.fsync` is False
-        (the object becomes durable when close() publishes it)."""
+        """Make what was written durable. Where `capabilities.fsync` is False there is no separate
+        durability call: S3 completes the upload here (the object is published, later writes are
+        refused, close() only releases), so the transfer is timed as the fsync, as write-back is on POSIX."""
 
     def close(self) -> None:
         """Release the handle. A write handle publishes its data: when close() returns the file is
@@ -142,8 +143,9 @@ class StorageBackend(Protocol):
 
     def open_staged(self, path: str) -> StorageFile:
         """The commit primitive for whole files: nothing (old content, if any, stays) at `path`
-        until close() returns; abort() leaves no trace. POSIX: unique temporary name, fsync,
-        rename, fsync of the folder; S3: a multipart upload completed on close."""
+        until close() returns (S3: until fsync() or close() completes the upload); abort() leaves
+        no trace. POSIX: unique temporary name, fsync, rename, fsync of the folder; S3: a multipart
+        upload (one PUT below one part) completed by fsync or close."""
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """A small all-or-nothing file (a manifest): `data` at `path` in full, or nothing changed."""
