@@ -194,3 +194,15 @@ def test_fsync_completes_the_upload_and_abort_after_it_deletes(s3_server, s3_buc
     late.fsync()
     late.abort()
     assert server_objects(s3_server, s3_bucket) == {"runs/p/ckpt/a.bin": PART + 10}
+
+
+def test_a_missing_client_names_the_extra(monkeypatch):
+    import sys
+
+    from dlio_ckpt.errors import MissingDependency
+    from dlio_ckpt.storage import BACKENDS
+
+    monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore now raises ImportError
+    monkeypatch.delitem(sys.modules, "dlio_ckpt.storage.s3")
+    with pytest.raises(MissingDependency, match=r"storage.backend=s3 .*install it with: pip install 'dlio_ckpt\[s3\]'"):
+        BACKENDS.load("s3")
