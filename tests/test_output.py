@@ -120,6 +120,7 @@ def test_the_page_cache_warning_says_what_the_verdict_means(train_run):
     assert summary["dataset"]["page_cache_risk"] is True  # a few MiB always fits in memory
     note = [line for line in stdout.splitlines() if "page cache and the verdict" in line]
     assert note and bandwidth.page_cache_meaning(summary["train"]["storage"]) in note[0]
+    assert f"page cache and the verdict: {bandwidth.page_cache_meaning(summary['train']['storage'])}" in summary["warnings"]
 
 
 def test_plan_mode_shows_the_dataset_side(workdir):

@@ -6,7 +6,6 @@ import logging
 import sys
 from typing import Any
 
-from dlio_ckpt.metrics.bandwidth import page_cache_meaning
 from dlio_ckpt.metrics.mlperf import mlperf_rows
 from dlio_ckpt.metrics.replay_compare import comparison_rows
 from dlio_ckpt.metrics.utilisation import FEW_STEPS_PER_BLOCK
@@ -105,8 +104,6 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("run folder", summary["run_dir"]))
     for note in summary.get("warnings", []):
         rows.append(("warning", note))
-    if dataset and dataset.get("page_cache_risk") and train and train.get("storage"):
-        rows.append(("warning", f"page cache and the verdict: {page_cache_meaning(train['storage'])}"))
     return rows
 
 
