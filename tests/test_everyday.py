@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from conftest import load_summary, run_cli
+from dlio_ckpt.cli import main
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.metrics.progress import Progress
 
@@ -29,17 +30,19 @@ def test_help_lists_the_most_used_keys_in_a_screen(workdir):
     assert "num_samples_per_file" not in done.stdout
 
 
-def test_cfg_job_scaled_shows_the_values_after_the_caps(workdir):
-    done = run_cli(["--cfg", "job", "--scaled", "workload=unet3d", "scale=tiny", "reader.batch_size=3"], workdir / "cwd")
-    assert done.returncode == 0, done.stderr
-    shown = yaml.safe_load(done.stdout)
+def test_cfg_job_scaled_shows_the_values_after_the_caps(workdir, capsys, monkeypatch):
+    monkeypatch.chdir(workdir / "cwd")
+    main(["--cfg", "job", "--scaled", "workload=unet3d", "scale=tiny", "reader.batch_size=3"])
+    shown = yaml.safe_load(capsys.readouterr().out)
     expected = load_config(["workload=unet3d", "scale=tiny", "reader.batch_size=3"])
     unscaled = load_config(["workload=unet3d"])
     assert shown["dataset"]["num_files_train"] == expected.dataset.num_files_train < unscaled.dataset.num_files_train
     assert shown["reader"]["batch_size"] == 3  # set by the user: never capped
     assert not list((workdir / "cwd").iterdir())  # writes nothing
-    alone = run_cli(["--scaled", "workload=unet3d"], workdir / "cwd")
-    assert alone.returncode == 2 and len(alone.stderr.strip().splitlines()) == 1 and "--cfg job" in alone.stderr
+    with pytest.raises(SystemExit) as exit_code:
+        main(["--scaled", "workload=unet3d"])
+    err = capsys.readouterr().err
+    assert exit_code.value.code == 2 and len(err.strip().splitlines()) == 1 and "--cfg job" in err
 
 
 def test_progress_lines_carry_rate_and_eta():
@@ -58,8 +61,10 @@ def test_progress_lines_carry_rate_and_eta():
 
 
 def test_keep_last_defaults_to_a_few_checkpoints():
-    keep = load_config(["workload=llama3_8b"]).checkpoint.keep_last
+    keep = load_config(["workload=unet3d"]).checkpoint.keep_last
     assert 1 <= keep <= 5
+    # MLPerf's checkpoint mode reads back every checkpoint written: the llama3 workloads keep them all
+    assert load_config(["workload=llama3_8b"]).checkpoint.keep_last == 0
 
 
 @pytest.fixture(scope="module")
