@@ -52,7 +52,8 @@ def run_folders(paths: list[str]) -> list[Path]:
         if (folder / "summary.json").is_file():
             found.append(folder)
         elif folder.is_dir() and any((job / "summary.json").is_file() for job in folder.iterdir() if job.is_dir()):
-            found += sorted(job for job in folder.iterdir() if (job / "summary.json").is_file())
+            jobs = [job for job in folder.iterdir() if (job / "summary.json").is_file()]
+            found += sorted(jobs, key=lambda job: (len(job.name), job.name))  # 2 before 10
         else:
             raise UserError(f"{given}: not a run folder or sweep folder (no summary.json); give the folder a run printed as 'run folder'")
     return found
