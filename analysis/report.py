@@ -172,6 +172,11 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
     summary = job.extra.get("summary")
     if summary:
         blocks.append(("h", level + 1, "From summary.json"))
+        storage = (summary.get("train") or {}).get("storage")
+        if storage:
+            need = storage.get("required_mib_per_s")
+            blocks.append(("p", f"Is the storage the bottleneck? {storage['verdict']} (required = ranks x batch x "
+                                f"bytes per sample / compute per step{'' if need is None else f' = {fmt(need)} MiB/s'})."))
         for section, values in summary.items():
             if isinstance(values, dict):
                 rows = [[k, fmt(v)] for k, v in values.items() if not isinstance(v, (dict, list))]

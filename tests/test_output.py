@@ -266,6 +266,7 @@ def test_html_report_is_one_file_with_its_figures_and_explains_the_bandwidth(tra
     assert not re.search(r"src='[^d]", text)
     rate = summary["io"]["by_phase"]["train"]["bytes_read"]
     words = html.unescape(text)
+    assert f"Is the storage the bottleneck? {summary['train']['storage']['verdict']}" in words
     assert "the slowest rank's" in words and "the plot averages" in words and f"{rate:,} bytes" in words
 
 
