@@ -68,6 +68,29 @@ def write_staged(backend: "StorageBackend", path: str, data: bytes) -> None:
     handle.close()
 
 
+class PositionalReads:
+    """read / readinto / readall at a current position (`_position`), on top of a handle's
+    read_at / read_at_into / size: the file-like half that numpy, h5py and the TFRecord code use,
+    the same on every backend."""
+
+    _position: int
+
+    def readinto(self, buffer) -> int:
+        count = self.read_at_into(buffer, self._position)
+        self._position += count
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = max(self.size() - self._position, 0)
+        data = self.read_at(self._position, size)
+        self._position += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+
 @runtime_checkable
 class StorageFile(Protocol):
     """An open file or object. A read handle supports every read method; a write handle `write`.

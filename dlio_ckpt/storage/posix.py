@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlio_ckpt.errors import ConfigError
-from dlio_ckpt.storage.base import Capabilities, write_staged
+from dlio_ckpt.storage.base import Capabilities, PositionalReads, write_staged
 
 DIRECT_ALIGNMENT = 4096
 
@@ -43,7 +43,7 @@ def fsync_folder(path: str) -> None:
         os.close(fd)
 
 
-class PosixFile(io.RawIOBase):
+class PosixFile(PositionalReads, io.RawIOBase):
     """A file opened for reading, or for reading and writing, at explicit offsets.
 
     A staged write handle (`publish_as` set) writes under a temporary name and renames it to
@@ -100,21 +100,6 @@ class PosixFile(io.RawIOBase):
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size
-
-    def readinto(self, buffer) -> int:
-        count = self.read_at_into(buffer, self._position)
-        self._position += count
-        return count
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            size = max(self.size() - self._position, 0)
-        data = self.read_at(self._position, size)
-        self._position += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
 
     def write(self, data) -> int:
         count = self.write_at(data, self._position)

@@ -39,7 +39,7 @@ from obstore.exceptions import NotFoundError, PermissionDeniedError, Unauthentic
 from obstore.store import S3Store
 
 from dlio_ckpt.errors import ConfigError, UserError
-from dlio_ckpt.storage.base import Capabilities
+from dlio_ckpt.storage.base import Capabilities, PositionalReads
 
 S3_CAPABILITIES = Capabilities(
     atomic_rename=False,
@@ -87,7 +87,7 @@ def _aws_session(region: str) -> boto3.Session:
     return boto3.Session(region_name=region)
 
 
-class S3ReadFile(io.RawIOBase):
+class S3ReadFile(PositionalReads, io.RawIOBase):
     """An object opened for reading: one ranged GET per read call and nothing else. Opening sends
     no request (the reader opens a file per thread, and a HEAD each time would double the requests
     of one-sample reads); a missing object is reported by the first read, the size by one HEAD
@@ -160,21 +160,6 @@ class S3ReadFile(io.RawIOBase):
         count = len(data)
         view[:count] = memoryview(data)
         return count
-
-    def readinto(self, buffer) -> int:
-        count = self.read_at_into(buffer, self._position)
-        self._position += count
-        return count
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            size = max(self.size() - self._position, 0)
-        data = self.read_at(self._position, size)
-        self._position += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
 
     def write(self, data) -> int:
         raise io.UnsupportedOperation(f"{self._uri} is open for reading")
