@@ -158,7 +158,8 @@ class StorageBackend(Protocol):
     capabilities: Capabilities
 
     def open_read(self, path: str) -> StorageFile:
-        """Open an existing file for reading; FileNotFoundError when there is none."""
+        """Open an existing file for reading; FileNotFoundError when there is none (S3 sends no
+        request to open, so a missing object raises it at the first read or size())."""
 
     def open_write(self, path: str) -> StorageFile:
         """Create or replace `path`; on an object store it appears when the handle is closed,
