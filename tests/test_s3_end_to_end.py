@@ -186,3 +186,23 @@ def test_retention_deletes_only_this_runs_older_checkpoints(workdir, s3_server, 
     assert len(manifests) == 1 and "global_step3" in manifests[0], manifests
     assert decoy in objects
     assert not any("global_step1" in k or "global_step2" in k for k in objects if k != decoy)
+
+
+@pytest.mark.mpi
+def test_an_async_checkpoint_upload_refused_fails_without_a_hang(workdir, monkeypatch):
+    """The upload fails in async's background persist: every rank still ends, in one line each,
+    and no manifest (no checkpoint) appears."""
+    from s3_server import start_with_user
+
+    server, user = start_with_user(["s3:ListBucket", "s3:GetObject"], "no-ckpt-writes")
+    try:
+        for name, value in user.items():
+            monkeypatch.setenv(name, value)
+        done = run_cli(TINY_CKPT + [*s3_args(server, "no-ckpt-writes", workdir / "store"), "checkpoint.strategy=async",
+                                    f"hydra.run.dir={workdir / 'run'}"], workdir / "cwd", mpi_ranks=2, timeout=120)
+    finally:
+        server.stop()
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("dlio_ckpt: error")]
+    assert 1 <= len(errors) <= 2 and all("s3://no-ckpt-writes/e2e/checkpoints/" in line for line in errors), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr

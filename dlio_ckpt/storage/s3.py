@@ -77,7 +77,8 @@ def _object_error(exc: BaseException, uri: str, what: str) -> OSError:
     if isinstance(exc, _NOT_FOUND):
         return FileNotFoundError(errno.ENOENT, f"{what} {uri}: no such object")
     if isinstance(exc, _DENIED):
-        return PermissionError(errno.EACCES, f"{what} {uri}: access denied ({_reason(exc)})")
+        code = next((c for c in _ACCESS_DENIED if c in str(exc)), "")  # obstore's text repeats the URL
+        return PermissionError(errno.EACCES, f"{what} {uri}: access denied{f' ({code})' if code else ''}")
     return OSError(errno.EIO, f"{what} {uri} failed: {_reason(exc)}")
 
 
