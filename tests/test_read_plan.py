@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -18,10 +19,15 @@ def files(count: int, samples: int) -> tuple[FileSpec, ...]:
     return tuple(FileSpec(index=i, path=f"/d/f{i}", num_samples=samples, sample_bytes=10) for i in range(count))
 
 
+@functools.cache
+def _shuffling_reader():
+    """Composed once per module (a Hydra compose costs a fraction of a second; RunConfig is frozen)."""
+    return load_config(["scale=tiny", "reader.file_shuffle=true", "reader.sample_shuffle=true"]).reader
+
+
 def reader(**changes):
     """A shuffling reader (the default workload, resnet, does not shuffle, as in DLIO)."""
-    base = load_config(["scale=tiny", "reader.file_shuffle=true", "reader.sample_shuffle=true"]).reader
-    return dataclasses.replace(base, **changes)
+    return dataclasses.replace(_shuffling_reader(), **changes)
 
 
 @pytest.mark.parametrize("num_files,samples,size", [(7, 3, 1), (7, 3, 2), (10, 1, 3), (5, 13, 4), (3, 2, 6)])

@@ -63,12 +63,17 @@ def register_workloads() -> None:
     """Make workloads/*.yaml the Hydra group `workload` (package _global_).
 
     The library lives in its own top-level folder rather than under conf/, so it is registered
-    through Hydra's ConfigStore instead of the folder search; repeated calls are harmless.
+    through Hydra's ConfigStore instead of the folder search; repeated calls are harmless and
+    cheap: a file already registered in this process is not parsed again (every command and
+    every compose calls this, and parsing the whole library costs about 0.1 s).
     """
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
+    registered = store.repo.get("workload", {})
     for path in sorted(workloads_dir().glob("*.yaml")):
+        if f"{path.stem}.yaml" in registered:
+            continue
         try:
             node = OmegaConf.load(path)
         except Exception as exc:
@@ -389,6 +394,14 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
         raise ConfigError(
             f"train.step_counting: dlio runs floor({samples} samples / batch {config.reader.batch_size} / {world_size} ranks) "
             "= 0 steps per epoch; lower reader.batch_size, add files, or run fewer ranks"
+        )
+    eval_samples = ds.num_files_eval * ds.num_samples_per_file
+    if (config.evaluation.enabled and config.train.step_counting == "dlio"
+            and eval_samples // config.reader.batch_size_eval // world_size < 1):
+        raise ConfigError(
+            f"evaluation.enabled: train.step_counting=dlio evaluates floor({eval_samples} samples / batch "
+            f"{config.reader.batch_size_eval} / {world_size} ranks) = 0 steps; lower reader.batch_size_eval, raise "
+            "dataset.num_files_eval, or set train.step_counting=global"
         )
     if config.reader.access == "transfer" and config.reader.name != "tensorflow" and ds.num_files_train < world_size:
         raise ConfigError(
