@@ -132,9 +132,8 @@ def test_writing_ranks_agrees_with_rank_tensors(zero, tp, pp, dp, world):
 
 def test_tensorflow_format_needs_the_tensorflow_layout(tmp_path):
     pytest.importorskip("tensorflow")
-    ctx = make_ctx(tmp_path, ["checkpoint.format=tensorflow", "checkpoint.layout=deepspeed"])
-    with pytest.raises(ConfigError, match="checkpoint.layout=tensorflow"):
-        make_checkpoint_engine(ctx)
+    with pytest.raises(ConfigError, match="checkpoint.layout=tensorflow"):  # the loader refuses the pair
+        make_checkpoint_engine(make_ctx(tmp_path, ["checkpoint.format=tensorflow", "checkpoint.layout=deepspeed"]))
 
 
 def _staged_index_bytes(tf, plan, scratch: Path) -> int:

@@ -224,7 +224,8 @@ def test_small_dataset_warns_about_the_page_cache(workdir):
 
 def test_evaluation_reads_the_eval_files(workdir):
     root, run = workdir / "store", workdir / "run"
-    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "evaluation.enabled=true", "dataset.num_files_eval=2"],
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "evaluation.enabled=true", "dataset.num_files_eval=2",
+                     "train.step_counting=global"],
            workdir / "cwd")
     summary = load_summary(run)
     eval_bytes = sum(p.stat().st_size for p in (dataset_dir(root) / "eval").rglob("*.bin"))
