@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
-from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, peak_rss_bytes, tensor_key,
+from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, tensor_key,
                                          verify_file, write_file, write_framework_file)
 from dlio_ckpt.checkpoint.formats import get_format
 from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
@@ -30,6 +30,7 @@ from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError, RunFailure, failure_text, storage_failure
 from dlio_ckpt.faults import fault_point
+from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics.report import plural
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.model import TensorSpec

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import resource
 import time
 import zlib
 from dataclasses import dataclass
@@ -37,11 +36,6 @@ def tensor_key(owner: int, name: str, step: int) -> int:
     """A ByteSource key per (rank, tensor, step): contents differ between ranks, tensors and
     checkpoints, so the storage can neither deduplicate nor skip unchanged blocks."""
     return (zlib.crc32(name.encode()) << 20) ^ (owner * 1_000_003) ^ (step * _STEP_MIX)
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @dataclass(frozen=True)

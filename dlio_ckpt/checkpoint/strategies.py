@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord
-from dlio_ckpt.checkpoint.fileio import FileEntry, now, peak_rss_bytes
+from dlio_ckpt.checkpoint.fileio import FileEntry, now
 from dlio_ckpt.errors import RunFailure, failure_text, report_failure
 from dlio_ckpt.faults import fault_point
+from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.plan.checkpoint import PlannedFile
 
 

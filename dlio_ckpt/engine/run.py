@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
 import socket
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from dlio_ckpt.clean import created_paths
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency
 from dlio_ckpt.metrics.bandwidth import page_cache_meaning
 from dlio_ckpt.metrics import summary as summaries
@@ -25,11 +25,6 @@ from dlio_ckpt.storage import make_backend
 from dlio_ckpt.storage.events import EventRecorder, JobClock
 from dlio_ckpt.storage.traced import TracedStorage
 from dlio_ckpt.world import World
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def make_context(world: World, config: RunConfig, run_dir: Path, run_id: str) -> RunContext:
