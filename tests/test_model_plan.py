@@ -143,3 +143,42 @@ def test_plan_mode_1024_ranks_writes_plan_json(tmp_path):
     assert saved["checkpoint"]["total_bytes"] == sum(saved["checkpoint"]["per_rank_bytes"])
     assert saved["checkpoint"]["files"] == len(saved["checkpoint"]["file_names"]) > 1024
     assert report["model"]["logical_ranks"] == 1024 and report["world_size"] == 1024
+
+
+@pytest.mark.parametrize("layout", ["deepspeed", "megatron", "pytorch_dcp", "tensorflow", "raw"])
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_rank_bytes_without_tensors_equal_the_files_payload(layout, zero):
+    """The per-rank bytes computed from numpy columns are exactly the bytes of the tensors in the
+    rank's planned files (uneven DP splits: 1000 and 3 elements over 3 DP ranks, pipeline 2)."""
+    config = load_config(["model.kind=explicit", "model.model_size_bytes=1000", "model.layer_parameters=[7,3,5]",
+                          "model.optimization_groups=[1000,3]", f"model.parallelism.zero_stage={zero}",
+                          "model.parallelism.tensor=2", "model.parallelism.pipeline=2", "model.parallelism.data=3",
+                          f"checkpoint.layout={layout}"])
+    plan = build_checkpoint_plan(config, 12)
+    for rank, files in enumerate(plan.files_by_rank):
+        tensors = [t for f in files for t in f.tensors]
+        model = sum(t.nbytes for t in tensors if t.kind == "model")
+        optimizer = sum(t.nbytes for t in tensors if t.kind == "optimizer")
+        assert plan.model.rank_bytes(rank) == (model, optimizer)
+        assert plan.rank_bytes(rank) == model + optimizer
+        assert sorted(t.name for t in tensors) == sorted(t.name for t in plan.model.rank_tensors(rank))
+    names, count, encoded = plan.files_summary(4)
+    assert count == sum(len(files) for files in plan.files_by_rank) == len(names)
+    assert encoded == plan.total_bytes  # the raw format: payload only
+
+
+def test_a_16384_rank_plan_sizes_every_rank_without_building_their_tensor_lists(monkeypatch):
+    """Sizing a job (plan mode, the free-space check on every rank) must not build each rank's
+    tensor list: under ZeRO-3 that is N ranks x every tensor, and every rank of a real run does it."""
+    from dlio_ckpt.plan.model import ModelPlan
+
+    config = load_config(["workload=llama3_70b", "model.parallelism.data=0"])
+    built = []
+    original = ModelPlan.rank_tensors
+    monkeypatch.setattr(ModelPlan, "rank_tensors", lambda self, rank: built.append(rank) or original(self, rank))
+    plan = build_checkpoint_plan(config, 16384)
+    per_rank = plan.per_rank_bytes()
+    assert len(per_rank) == 16384 and sum(per_rank) == plan.total_bytes == plan.model.total_bytes
+    assert built == []
+    own = plan.files_by_rank[16383]  # a rank builds only its own files
+    assert built == [16383] and sum(f.payload_bytes for f in own) == per_rank[16383]

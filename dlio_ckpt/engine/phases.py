@@ -58,7 +58,9 @@ def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
     plan = getattr(checkpoints, "plan", None)
     if plan is None or ctx.world.size < 2 or ctx.config.checkpoint.strategy == "single_writer":
         return None
-    writers = sum(1 for files in plan.files_by_rank if files)
+    from dlio_ckpt.checkpoint.layouts import writing_ranks
+
+    writers = int(writing_ranks(plan.model).sum())  # not every rank's file list: that is N^2 over the job
     if writers != 1:
         return None
     return (

@@ -37,7 +37,8 @@ def build_plan_report(config: RunConfig) -> dict:
     per_rank = plan.per_rank_bytes()
     split = [model.rank_bytes(r) for r in range(model.world_size)]
     step = max(config.checkpoint.steps_between_checkpoints, 1)
-    names = plan.file_names(step)
+    data_files, data_file_count, encoded_bytes = plan.files_summary(step)  # one walk over the ranks
+    names = plan.names_with_metadata(step, data_files)
     ck = config.checkpoint
     report = {
         "workload": config.workload,
@@ -52,14 +53,14 @@ def build_plan_report(config: RunConfig) -> dict:
             "total_gib": plan.total_bytes / GIB,
             "model_bytes": sum(m for m, _ in split),
             "optimizer_bytes": sum(o for _, o in split),
-            "encoded_bytes": plan.encoded_bytes(),
+            "encoded_bytes": encoded_bytes,
             "per_rank_bytes": per_rank,
             "per_rank_model_bytes": [m for m, _ in split],
             "per_rank_optimizer_bytes": [o for _, o in split],
             "max_rank_bytes": max(per_rank) if per_rank else 0,
             "min_rank_bytes": min(per_rank) if per_rank else 0,
             "writing_ranks": sum(1 for b in per_rank if b),
-            "data_files": plan.file_count,
+            "data_files": data_file_count,
             "files": len(names),
             "file_names": names,
             "file_names_step": step,

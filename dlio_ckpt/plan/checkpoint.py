@@ -7,7 +7,9 @@ Built from the ModelPlan (who owns which bytes), the layout (file names) and the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from dlio_ckpt.checkpoint.formats import get_format_class
 from dlio_ckpt.checkpoint.layouts import Layout, get_layout
@@ -32,11 +34,37 @@ class PlannedFile:
 
 
 @dataclass(frozen=True)
+class PlannedRanks(Sequence):
+    """Every running rank's files (`files_by_rank[rank]`), built when asked for and not kept.
+
+    A rank writes only its own files, so a run of N ranks builds one rank's list, not N of them on
+    every rank (N^2 work over the job); plan mode walks all ranks once without holding N ranks of
+    tensor lists in memory (16,384 ranks of a 70B model under ZeRO-3 are 8 million tensors)."""
+
+    model: ModelPlan
+    layout: Layout
+    extension: str
+
+    def __len__(self) -> int:
+        return self.model.world_size
+
+    def __getitem__(self, rank):
+        if isinstance(rank, slice):
+            return tuple(self[r] for r in range(*rank.indices(len(self))))
+        if rank < 0:
+            rank += len(self)
+        if not 0 <= rank < len(self):
+            raise IndexError(f"rank {rank} of {len(self)}")
+        grouped = self.layout.rank_files(self.model, rank, self.model.rank_tensors(rank), self.extension)
+        return tuple(PlannedFile(name, rank, ts) for name, ts in grouped if ts)
+
+
+@dataclass(frozen=True)
 class CheckpointPlan:
     model: ModelPlan
     layout_name: str
     format_name: str
-    files_by_rank: tuple[tuple[PlannedFile, ...], ...]  # index: running rank
+    files_by_rank: Sequence[tuple[PlannedFile, ...]]  # index: running rank (a PlannedRanks)
 
     @property
     def layout(self) -> Layout:
@@ -46,36 +74,52 @@ class CheckpointPlan:
     def world_size(self) -> int:
         return len(self.files_by_rank)
 
+    @cached_property
+    def _per_rank_bytes(self) -> tuple[int, ...]:
+        # Every tensor a rank owns goes in one of its files, so its files' payload is its share.
+        return tuple(sum(self.model.rank_bytes(r)) for r in range(self.world_size))
+
     def rank_bytes(self, rank: int) -> int:
-        return sum(f.payload_bytes for f in self.files_by_rank[rank])
+        return self._per_rank_bytes[rank]
 
     def per_rank_bytes(self) -> list[int]:
-        return [self.rank_bytes(r) for r in range(self.world_size)]
+        return list(self._per_rank_bytes)
 
     @property
     def total_bytes(self) -> int:
         """Payload bytes of one checkpoint over the running ranks (format headers excluded)."""
-        return sum(self.per_rank_bytes())
+        return sum(self._per_rank_bytes)
 
     def encoded_bytes(self) -> int | None:
         """Bytes on disk of the data files, where the format makes that predictable."""
+        return self.files_summary(1)[2]
+
+    def files_summary(self, step: int) -> tuple[list[str], int, int | None]:
+        """(the data files' names at `step`, their count, their encoded bytes or None), in one walk
+        over the ranks (each rank's files are built once, then dropped)."""
         fmt = get_format_class(self.format_name)()
-        total = 0
+        folder = self.layout.folder(step)
+        names: list[str] = []
+        encoded: int | None = 0
         for files in self.files_by_rank:
             for f in files:
-                size = fmt.encoded_size(f.tensors)
-                if size is None:
-                    return None
-                total += size
-        return total
+                names.append(f"{folder}/{f.path_for(step)}")
+                if encoded is not None:
+                    size = fmt.encoded_size(f.tensors)
+                    encoded = None if size is None else encoded + size
+        return names, len(names), encoded
 
     @property
     def file_count(self) -> int:
-        return sum(len(files) for files in self.files_by_rank)
+        return self.files_summary(1)[1]
 
     def file_names(self, step: int) -> list[str]:
+        return self.names_with_metadata(step, self.files_summary(step)[0])
+
+    def names_with_metadata(self, step: int, data_files: list[str]) -> list[str]:
+        """The data files' names plus the coordinator's files, the manifest and the tag."""
         folder = self.layout.folder(step)
-        names = [f"{folder}/{f.path_for(step)}" for files in self.files_by_rank for f in files]
+        names = list(data_files)
         names += [f"{folder}/{name}" for name in self.layout.coordinator_files(step, self.world_size)]
         names.append(f"{folder}/{MANIFEST_NAME}")
         tag = self.layout.tag(step)
@@ -90,9 +134,5 @@ def build_checkpoint_plan(config: RunConfig, world_size: int) -> CheckpointPlan:
     layout = get_layout(ck.layout)
     fmt = get_format_class(ck.format)()
     model = build_model_plan(config.model, world_size, config.scale.max_model_bytes)
-    files_by_rank = []
-    for rank in range(model.world_size):
-        tensors = model.rank_tensors(rank)
-        grouped = layout.rank_files(model, rank, tensors, fmt.extension)
-        files_by_rank.append(tuple(PlannedFile(name, rank, ts) for name, ts in grouped if ts))
-    return CheckpointPlan(model=model, layout_name=layout.name, format_name=fmt.name, files_by_rank=tuple(files_by_rank))
+    return CheckpointPlan(model=model, layout_name=layout.name, format_name=fmt.name,
+                          files_by_rank=PlannedRanks(model, layout, fmt.extension))

@@ -27,7 +27,10 @@ reported beside the scaled ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable
+
+import numpy as np
 
 from dlio_ckpt.config.schema import ModelConfig
 from dlio_ckpt.errors import ConfigError
@@ -110,29 +113,38 @@ class ModelPlan:
         return c.pp * self.tp + c.tp
 
     # ownership --------------------------------------------------------------------------------
+    @cached_property
+    def _dp_splits(self) -> tuple[tuple[_DpSplit, _DpSplit], ...]:
+        """Per model-parallel shard, the 1/DP split of its model and of its optimizer tensors, as
+        columns: a rank's share is then one numpy expression, not a Python loop per tensor
+        (plan mode and the free-space check size 16,384 ranks)."""
+        return tuple((_DpSplit.of(model, self.dp), _DpSplit.of(optimizer, self.dp)) for model, optimizer in self.mp_shards)
+
     def rank_tensors(self, rank: int) -> tuple[TensorSpec, ...]:
         """What logical rank `rank` writes, after the DP/ZeRO rule."""
         c = self.coords(rank)
-        model, optimizer = self.mp_shards[c.pp * self.tp + c.tp]
+        shard = c.pp * self.tp + c.tp
+        model, optimizer = self.mp_shards[shard]
+        model_split, optimizer_split = self._dp_splits[shard]
         out: list[TensorSpec] = []
         if self.zero_stage >= 3:
-            out.extend(_partition(model, self.dp, c.dp))
+            out.extend(model_split.partition(model, c.dp))
         elif c.dp == 0:
             out.extend(model)
         if self.zero_stage >= 1:
-            out.extend(_partition(optimizer, self.dp, c.dp))
+            out.extend(optimizer_split.partition(optimizer, c.dp))
         elif c.dp == 0:
             out.extend(optimizer)
         return tuple(t for t in out if t.numel > 0)
 
     def rank_bytes(self, rank: int) -> tuple[int, int]:
-        """(model bytes, optimizer bytes) that rank `rank` writes."""
-        model = optimizer = 0
-        for t in self.rank_tensors(rank):
-            if t.kind == "model":
-                model += t.nbytes
-            else:
-                optimizer += t.nbytes
+        """(model bytes, optimizer bytes) that rank `rank` writes (the bytes of rank_tensors, without
+        building them)."""
+        c = self.coords(rank)
+        model_split, optimizer_split = self._dp_splits[c.pp * self.tp + c.tp]
+        model = model_split.part_bytes(c.dp) if self.zero_stage >= 3 else (model_split.whole_bytes if c.dp == 0 else 0)
+        optimizer = (optimizer_split.part_bytes(c.dp) if self.zero_stage >= 1
+                     else (optimizer_split.whole_bytes if c.dp == 0 else 0))
         return model, optimizer
 
     def per_rank_bytes(self) -> list[int]:
@@ -184,10 +196,35 @@ class ModelPlan:
         }
 
 
-def _partition(tensors: Iterable[TensorSpec], parts: int, index: int) -> list[TensorSpec]:
-    if parts == 1:
-        return list(tensors)
-    return [TensorSpec(f"{t.name}.part{index}", split(t.numel, parts, index), t.dtype_bytes, t.kind) for t in tensors]
+@dataclass(frozen=True, eq=False)
+class _DpSplit:
+    """Tensors cut into `parts` near-equal parts (as `split`), as numpy columns: part d of tensor i
+    holds base[i] + (d < extra[i]) elements."""
+
+    parts: int
+    base: np.ndarray
+    extra: np.ndarray
+    dtype_bytes: np.ndarray
+    whole_bytes: int
+    base_bytes: int
+
+    @classmethod
+    def of(cls, tensors: Iterable[TensorSpec], parts: int) -> "_DpSplit":
+        tensors = tuple(tensors)
+        numel = np.array([t.numel for t in tensors], dtype=np.int64)
+        dtype_bytes = np.array([t.dtype_bytes for t in tensors], dtype=np.int64)
+        base, extra = np.divmod(numel, parts)
+        return cls(parts, base, extra, dtype_bytes, sum(t.nbytes for t in tensors),
+                   sum(b * d for b, d in zip(base.tolist(), dtype_bytes.tolist())))
+
+    def part_bytes(self, index: int) -> int:
+        return self.base_bytes + int(self.dtype_bytes[self.extra > index].sum())
+
+    def partition(self, tensors: tuple[TensorSpec, ...], index: int) -> list[TensorSpec]:
+        if self.parts == 1:
+            return list(tensors)
+        sizes = (self.base + (index < self.extra)).tolist()
+        return [TensorSpec(f"{t.name}.part{index}", n, t.dtype_bytes, t.kind) for t, n in zip(tensors, sizes)]
 
 
 def transformer_parameters(cfg: ModelConfig) -> int:
