@@ -1,7 +1,7 @@
 """One event per storage operation: what the metrics, the Darshan writer and the Chrome trace read.
 
-Events are kept as plain tuples while a rank runs (cheap to append) and turned into a numpy
-structured array when the run ends. Times are seconds since the job started, on a clock that all
+Events are appended as plain tuples while a rank runs (cheap), moved into numpy chunks every
+COMPACT_EVENTS events (small in memory), and joined into one structured array when the run ends. Times are seconds since the job started, on a clock that all
 ranks share (`JobClock`), so events of different ranks can be put on one timeline.
 """
 
@@ -21,6 +21,10 @@ OPS = ("open", "close", "read", "write", "fsync", "stat", "rename", "unlink", "s
 PHASES = ("generate", "train", "eval", "checkpoint", "restore", "other")
 OP_CODE = {name: code for code, name in enumerate(OPS)}
 PHASE_CODE = {name: code for code, name in enumerate(PHASES)}
+
+# Appended tuples cost ~200 bytes an event, a row of EVENT_DTYPE 38: past this many, the recorder
+# moves them into a numpy chunk (a million small files are millions of events).
+COMPACT_EVENTS = 1 << 16
 
 EVENT_DTYPE = np.dtype(
     [
@@ -59,6 +63,11 @@ class JobClock:
     def now(self) -> float:
         return (time.perf_counter() - self.perf_origin) + (self.wall_origin - self.job_start_wall)
 
+    @property
+    def shift(self) -> float:
+        """now() is time.perf_counter() - shift: hot paths subtract this one number."""
+        return self.perf_origin - (self.wall_origin - self.job_start_wall)
+
     def from_wall(self, wall: float) -> float:
         """A wall-clock time (`time.time()`, as other libraries stamp events) on this clock."""
         return wall - self.job_start_wall
@@ -81,6 +90,8 @@ class EventRecorder:
     _path_index: dict[str, int] = field(default_factory=dict)
     _path_lock: threading.Lock = field(default_factory=threading.Lock)
     _events: list[tuple] = field(default_factory=list)
+    _chunks: list[np.ndarray] = field(default_factory=list)
+    _chunk_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def path_id(self, path: str) -> int:
         index = self._path_index.get(path)
@@ -95,6 +106,26 @@ class EventRecorder:
 
     def record(self, op: str, phase: str, path: str, offset: int, length: int, start: float, end: float) -> None:
         self._events.append((OP_CODE[op], PHASE_CODE[phase], self.path_id(path), offset, length, start, end))
+        if len(self._events) >= COMPACT_EVENTS:
+            self.compact()
+
+    def compact(self) -> None:
+        """Move the appended tuples into a numpy chunk once there are COMPACT_EVENTS of them
+        (callers: `record`, and traced handles as they close). Appends by other threads meanwhile
+        land after the slice taken, so deleting that slice loses none; `array` takes the lock."""
+        if len(self._events) < COMPACT_EVENTS:
+            return
+        with self._chunk_lock:
+            count = len(self._events)
+            if count >= COMPACT_EVENTS:
+                self._chunks.append(np.array(self._events[:count], dtype=EVENT_DTYPE))
+                del self._events[:count]
+
+    def appender(self):
+        """Append one event tuple (op code, phase code, path id, offset, length, start, end):
+        what `record` does, for a caller that looked the codes and the path id up once (the
+        traced file handle, whose every read and write lands here). Thread-safe as `record`."""
+        return self._events.append
 
     @property
     def bytes_read(self) -> dict[str, int]:
@@ -112,8 +143,11 @@ class EventRecorder:
         return op_counts(self.array())
 
     def array(self) -> np.ndarray:
-        events = list(self._events)  # a snapshot: other threads may still be appending
-        return np.array(events, dtype=EVENT_DTYPE) if events else np.zeros(0, EVENT_DTYPE)
+        with self._chunk_lock:
+            chunks = list(self._chunks)
+            events = list(self._events)  # a snapshot: other threads may still be appending
+        tail = np.array(events, dtype=EVENT_DTYPE) if events else np.zeros(0, EVENT_DTYPE)
+        return np.concatenate([*chunks, tail]) if chunks else tail
 
     def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:
         """Write this rank's events as `events/rank-NNNNN.npz` (array + path table + metadata).
