@@ -20,11 +20,11 @@ from conftest import BIN, REPO, cli_env
 from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.checkpoint.fileio import tensor_key
 from dlio_ckpt.checkpoint.formats import TensorflowFormat
-from dlio_ckpt.checkpoint.layouts import writing_ranks
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, build_checkpoint_plan
+from dlio_ckpt.plan.layouts import writing_ranks
 from dlio_ckpt.plan.model import build_model_plan
 from dlio_ckpt.storage.events import OP_CODE
 

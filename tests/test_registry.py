@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from dlio_ckpt.checkpoint.formats import CHECKPOINT_FORMATS
-from dlio_ckpt.checkpoint.layouts import LAYOUTS
 from dlio_ckpt.checkpoint.registry import STRATEGIES
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.errors import ConfigError, MissingDependency
 from dlio_ckpt.formats import DATASET_FORMATS
+from dlio_ckpt.plan.checkpoint_formats import CHECKPOINT_FORMATS
+from dlio_ckpt.plan.layouts import LAYOUTS
 from dlio_ckpt.registry import Registry
 from dlio_ckpt.storage import BACKENDS
 

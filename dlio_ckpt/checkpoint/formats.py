@@ -1,4 +1,8 @@
-"""Checkpoint file formats (`checkpoint.format=`): how one file's tensors become bytes.
+"""Checkpoint format writers (`checkpoint.format=`): how one file's tensors become bytes.
+
+Each writer subclasses CheckpointFormatSpec (plan/checkpoint_formats.py: name, extension,
+predictable size, `sequential`, `write_needs`, `requires`, what plans and the loader use) and is
+built from its format's spec.
 
 A format writes to a file-like object the engine opened through the traced storage, pulling each
 tensor's contents chunk by chunk, so no format ever needs a whole shard in memory (torch.save and
@@ -6,8 +10,6 @@ TensorFlow's SaveV2 are the exceptions: they take whole tensors, so they hold on
 a time).
 
 `sequential` says whether the format only appends; the engine then checksums bytes as they pass.
-`write_needs` names the storage capabilities (storage/base.py) the writer needs beyond appending
-through a handle; the loader refuses a format whose needs the chosen backend lacks.
 Formats that seek back (zip headers, HDF5 metadata) are checksummed by reading the file back after
 its fsync, outside the timed write.
 
@@ -25,24 +27,17 @@ import io
 import os
 import re
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.plan.checkpoint_formats import CheckpointFormatSpec, format_spec, npy_header
 from dlio_ckpt.plan.model import TensorSpec
-from dlio_ckpt.registry import Registry
+from dlio_ckpt.registry import import_target
 
 Chunks = Callable[[TensorSpec], Iterator[memoryview]]
-
-
-def _npy_header(numel: int, dtype: str) -> bytes:
-    buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(
-        buffer, {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": (numel,)}
-    )
-    return buffer.getvalue()
 
 
 def whole_tensor(tensor: TensorSpec, chunks: Chunks) -> np.ndarray:
@@ -56,43 +51,24 @@ def whole_tensor(tensor: TensorSpec, chunks: Chunks) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class RawFormat:
+class RawFormat(CheckpointFormatSpec):
     """Tensors back to back: one contiguous stream per file, what O_DIRECT writes best."""
-
-    name: str = "raw"
-    extension: str = "bin"
-    sequential: bool = True
-    requires: str | None = None
-    write_needs: frozenset[str] = frozenset()
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         for tensor in tensors:
             for piece in chunks(tensor):
                 handle.write(piece)
-
-    def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
-        return sum(t.nbytes for t in tensors)
 
 
 @dataclass(frozen=True)
-class NpyFormat:
+class NpyFormat(CheckpointFormatSpec):
     """One .npy array per file: the file's tensors as one flat uint8 vector after a numpy header."""
 
-    name: str = "npy"
-    extension: str = "npy"
-    sequential: bool = True
-    requires: str | None = None
-    write_needs: frozenset[str] = frozenset()
-
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
-        handle.write(_npy_header(sum(t.nbytes for t in tensors), "uint8"))
+        handle.write(npy_header(sum(t.nbytes for t in tensors), "uint8"))
         for tensor in tensors:
             for piece in chunks(tensor):
                 handle.write(piece)
-
-    def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
-        total = sum(t.nbytes for t in tensors)
-        return len(_npy_header(total, "uint8")) + total
 
 
 class _ZipSink(io.RawIOBase):
@@ -124,36 +100,21 @@ class _ZipSink(io.RawIOBase):
 
 
 @dataclass(frozen=True)
-class NpzFormat:
+class NpzFormat(CheckpointFormatSpec):
     """An uncompressed .npz (zip of .npy), one member per tensor, streamed member by member."""
-
-    name: str = "npz"
-    extension: str = "npz"
-    sequential: bool = False
-    requires: str | None = None
-    write_needs: frozenset[str] = frozenset()  # zipfile streams (data descriptors) where the handle cannot seek
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         with zipfile.ZipFile(_ZipSink(handle), "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
             for tensor in tensors:
                 with archive.open(f"{tensor.name}.npy", "w", force_zip64=True) as member:
-                    member.write(_npy_header(tensor.numel, tensor.dtype))
+                    member.write(npy_header(tensor.numel, tensor.dtype))
                     for piece in chunks(tensor):
                         member.write(piece)
 
-    def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
-        return None
-
 
 @dataclass(frozen=True)
-class Hdf5Format:
+class Hdf5Format(CheckpointFormatSpec):
     """One HDF5 dataset per tensor (h5py over the traced file object), filled chunk by chunk."""
-
-    name: str = "hdf5"
-    extension: str = "h5"
-    sequential: bool = False
-    requires: str | None = "h5py"
-    write_needs: frozenset[str] = frozenset({"seekable_write"})
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         import h5py
@@ -167,28 +128,16 @@ class Hdf5Format:
                     dset[position : position + len(values)] = values
                     position += len(values)
 
-    def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
-        return None
-
 
 @dataclass(frozen=True)
-class TorchFormat:
+class TorchFormat(CheckpointFormatSpec):
     """torch.save of a dict of tensors (needs torch; holds one file's tensors in memory)."""
-
-    name: str = "torch"
-    extension: str = "pt"
-    sequential: bool = False
-    requires: str | None = "torch"
-    write_needs: frozenset[str] = frozenset()  # torch.save streams: appends only
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         import torch
 
         state = {tensor.name: torch.from_numpy(whole_tensor(tensor, chunks)) for tensor in tensors}
         torch.save(state, handle)
-
-    def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -212,7 +161,7 @@ _TF_DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5})-of-(?P<shards>\d{
 
 
 @dataclass(frozen=True)
-class TensorflowFormat:
+class TensorflowFormat(CheckpointFormatSpec):
     """A real TensorFlow checkpoint (tensor bundle: `.index` table + `.data` shards), written by TF.
 
     It is written the way TF's own MultiDeviceSaver shards a checkpoint, so the storage sees TF's
@@ -226,14 +175,6 @@ class TensorflowFormat:
     torch.save does); the data files hold exactly the payload bytes, so only the index and the
     staged indexes add to it. Needs the `tensorflow` layout, whose names are TF's.
     """
-
-    name: str = "tensorflow"
-    extension: str = "data"
-    sequential: bool = False
-    requires: str | None = "tensorflow"
-    write_needs: frozenset[str] = frozenset({"local_paths", "atomic_rename"})  # TF opens, writes and renames files by path
-    writes_paths: bool = True
-    needs_layout: str = "tensorflow"
 
     @staticmethod
     def variable_name(owner: int, tensor: TensorSpec) -> str:
@@ -283,31 +224,11 @@ class TensorflowFormat:
         return MergedFiles(renamed=tuple((f"{s}.data-00000-of-00001", m.string) for s, m in zip(staged, parsed)),
                            written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged))
 
-    def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
-        return sum(t.nbytes for t in tensors)
-
-
-CHECKPOINT_FORMATS = Registry(
-    key="checkpoint.format",
-    noun="format",
-    entries={
-        "raw": "dlio_ckpt.checkpoint.formats:RawFormat",
-        "npy": "dlio_ckpt.checkpoint.formats:NpyFormat",
-        "npz": "dlio_ckpt.checkpoint.formats:NpzFormat",
-        "hdf5": "dlio_ckpt.checkpoint.formats:Hdf5Format",
-        "torch": "dlio_ckpt.checkpoint.formats:TorchFormat",
-        "tensorflow": "dlio_ckpt.checkpoint.formats:TensorflowFormat",
-    },
-)
-
-
-def get_format_class(name: str) -> type:
-    """The class of checkpoint format `name` (no optional library imported)."""
-    return CHECKPOINT_FORMATS.load(name)
-
 
 def get_format(name: str):
-    fmt = get_format_class(name)()
+    """The writer of checkpoint format `name` (its spec's `writer`), its optional library checked."""
+    spec = format_spec(name)
+    fmt = import_target(spec.writer)(**{field.name: getattr(spec, field.name) for field in fields(spec)})
     if fmt.requires:
         from dlio_ckpt.optional import require
 

@@ -1,6 +1,6 @@
 """Checkpoint strategies by name (`checkpoint.strategy=`), and the check of every checkpoint name.
 
-Strategies live in strategies.py, layouts and format specs beside their naming rules; each table
+Strategies live in strategies.py, layouts and format specs in plan/ (pure naming rules); each table
 is a `Registry`, so a typo fails in the config stage with the key named and a close match, not
 deep inside a run.
 """
@@ -29,8 +29,8 @@ def canonical_strategy(name: str) -> str:
 
 def check_names(config: Any) -> None:
     """`config` (a CheckpointConfig) names a known strategy, layout and format."""
-    from dlio_ckpt.checkpoint.formats import CHECKPOINT_FORMATS
-    from dlio_ckpt.checkpoint.layouts import LAYOUTS
+    from dlio_ckpt.plan.checkpoint_formats import CHECKPOINT_FORMATS
+    from dlio_ckpt.plan.layouts import LAYOUTS
 
     STRATEGIES.canonical(config.strategy)
     LAYOUTS.canonical(config.layout)

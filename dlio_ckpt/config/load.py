@@ -270,9 +270,9 @@ def validate_for_display(overrides: Sequence[str], multirun: bool) -> None:
 def check_registered_names(config: RunConfig) -> None:
     """Names the registries own, and the pairs of them that work together (the schema only
     holds types, so it does not import the registries)."""
-    from dlio_ckpt.checkpoint.formats import get_format_class
     from dlio_ckpt.checkpoint.registry import check_names
     from dlio_ckpt.formats import DATASET_FORMATS
+    from dlio_ckpt.plan.checkpoint_formats import format_spec
     from dlio_ckpt.storage import BACKENDS
 
     BACKENDS.canonical(config.storage.backend)
@@ -283,7 +283,7 @@ def check_registered_names(config: RunConfig) -> None:
                           f"choose one of: {', '.join(offered)}")
     ck = config.checkpoint
     check_names(ck)
-    needs_layout = getattr(get_format_class(ck.format), "needs_layout", None)
+    needs_layout = format_spec(ck.format).needs_layout
     if needs_layout and ck.layout != needs_layout:
         raise ConfigError(
             f"checkpoint.layout: checkpoint.format={ck.format} writes {needs_layout} files, which the '{ck.layout}' layout "
@@ -344,13 +344,13 @@ def check_replay_log(config: RunConfig) -> None:
 
 def check_dependencies(config: RunConfig) -> None:
     """Optional libraries the chosen features need, checked before anything is written."""
-    from dlio_ckpt.checkpoint.formats import get_format_class
     from dlio_ckpt.optional import check_installed
+    from dlio_ckpt.plan.checkpoint_formats import format_spec
 
     if config.reader.name == "tensorflow":
         check_installed("tensorflow")
     if config.checkpoint.enabled or config.mode == "checkpoint":
-        needs = get_format_class(config.checkpoint.format).requires
+        needs = format_spec(config.checkpoint.format).requires
         if needs:
             check_installed(needs)
 

@@ -28,8 +28,8 @@ def writes_checkpoints(config: Any) -> bool:
 
 def storage_needs(config: Any) -> list[tuple[str, frozenset[str]]]:
     """(the setting that needs it, capabilities) for every storage-dependent part of the run."""
-    from dlio_ckpt.checkpoint.formats import get_format_class
     from dlio_ckpt.formats import DATASET_FORMATS
+    from dlio_ckpt.plan.checkpoint_formats import format_spec
 
     needs: list[tuple[str, frozenset[str]]] = []
     dataset_format = DATASET_FORMATS.load(config.dataset.format)
@@ -40,7 +40,7 @@ def storage_needs(config: Any) -> list[tuple[str, frozenset[str]]]:
     if reads_dataset(config) and config.reader.name == "tensorflow":
         needs.append(("reader.name=tensorflow (tf.data opens the files by path)", frozenset({"local_paths"})))
     if writes_checkpoints(config):
-        needs.append((f"checkpoint.format={config.checkpoint.format}", get_format_class(config.checkpoint.format).write_needs))
+        needs.append((f"checkpoint.format={config.checkpoint.format}", format_spec(config.checkpoint.format).write_needs))
     if config.storage.direct_io:
         needs.append(("storage.direct_io=true", frozenset({"direct_io"})))
     if config.storage.drop_caches:

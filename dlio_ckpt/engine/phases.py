@@ -58,7 +58,7 @@ def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
     plan = getattr(checkpoints, "plan", None)
     if plan is None or ctx.world.size < 2 or ctx.config.checkpoint.strategy == "single_writer":
         return None
-    from dlio_ckpt.checkpoint.layouts import writing_ranks
+    from dlio_ckpt.plan.layouts import writing_ranks
 
     writers = int(writing_ranks(plan.model).sum())  # not every rank's file list: that is N^2 over the job
     if writers != 1:

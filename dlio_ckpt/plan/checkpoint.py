@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from dlio_ckpt.checkpoint.formats import get_format_class
-from dlio_ckpt.checkpoint.layouts import Layout, get_layout
+from dlio_ckpt.plan.checkpoint_formats import format_spec
+from dlio_ckpt.plan.layouts import Layout, get_layout
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.plan.model import ModelPlan, TensorSpec, build_model_plan
 
@@ -97,7 +97,7 @@ class CheckpointPlan:
     def files_summary(self, step: int) -> tuple[list[str], int, int | None]:
         """(the data files' names at `step`, their count, their encoded bytes or None), in one walk
         over the ranks (each rank's files are built once, then dropped)."""
-        fmt = get_format_class(self.format_name)()
+        fmt = format_spec(self.format_name)
         folder = self.layout.folder(step)
         names: list[str] = []
         encoded: int | None = 0
@@ -132,7 +132,7 @@ def build_checkpoint_plan(config: RunConfig, world_size: int) -> CheckpointPlan:
     """The plan for `world_size` running ranks (pure: plan mode calls this for 1,024 ranks)."""
     ck = config.checkpoint
     layout = get_layout(ck.layout)
-    fmt = get_format_class(ck.format)()
+    fmt = format_spec(ck.format)
     model = build_model_plan(config.model, world_size, config.scale.max_model_bytes)
     return CheckpointPlan(model=model, layout_name=layout.name, format_name=fmt.name,
                           files_by_rank=PlannedRanks(model, layout, fmt.extension))

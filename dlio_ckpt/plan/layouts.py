@@ -239,11 +239,11 @@ LAYOUTS = Registry(
     key="checkpoint.layout",
     noun="layout",
     entries={
-        "raw": "dlio_ckpt.checkpoint.layouts:RawLayout",
-        "deepspeed": "dlio_ckpt.checkpoint.layouts:DeepSpeedLayout",
-        "pytorch_dcp": "dlio_ckpt.checkpoint.layouts:PytorchDcpLayout",
-        "megatron": "dlio_ckpt.checkpoint.layouts:MegatronLayout",
-        "tensorflow": "dlio_ckpt.checkpoint.layouts:TensorflowLayout",
+        "raw": "dlio_ckpt.plan.layouts:RawLayout",
+        "deepspeed": "dlio_ckpt.plan.layouts:DeepSpeedLayout",
+        "pytorch_dcp": "dlio_ckpt.plan.layouts:PytorchDcpLayout",
+        "megatron": "dlio_ckpt.plan.layouts:MegatronLayout",
+        "tensorflow": "dlio_ckpt.plan.layouts:TensorflowLayout",
     },
 )
 
