@@ -8,6 +8,7 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 
 from dlio_ckpt.storage import events as events_module
 from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, JobClock
@@ -83,3 +84,39 @@ def test_threads_reading_through_traced_handles_lose_no_event_across_compactions
         assert np.all(np.diff(mine["start"]) >= 0)  # one thread per file: its events stay in order
     assert set(events["phase"].tolist()) == {PHASE_CODE["train"]}
     assert recorder.bytes_read == {"train": 4 * rounds * 8 * 4096}
+
+
+def test_reading_a_sample_through_a_window_makes_the_same_calls_as_fetching_it(tmp_path):
+    """`read` (training) and `fetch` (verification) issue the same transfer-sized calls at the same
+    offsets; `read` only does not keep the whole sample. A truncated file still raises."""
+    from dlio_ckpt.formats.base import FileSpec, FormatOptions, Scratch
+    from dlio_ckpt.formats.raw import RawFormat
+
+    sample_bytes, transfer = 10_000, 4096  # 4096 + 4096 + 1808 per sample
+    data = os.urandom(3 * sample_bytes)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    spec = FileSpec(index=0, path=str(path), num_samples=3, sample_bytes=sample_bytes)
+    options = FormatOptions(transfer_size=transfer)
+    calls = {}
+    for how in ("read", "fetch"):
+        recorder = EventRecorder(rank=0, clock=JobClock.start())
+        storage = TracedStorage(PosixStorage(), recorder)
+        reader = RawFormat().open(lambda suffix: storage.open_read(str(path) + suffix), spec, options, Scratch())
+        if how == "read":
+            assert reader.read(2) == sample_bytes and reader.read(0) == sample_bytes
+        else:
+            assert bytes(reader.fetch(2)) == data[2 * sample_bytes:]
+            assert bytes(reader.fetch(0)) == data[:sample_bytes]
+        reader.close()
+        events = recorder.array()
+        reads = events[events["op"] == OP_CODE["read"]]
+        calls[how] = list(zip(reads["offset"].tolist(), reads["length"].tolist()))
+    assert calls["read"] == calls["fetch"] == [(20_000, 4096), (24_096, 4096), (28_192, 1808),
+                                               (0, 4096), (4096, 4096), (8192, 1808)]
+    path.write_bytes(data[: 2 * sample_bytes + 5000])
+    storage = TracedStorage(PosixStorage(), EventRecorder(rank=0, clock=JobClock.start()))
+    reader = RawFormat().open(lambda suffix: storage.open_read(str(path) + suffix), spec, options, Scratch())
+    with pytest.raises(EOFError, match="wanted 10000 bytes at offset 20000, the file ended after 5000"):
+        reader.read(2)
+    reader.close()
