@@ -264,3 +264,33 @@ def test_checkpoint_formats_that_need_no_seekable_write_write_through_an_append_
 
         state = torch.load(io.BytesIO(bytes(sink.data)))
         assert np.array_equal(state["w"].numpy(), np.arange(3000, dtype="float32"))
+
+
+# -- a backend without fsync: durable when close() publishes -------------------------------------
+
+@dataclass(frozen=True)
+class PosixWithoutFsync(PosixStorage):
+    """POSIX files, but declared like an object store: no fsync, durable once closed."""
+
+    capabilities = Capabilities(**{f.name: f.name != "fsync" for f in fields(Capabilities)})
+
+
+def test_a_checkpoint_write_on_a_backend_without_fsync_lasts_until_close(tmp_path):
+    from dlio_ckpt.checkpoint.fileio import write_file
+    from dlio_ckpt.storage.events import OP_CODE, EventRecorder, JobClock
+    from dlio_ckpt.storage.traced import TracedStorage
+
+    recorder = EventRecorder(rank=0, clock=JobClock.start())
+    storage = TracedStorage(PosixWithoutFsync(), recorder).with_phase("checkpoint")
+    tensors = (TensorSpec(name="w", numel=1 << 16, dtype_bytes=4, kind="model"),)
+
+    def chunks(tensor):
+        yield memoryview(np.ones(tensor.numel, dtype="float32").view(np.uint8))
+
+    done = write_file(storage, str(tmp_path / "shard.npz"), tensors, get_checkpoint_format("npz"), chunks,
+                      fsync=True, checksum="xxh3_128", chunk_bytes=1 << 16)
+    events = recorder.array()
+    opened = events[events["op"] == OP_CODE["open"]]["start"][0]
+    closed = events[events["op"] == OP_CODE["close"]]["end"][0]
+    assert done.write_s >= closed - opened  # the publish (close) is part of the write
+    assert done.size == (tmp_path / "shard.npz").stat().st_size

@@ -47,7 +47,8 @@ class FileWrite:
     size: int
     checksum: str
     bytes_written: int
-    write_s: float  # from just before its open to just after its fsync (its last write when fsync is off)
+    write_s: float  # from just before its open to just after its fsync (its last write when fsync is off;
+    #                 its close, which publishes it, on a backend without fsync)
     verify_s: float = 0.0  # reading it back for the checksum (formats that seek back)
 
 
@@ -171,6 +172,8 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
         handle.abort()
         raise
     handle.close()  # an object store publishes the file here; the manifest still commits the checkpoint
+    if not storage.capabilities.fsync:  # no fsync: the file is durable once close() has published it
+        write_s = clock.now() - start
     verify_s = 0.0
     if checksum == "none":
         digest = ""
