@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""dlio_ckpt dataset generation against fio's sequential write of the same files: a ratio.
+
+How the two are matched:
+- Files: dlio_ckpt `mode=generate` of N raw files of one sample each (no header: the bytes on
+  disk are the payload) vs one fio job writing N files of the same size one after the other
+  (`nrfiles=N`, `filesize`, `file_service_type=sequential`).
+- Calls: dlio_ckpt writes `generate.write_chunk_bytes` per call (default 4 MiB) vs fio `bs` of the
+  same size, psync engine (pwrite), one writer.
+- Durability: dlio_ckpt fsyncs each file before renaming it into place (`storage.fsync=true`)
+  vs fio `fsync_on_close=1`; fio does not preallocate (`fallocate=none`), as dlio_ckpt does not.
+- Figures: dlio_ckpt bytes written / `generate_s` from summary.json (the rank's generation
+  time, without start-up) vs fio's bandwidth (io_bytes / runtime).
+
+Runs alternate (and swap which goes first) so noise on a shared machine falls on both; the table
+shows medians, the ratio of medians and the per-pair ratios (the spread).
+
+    .venv/bin/python benchmarks/generate_vs_fio.py --quick
+    .venv/bin/python benchmarks/generate_vs_fio.py --files 48 --file-size 32MiB --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (MIB, Workdir, environment, fio_size, human, load_json, median, parse_size,  # noqa: E402
+                     ratio, run, table, tool, write_json)
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="16 x 8 MiB, 3 repeats")
+    p.add_argument("--files", type=int, default=48)
+    p.add_argument("--file-size", default="32MiB")
+    p.add_argument("--bs", default="4MiB", help="generate.write_chunk_bytes and fio --bs (default 4MiB)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tmp", default=None)
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--out", default=str(HERE / "results" / "generate_vs_fio.json"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.files, args.file_size, args.repeats = 16, "8MiB", 3
+    args.file_bytes, args.bs_bytes = parse_size(args.file_size), parse_size(args.bs)
+    return args
+
+
+def run_dlio(args, work: Path, i: int, log: Path) -> dict:
+    root, run_dir = work / f"dlio-{i}", work / f"run-{i}"
+    proc, wall = run([tool("dlio_ckpt"), "workload=unet3d", "mode=generate", "progress=false", "dataset.format=raw",
+                      f"dataset.num_files_train={args.files}", "dataset.num_files_eval=0", "dataset.num_samples_per_file=1",
+                      f"dataset.record_length_bytes={args.file_bytes}", "dataset.record_length_bytes_stdev=0",
+                      "dataset.folder=data", "checkpoint.enabled=false", f"generate.write_chunk_bytes={human(args.bs_bytes)}",
+                      f"storage.root={root}", f"hydra.run.dir={run_dir}"], log=log)
+    if proc.returncode != 0:
+        sys.exit(f"dlio_ckpt failed; see {log}")
+    dataset = load_json(run_dir / "summary.json")["dataset"]
+    written = args.files * args.file_bytes
+    shutil.rmtree(root)
+    return {"seconds": dataset["generate_s"], "mib_per_s": written / MIB / dataset["generate_s"], "wall_s": wall,
+            "bytes_written": dataset.get("generate_bytes_written")}
+
+
+def run_fio(args, work: Path, i: int, log: Path) -> dict:
+    folder = work / f"fio-{i}"
+    folder.mkdir()
+    out = work / f"fio-{i}.json"
+    proc, wall = run(["fio", "--output-format=json", f"--output={out}", "--name=generate", f"--directory={folder}",
+                      "--rw=write", f"--bs={fio_size(args.bs_bytes)}", "--ioengine=psync", f"--nrfiles={args.files}",
+                      f"--filesize={fio_size(args.file_bytes)}", f"--size={fio_size(args.files * args.file_bytes)}",
+                      "--file_service_type=sequential", "--fsync_on_close=1", "--fallocate=none", "--numjobs=1"], log=log)
+    if proc.returncode != 0:
+        sys.exit(f"fio failed; see {log}")
+    job = load_json(out)["jobs"][0]["write"]
+    shutil.rmtree(folder)
+    return {"seconds": job["runtime"] / 1000, "mib_per_s": job["io_bytes"] / MIB / (job["runtime"] / 1000), "wall_s": wall,
+            "bytes_written": job["io_bytes"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not shutil.which("fio"):
+        sys.exit("fio not found (Debian: apt-get install fio)")
+    dl, fi = [], []
+    with Workdir(args.tmp, args.keep, "dlio_generate_vs_fio-") as work:
+        log = work / "log.txt"
+        env = environment(str(work))
+        print(f"{args.files} x {human(args.file_bytes)} raw files, {human(args.bs_bytes)} per write, fsync per file; "
+              f"{args.repeats} alternating rounds", flush=True)
+        for i in range(args.repeats):
+            for who in (("dlio", "fio") if i % 2 == 0 else ("fio", "dlio")):
+                if who == "dlio":
+                    dl.append(run_dlio(args, work, i, log))
+                else:
+                    fi.append(run_fio(args, work, i, log))
+            print(f"  round {i}: dlio_ckpt {dl[-1]['mib_per_s']:.0f} MiB/s, fio {fi[-1]['mib_per_s']:.0f} MiB/s", flush=True)
+    pairs = [ratio(d["mib_per_s"], f["mib_per_s"]) for d, f in zip(dl, fi)]
+    med = {"dlio_mib_per_s": median([d["mib_per_s"] for d in dl]), "fio_mib_per_s": median([f["mib_per_s"] for f in fi])}
+    result = {"benchmark": "generate_vs_fio", "params": {k: v for k, v in vars(args).items() if k != "out"},
+              "environment": env, "dlio_ckpt": dl, "fio": fi, "median": med,
+              "ratio": ratio(med["dlio_mib_per_s"], med["fio_mib_per_s"]), "pair_ratios": pairs}
+    write_json(Path(args.out), result)
+    print(table([["dlio_ckpt generate", f"{med['dlio_mib_per_s']:.0f}"], ["fio sequential write", f"{med['fio_mib_per_s']:.0f}"]],
+                ["tool", "MiB/s (median)"]))
+    print(f"ratio of medians {result['ratio']:.2f}; per pair {min(pairs):.2f}..{max(pairs):.2f}; results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

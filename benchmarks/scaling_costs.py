@@ -1,0 +1,111 @@
+"""Does dlio_ckpt's own cost grow linearly with the work? Time and peak memory per case.
+
+Cases (each a dlio_ckpt command, measured from outside with /usr/bin/time: wall seconds and the
+peak resident memory of the process it starts; under mpirun that process is mpirun, so those rows
+give time only):
+
+- plan-ckpt  : mode=plan of llama3_70b (ZeRO-3) for N ranks (the per-rank checkpoint plan)
+- plan-data  : mode=plan of a dataset of N tiny files
+- generate   : mode=generate of N tiny files (64-byte records, raw format, one rank)
+- small-np8  : generate + one epoch of reads of N x 4 KiB files under mpirun -np 8
+
+Each figure is divided by N: a flat per-unit column is linear growth. Nothing is asserted;
+the table and benchmarks/results/scaling_costs.json are the output.
+
+    .venv/bin/python benchmarks/scaling_costs.py                  # the default sizes
+    .venv/bin/python benchmarks/scaling_costs.py --generate 10000,100000,1000000 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, environment, median, table, tool, write_json  # noqa: E402
+
+TIME = shutil.which("time") or "/usr/bin/time"
+
+
+def measured(command: list[str], cwd: str) -> tuple[float, int]:
+    """(wall seconds, peak RSS bytes) of one command, from GNU time; exits on failure."""
+    import subprocess
+
+    report = Path(cwd) / "time.txt"
+    done = subprocess.run([TIME, "-f", "%e %M", "-o", str(report), *command], cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}")
+    wall, rss_kib = report.read_text().split()[-2:]
+    return float(wall), int(rss_kib) * 1024
+
+
+def case_command(kind: str, n: int, root: Path) -> tuple[list[str], list[str]]:
+    """(launcher prefix, dlio_ckpt arguments) for one case of size n."""
+    common = [f"storage.root={root}/store", f"hydra.run.dir={root}/run", "progress=false"]
+    if kind == "plan-ckpt":
+        return [], ["workload=llama3_70b", "mode=plan", f"world.size={n}", "model.parallelism.data=0", *common]
+    tiny = ["dataset.format=raw", f"dataset.num_files_train={n}", "dataset.record_length_bytes=64",
+            "dataset.record_length_bytes_stdev=0", "dataset.record_length_bytes_min=1",
+            "dataset.num_subfolders_train=100", "checkpoint.enabled=false"]
+    if kind == "plan-data":
+        return [], ["workload=unet3d", "mode=plan", *tiny, *common]
+    if kind == "generate":
+        return [], ["workload=unet3d", "mode=generate", *tiny, *common]
+    if kind == "small-np8":
+        return [tool("mpirun"), "-np", "8"], [
+            "workload=unet3d", "dataset.format=raw", f"dataset.num_files_train={n}", "dataset.record_length_bytes=4KiB",
+            "dataset.record_length_bytes_stdev=0", "dataset.record_length_bytes_min=1",
+            "dataset.num_subfolders_train=0", "checkpoint.enabled=false", "train.epochs=1", "train.computation_time=0",
+            "reader.batch_size=8", *common]
+    raise ValueError(kind)
+
+
+def sizes(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plan-ranks", default="1024,4096,16384")
+    parser.add_argument("--plan-files", default="10000,100000,1000000")
+    parser.add_argument("--generate", default="10000,100000")
+    parser.add_argument("--small-np8", default="5000,20000,80000")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each case (median reported)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scaling_costs.json"))
+    args = parser.parse_args()
+    cases = [("plan-ckpt", n) for n in sizes(args.plan_ranks)] + [("plan-data", n) for n in sizes(args.plan_files)]
+    cases += [("generate", n) for n in sizes(args.generate)] + [("small-np8", n) for n in sizes(args.small_np8)]
+    results = []
+    base = tempfile.mkdtemp(prefix="scaling_costs-")
+    try:
+        for kind, n in cases:
+            walls, peaks = [], []
+            for _ in range(args.rounds):
+                root = Path(tempfile.mkdtemp(dir=base))
+                prefix, arguments = case_command(kind, n, root)
+                wall, peak = measured([*prefix, tool("dlio_ckpt"), *arguments], str(root))
+                walls.append(wall)
+                peaks.append(peak)
+                shutil.rmtree(root, ignore_errors=True)
+            row = {"case": kind, "n": n, "wall_s": walls, "peak_rss_bytes": peaks, "median_s": median(walls),
+                   "us_per_unit": median(walls) / n * 1e6, "peak_rss_mib": max(peaks) / (1 << 20),
+                   "mpirun": bool(case_command(kind, n, Path(base))[0])}
+            results.append(row)
+            print(f"{kind:10s} n={n:>9,}  {row['median_s']:8.2f} s  {row['us_per_unit']:9.1f} us/unit  "
+                  f"peak {row['peak_rss_mib']:7.1f} MiB", flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    rows = [[r["case"], f"{r['n']:,}", f"{r['median_s']:.2f}", f"{r['us_per_unit']:.1f}",
+             "(mpirun)" if r["mpirun"] else f"{r['peak_rss_mib']:.0f}"] for r in results]
+    print(table(rows, ["case", "n", "wall s (median)", "us per unit", "peak RSS MiB"]))
+    write_json(Path(args.out), {"environment": environment(tempfile.gettempdir()), "load_before": os.getloadavg(),
+                                "rounds": args.rounds, "results": results})
+
+
+if __name__ == "__main__":
+    main()
