@@ -48,7 +48,7 @@ class Capabilities:
 CAPABILITY_MEANING = {
     "atomic_rename": "atomic rename",
     "fsync": "per-file fsync",
-    "seekable_write": "seekable writes (a writer that seeks back, as zip and HDF5 writers do)",
+    "seekable_write": "seekable writes (a writer that seeks back and rewrites, as HDF5 does)",
     "direct_io": "O_DIRECT",
     "ranged_read": "ranged reads",
     "listing": "listing a folder",
