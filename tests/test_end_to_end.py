@@ -294,14 +294,21 @@ def test_mpi_sharded_checkpoint_with_one_writer_says_so(workdir):
 
 
 def test_every_workload_runs_at_tiny_scale(workdir):
+    """One sweep over the library: every job runs in the one process (its start-up, a second a
+    run, paid once), each with its own run folder and summary."""
     from dlio_ckpt.config.load import workload_names
 
-    for name in [w for w in workload_names() if w != "replay"]:
-        run = workdir / name
-        run_ok([f"workload={name}", "scale=tiny", "progress=false", "checkpoint.drop_caches=false",
-                f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"], workdir / "cwd")
-        summary = load_summary(run)
-        assert summary["workload"] == name
+    names = [w for w in workload_names() if w != "replay"]
+    sweep = workdir / "sweep"
+    run_ok(["-m", f"workload={','.join(names)}", "scale=tiny", "progress=false", "checkpoint.drop_caches=false",
+            f"storage.root={workdir / 'store'}", f"hydra.sweep.dir={sweep}"], workdir / "cwd")
+    with open(sweep / "sweep_summary.csv") as table:
+        rows = list(csv.DictReader(table))
+    assert sorted(r["workload"] for r in rows) == sorted(names)
+    for row in rows:
+        assert row["status"] == "ok", row
+        summary = load_summary(sweep / row["job"])
+        assert summary["workload"] == row["workload"]
         assert summary["io"]["bytes_read"] + summary["io"]["bytes_written"] > 0
         if summary["mode"] == "train":
             assert summary["train"]["steps"] >= 1
