@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import errno
 import os
-import shutil
 import sys
 from typing import Any, Iterable
 
@@ -72,12 +71,14 @@ def storage_failure(exc: OSError, path: str) -> RunFailure:
 
 
 def free_space_note(path: str) -> str:
-    """'N MiB free on FOLDER' for the file system that holds `path` (its nearest existing folder)."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
+    """'N MiB free on FOLDER' for the file system that holds `path` (its nearest existing folder).
+    Asked through the POSIX backend: only a file system reports ENOSPC/EDQUOT (an object store's
+    errors are EIO, EACCES or ENOENT, see storage/s3.py), so no other backend reaches this."""
+    from dlio_ckpt.storage.posix import PosixStorage, nearest_existing
+
+    probe = nearest_existing(os.path.abspath(path))
     try:
-        free = shutil.disk_usage(probe).free
+        free = PosixStorage().free_bytes(probe)
     except OSError:
         return "free space unknown"
     return f"{free / 2**20:.1f} MiB free on {probe}"

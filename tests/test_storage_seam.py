@@ -294,3 +294,36 @@ def test_a_checkpoint_write_on_a_backend_without_fsync_lasts_until_close(tmp_pat
     closed = events[events["op"] == OP_CODE["close"]]["end"][0]
     assert done.write_s >= closed - opened  # the publish (close) is part of the write
     assert done.size == (tmp_path / "shard.npz").stat().st_size
+
+
+@dataclass(frozen=True)
+class BoundedRemoteStorage:
+    """A backend with a known free space whose files are not on the local disk: the free-space
+    check must ask it (not the local file system) whether the dataset is already there."""
+
+    files: dict
+    name = "remote"
+    capabilities = OBJECT_STORE
+
+    def free_bytes(self, path: str) -> int:
+        return 0
+
+    def read_whole(self, path: str) -> bytes:
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return self.files[path]
+
+
+def test_the_free_space_check_reads_the_dataset_manifest_through_the_backend(tmp_path):
+    import json
+
+    from dlio_ckpt.config.space import check_free_space
+    from dlio_ckpt.plan.dataset import plan_dataset
+
+    config = load_config([f"storage.root={tmp_path / 'store'}", "workload=unet3d", "scale=tiny", "checkpoint.enabled=false"])
+    plan = plan_dataset(config, get_format(config.dataset.format).extension)
+    with pytest.raises(ConfigError, match="not generated yet"):
+        check_free_space(config, 1, storage=BoundedRemoteStorage({}))
+    generated = BoundedRemoteStorage({plan.manifest_path: json.dumps({"fingerprint": plan.fingerprint}).encode()})
+    check_free_space(config, 1, storage=generated)  # nothing to write: fits in 0 bytes
+    assert not (tmp_path / "store").exists()

@@ -17,6 +17,7 @@ import os
 
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.storage.base import StorageBackend
 
 # Tests stand for a small disk with this (bytes); unset, the file system is asked.
 FREE_BYTES_VARIABLE = "DLIO_CKPT_FREE_BYTES"
@@ -26,8 +27,9 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
-def dataset_bytes_to_write(config: RunConfig) -> int:
-    """Payload bytes of the dataset this run would generate; 0 when a matching one is there or none is needed."""
+def dataset_bytes_to_write(config: RunConfig, storage: StorageBackend) -> int:
+    """Payload bytes of the dataset this run would generate; 0 when a matching one is there (its
+    manifest read through `storage`, where generation would have written it) or none is needed."""
     if config.mode not in ("train", "generate") or config.workload == "replay" or not config.generate.enabled:
         return 0
     from dlio_ckpt.formats import get_format
@@ -35,9 +37,8 @@ def dataset_bytes_to_write(config: RunConfig) -> int:
 
     plan = plan_dataset(config, get_format(config.dataset.format).extension)
     try:
-        with open(plan.manifest_path) as handle:
-            if json.load(handle).get("fingerprint") == plan.fingerprint:
-                return 0
+        if json.loads(storage.read_whole(plan.manifest_path)).get("fingerprint") == plan.fingerprint:
+            return 0
     except (OSError, ValueError, AttributeError):
         pass
     return plan.payload_bytes
@@ -75,27 +76,30 @@ def checkpoint_bytes(config: RunConfig, world_size: int) -> int:
     return plan.encoded_bytes() or plan.total_bytes
 
 
-def check_free_space(config: RunConfig, world_size: int, free_bytes: int | None = None) -> None:
+def check_free_space(config: RunConfig, world_size: int, free_bytes: int | None = None,
+                     storage: StorageBackend | None = None) -> None:
     """Refuse (exit 2) a run whose planned dataset and kept checkpoints exceed the free space of
-    storage.root's file system; `free_bytes` stands for that figure in tests (else the backend's)."""
+    storage.root's file system; `free_bytes` stands for that figure in tests (else the backend's).
+    Every look at the storage (its free space, an existing dataset's manifest) goes through the
+    run's backend (`storage`, default: the one storage.backend names); a backend that reports no
+    bound (an object store) is not checked."""
     if config.mode == "plan":
         return
-    dataset = dataset_bytes_to_write(config)
+    root = os.path.abspath(config.storage.root)
+    if storage is None:
+        from dlio_ckpt.storage import make_backend
+
+        storage = make_backend(config.storage, root)
+    if free_bytes is None:
+        given = os.environ.get(FREE_BYTES_VARIABLE, "")
+        free_bytes = int(given) if given.isdigit() else storage.free_bytes(root)
+    if free_bytes is None:  # unknown or unbounded (object stores)
+        return
+    dataset = dataset_bytes_to_write(config, storage)
     kept = checkpoints_kept(config, world_size)
     each = checkpoint_bytes(config, world_size) if kept else 0
     needed = dataset + kept * each
-    if not needed:
-        return
-    root = os.path.abspath(config.storage.root)
-    if free_bytes is None:
-        given = os.environ.get(FREE_BYTES_VARIABLE, "")
-        if given.isdigit():
-            free_bytes = int(given)
-        else:
-            from dlio_ckpt.storage import make_backend
-
-            free_bytes = make_backend(config.storage, root).free_bytes(root)
-    if free_bytes is None or needed <= free_bytes:  # None: unknown or unbounded (object stores)
+    if needed <= free_bytes:
         return
     parts = []
     if dataset:

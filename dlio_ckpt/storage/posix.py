@@ -295,21 +295,22 @@ class PosixStorage:
 
     def free_bytes(self, path: str) -> int | None:
         """Free bytes of the file system holding `path` (its nearest existing folder)."""
-        return shutil.disk_usage(_nearest_existing(os.path.abspath(path))).free
+        return shutil.disk_usage(nearest_existing(os.path.abspath(path))).free
 
     def check(self) -> None:
         """storage.root must be a folder we can create or write in: checked without writing."""
         if not self.root:
             return
         root = os.path.abspath(self.root)
-        probe = _nearest_existing(root)
+        probe = nearest_existing(root)
         if not os.path.isdir(probe):
             raise ConfigError(f"storage.root: {probe} is not a folder, so {root} cannot be used; choose a folder path")
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"storage.root: no permission to write in {probe}; choose a writable folder for storage.root")
 
 
-def _nearest_existing(path: str) -> str:
+def nearest_existing(path: str) -> str:
+    """`path` or its nearest existing parent folder: where the file system of a path not made yet is asked."""
     while not os.path.exists(path):
         parent = os.path.dirname(path)
         if parent == path:
