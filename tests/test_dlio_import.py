@@ -104,7 +104,8 @@ def test_tensorflow_fixture_reads_in_transfer_size_and_lists_unknown_keys():
 
 def test_indexed_all_ranks_and_newer_transformer_keys():
     v = import_file(str(DATA / "indexed_all_ranks.yaml")).values()
-    assert v["dataset.format"] == "indexed_binary"
+    assert v["dataset.format"] == "indexed_binary" and v["checkpoint.replicas"] == "all"
+    assert import_file(str(DATA / "pt_npz_epoch_ckpt.yaml")).values()["checkpoint.replicas"] == "one"
     assert v["model.layer_parameters"] == [4000] * (4 + 2)  # num_layers + tensor_parallelism copies (DLIO)
     t = import_file(str(DATA / "newer_transformer.yaml")).values()
     assert (t["mode"], t["model.kind"], t["model.model_dtype_bytes"], t["model.optimizer_dtype_bytes"]) == ("checkpoint", "transformer", 2, 4)
@@ -130,13 +131,8 @@ def test_every_dlio_file_gives_dlio_steps_and_checkpoint_bytes(path: Path):
             assert dlio_steps_per_epoch(files, batch, ranks, whole, config.train.total_steps) == expected
     assert full.dataset.num_files_train == data["dataset"].get("num_files_train", 8)
     if full.model.kind == "explicit":
-        for ranks in (1, 4):
-            planned = build_checkpoint_plan(full, ranks).total_bytes
-            if data.get("checkpoint", {}).get("type") == "all_ranks":
-                # Documented difference (docs/dlio-compat.md): one copy per checkpoint, not one per rank.
-                assert planned == dlio_checkpoint_bytes({**data, "checkpoint": {**data["checkpoint"], "type": "rank_zero"}}, ranks)
-            else:
-                assert planned == dlio_checkpoint_bytes(data, ranks)
+        for ranks in (1, 4):  # all_ranks (checkpoint.replicas=all): every rank's own copy, as DLIO
+            assert build_checkpoint_plan(full, ranks).total_bytes == dlio_checkpoint_bytes(data, ranks)
 
 
 def test_the_issue_unet3d_numbers():
@@ -208,6 +204,25 @@ def test_dlio_config_tiny_run_matches_dlio(workdir: Path):
     on_disk = sum(p.stat().st_size for p in (workdir / "root" / "checkpoints" / "seg3d").rglob("*.bin"))
     assert config.train.epochs == 2 and summary["checkpoint"]["writes"] == 1  # after epoch 2 (DLIO's rule)
     assert on_disk == build_checkpoint_plan(config, 1).total_bytes == summary["checkpoint"]["bytes"]
+
+
+@pytest.mark.mpi
+def test_all_ranks_checkpoint_bytes_on_disk_under_mpi(workdir: Path):
+    """DLIO's all_ranks on 2 ranks: each rank writes its own whole copy, in its own file."""
+    path = DATA / "indexed_all_ranks.yaml"
+    args = [f"dlio_config={path}", "scale=tiny", "train.epochs=1", "train.total_steps=1",
+            "checkpoint.steps_between_checkpoints=1", "train.computation_time=0"]
+    result = run_cli(args + [f"storage.root={workdir}/root", f"hydra.run.dir={workdir}/run", "progress=false"],
+                     workdir / "cwd", mpi_ranks=2)
+    assert result.returncode == 0, result.stderr
+    summary = load_summary(workdir / "run")
+    files = sorted((workdir / "root" / "checkpoints" / "gptlike").rglob("*.bin"))
+    writes = summary["checkpoint"]["writes"]
+    assert writes == 1 and [f.name for f in files] == ["rank_00000.bin", "rank_00001.bin"]
+    one_copy = dlio_checkpoint_bytes(raw(path), 1)
+    assert [f.stat().st_size for f in files] == [one_copy, one_copy]
+    assert sum(f.stat().st_size for f in files) == dlio_checkpoint_bytes(raw(path), 2) == \
+        build_checkpoint_plan(load_config(args), 2).total_bytes
 
 
 @pytest.mark.mpi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,35 @@ def test_ownership_under_zero_stages(zero):
         assert model == [8000, 0, 0, 0] and optimizer == [3000] * 4
     else:
         assert model == [2000] * 4 and optimizer == [3000] * 4
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_replicas_all_every_replica_writes_its_copy_in_its_own_files(zero):
+    """checkpoint.replicas=all (DLIO's all_ranks): each DP replica writes the replicated state, under
+    a name of its own in every layout; ZeRO-partitioned state is still written once."""
+    from dlio_ckpt.plan.layouts import LAYOUTS, writing_ranks
+
+    base = ["model.kind=explicit", "model.model_size_bytes=8000", "model.optimization_groups=[1000]",
+            "model.layer_parameters=[300,700]", "model.parallelism.pipeline=2", f"model.parallelism.zero_stage={zero}"]
+    one = build_checkpoint_plan(load_config(base), 8)
+    for layout in LAYOUTS.names():
+        plan = build_checkpoint_plan(load_config(base + ["checkpoint.replicas=all", f"checkpoint.layout={layout}"]), 8)
+        model, optimizer = plan.model.model_bytes, plan.model.optimizer_bytes
+        expected = {0: 4 * (model + optimizer), 1: 4 * model + optimizer, 3: model + optimizer}[zero]
+        assert plan.total_bytes == expected and one.total_bytes == model + optimizer
+        assert list(writing_ranks(plan.model)) == [bool(plan.model.rank_tensors(r)) for r in range(8)]
+        names, count, _ = plan.files_summary(1)
+        assert len(set(names)) == count, layout  # no two replicas share a file
+        assert sum(f.payload_bytes for files in plan.files_by_rank for f in files) == expected
+
+
+def test_plan_mode_shows_every_replica_writing(tmp_path, capsys):
+    dlio_file = Path(__file__).parent / "data" / "dlio" / "indexed_all_ranks.yaml"
+    config = load_config([f"dlio_config={dlio_file}", "mode=plan", "world.size=4"])
+    report = run_plan_mode(config, tmp_path)
+    per_rank = json.loads((tmp_path / "plan.json").read_text())["checkpoint"]["per_rank_bytes"]
+    assert report["model"]["replicas"] == "all" and len(set(per_rank)) == 1 and per_rank[0] > 0
+    assert "every replica writes its copy (checkpoint.replicas=all)" in capsys.readouterr().out
 
 
 def test_pipeline_stages_are_uneven_and_tp_splits_layers():

@@ -495,11 +495,16 @@ def _checkpoint(r: _Reader, put: Callable, take: Callable, enabled: bool, model_
     copies = layers + (tp if tp > 1 else 0) if layer_sizes and layers > 0 else 0
     put("model.layer_parameters", [sum(layer_sizes)] * copies,
         f"{layer_origin} summed, x {layers_origin}" + (f" + {tp_origin}" if tp > 1 else ""))
-    put("model.parallelism.tensor", 1, f"{kind_origin} ({kind}): one copy of the state per checkpoint"
-        if kind == "rank_zero" else f"{kind_origin} ({kind}): see docs/dlio-compat.md")
+    if kind == "all_ranks":
+        put("checkpoint.replicas", "all", f"{kind_origin} ({kind}): every rank writes its own copy of the whole state"
+            + (f"; DLIO writes the layer tensors only on ranks that are multiples of {pp_origin}={pp}, "
+               "here every rank does (docs/dlio-compat.md)" if pp > 1 else ""))
+    else:
+        put("checkpoint.replicas", "one", f"{kind_origin} ({kind}): one copy of the state per checkpoint, by rank 0")
+    put("model.parallelism.tensor", 1, "DLIO's tensors are not split: each writer writes the whole state")
     put("model.parallelism.pipeline", 1, "as model.parallelism.tensor")
     put("model.parallelism.data", 0, "the world size")
-    put("model.parallelism.zero_stage", 0, "one writer of the whole state")
+    put("model.parallelism.zero_stage", 0, "the state is replicated, not partitioned")
 
 
 def data_value(r: _Reader, key: str) -> int:

@@ -199,6 +199,7 @@ class CheckpointConfig:
     layout: str
     format: str
     checksum: Literal["xxh3_128", "blake3", "none"]
+    replicas: Literal["one", "all"]
     folder: str
     steps_between_checkpoints: int
     epochs_between_checkpoints: int

@@ -66,7 +66,8 @@ def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
     return (
         f"checkpoint.strategy={ctx.config.checkpoint.strategy}, but only one of {ctx.world.size} ranks writes: "
         "data-parallel replicas hold the same state and, at model.parallelism.zero_stage=0, only the first writes it; "
-        "set model.parallelism.zero_stage>=1 (optimizer state sharded over ranks) or tensor/pipeline parallelism to spread the writes"
+        "set model.parallelism.zero_stage>=1 (optimizer state sharded over ranks) or tensor/pipeline parallelism to spread the writes, "
+        "or checkpoint.replicas=all for every replica to write its own copy"
     )
 
 

@@ -102,7 +102,7 @@ def _table(report: dict) -> str:
     rows = [
         ("workload", report["workload"]),
         ("ranks (TP x PP x DP)", f"{report['world_size']} ({m['tensor_parallel']} x {m['pipeline_parallel']} x {m['data_parallel']}), ZeRO {m['zero_stage']}"
-         + (" subset" if m["subset"] else "")),
+         + (" subset" if m["subset"] else "") + (", every replica writes its copy (checkpoint.replicas=all)" if m["replicas"] == "all" else "")),
         ("parameters", f"{m['parameters']:,}" if m["parameters"] else "explicit sizes"),
         *([] if report["checkpoint"]["enabled"] else
           [("checkpointing", "off in this workload (checkpoint.enabled=false): the sizes below are what it would write")]),

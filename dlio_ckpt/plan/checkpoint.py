@@ -133,6 +133,6 @@ def build_checkpoint_plan(config: RunConfig, world_size: int) -> CheckpointPlan:
     ck = config.checkpoint
     layout = get_layout(ck.layout)
     fmt = format_spec(ck.format)
-    model = build_model_plan(config.model, world_size, config.scale.max_model_bytes)
+    model = build_model_plan(config.model, world_size, config.scale.max_model_bytes, ck.replicas)
     return CheckpointPlan(model=model, layout_name=layout.name, format_name=fmt.name,
                           files_by_rank=PlannedRanks(model, layout, fmt.extension))

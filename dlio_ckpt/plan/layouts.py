@@ -86,7 +86,8 @@ class DeepSpeedLayout(Layout):
         mp = model.mp_rank(rank)
         zero_model = f"zero_pp_rank_{c.dp}_mp_rank_{mp:02d}_model_states.pt"
         zero_optim = f"zero_pp_rank_{c.dp}_mp_rank_{mp:02d}_optim_states.pt"
-        mp_states = f"mp_rank_{mp:02d}_model_states.pt"
+        replica = _replica_tag(model, c.dp)
+        mp_states = f"mp_rank_{mp:02d}{replica}_model_states.pt"
         pairs = []
         for t in tensors:
             if t.kind == "optimizer":
@@ -96,11 +97,11 @@ class DeepSpeedLayout(Layout):
             elif model.pp > 1:
                 layer = _layer_of(t.name)
                 if layer is not None:
-                    pairs.append((f"layer_{layer + 1:02d}-model_{c.tp:02d}-model_states.pt", t))
+                    pairs.append((f"layer_{layer + 1:02d}-model_{c.tp:02d}{replica}-model_states.pt", t))
                 elif t.name.startswith("embed"):
-                    pairs.append((f"layer_00-model_{c.tp:02d}-model_states.pt", t))
+                    pairs.append((f"layer_00-model_{c.tp:02d}{replica}-model_states.pt", t))
                 elif t.name in ("norm.weight", "lm_head.weight"):
-                    pairs.append((f"layer_{_last_layer(model) + 2:02d}-model_{c.tp:02d}-model_states.pt", t))
+                    pairs.append((f"layer_{_last_layer(model) + 2:02d}-model_{c.tp:02d}{replica}-model_states.pt", t))
                 else:
                     pairs.append((mp_states, t))
             else:
@@ -109,6 +110,12 @@ class DeepSpeedLayout(Layout):
 
     def tag(self, step):
         return "latest", f"global_step{step}"
+
+
+def _replica_tag(model: ModelPlan, dp: int) -> str:
+    """`_dpDDD` in the names of a replicated file under checkpoint.replicas=all, where every DP
+    replica writes its own copy of a file the framework names once per model-parallel rank."""
+    return f"_dp{dp:03d}" if model.replicas == "all" else ""
 
 
 def _last_layer(model: ModelPlan) -> int:
@@ -160,7 +167,7 @@ class MegatronLayout(Layout):
             elif model.zero_stage >= 3:
                 pairs.append((f"{sub}/model_optim_rng_dp{c.dp:03d}.pt", t))
             else:
-                pairs.append((f"{sub}/model_optim_rng.pt", t))
+                pairs.append((f"{sub}/model_optim_rng{_replica_tag(model, c.dp)}.pt", t))
         return _group(pairs)
 
     def tag(self, step):
@@ -174,9 +181,11 @@ def writing_ranks(model: ModelPlan) -> np.ndarray:
     would cost ranks^2 (plan mode plans 1,024 ranks). The ZeRO rule makes DP rank d of a
     model-parallel shard a writer exactly when d < n for a per-shard n, because a 1/DP partition of
     a tensor of `numel` elements is empty only for d >= numel: ZeRO-3 partitions everything,
-    ZeRO-1/2 the optimizer state (DP rank 0 also writes the model), ZeRO-0 leaves DP rank 0.
+    ZeRO-1/2 the optimizer state (DP rank 0 also writes the model), ZeRO-0 leaves DP rank 0;
+    under checkpoint.replicas=all every replica writes what DP rank 0 writes of the replicated state.
     tests/test_checkpoint_formats.py checks this against rank_tensors.
     """
+    replicas = model.dp if model.replicas == "all" else 1
     limits = []
     for model_part, optimizer in model.mp_shards:
         model_max = max((t.numel for t in model_part), default=0)
@@ -184,9 +193,9 @@ def writing_ranks(model: ModelPlan) -> np.ndarray:
         if model.zero_stage >= 3:
             n = max(model_max, optimizer_max)
         elif model.zero_stage >= 1:
-            n = max(1 if model_max else 0, optimizer_max)
+            n = max(replicas if model_max else 0, optimizer_max)
         else:
-            n = 1 if (model_max or optimizer_max) else 0
+            n = replicas if (model_max or optimizer_max) else 0
         limits.append(min(n, model.dp))
     ranks = np.arange(model.world_size)
     pp, rest = np.divmod(ranks, model.dp * model.tp)

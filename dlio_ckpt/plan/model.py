@@ -11,6 +11,9 @@ model is reduced to named tensors (element count and element size) and an owners
   ZeRO-0 (plain DDP): DP rank 0 of each model-parallel group writes model and optimizer state;
   ZeRO-1/2: DP rank 0 writes the model, every DP rank its 1/DP partition of the optimizer state;
   ZeRO-3: every DP rank writes its 1/DP partition of both.
+  `checkpoint.replicas=all` has every DP replica write its own copy of the state that is
+  replicated rather than partitioned (the model below ZeRO-3, the optimizer at ZeRO-0), as DLIO's
+  `checkpoint.type: all_ranks` does; the default `one` leaves that to DP rank 0.
 
 Ranks are laid out as Megatron does: rank = pp * (DP * TP) + dp * TP + tp.
 
@@ -93,6 +96,7 @@ class ModelPlan:
     unscaled_optimizer_bytes: int
     # mp_shards[pp * tp_size + tp]: (model tensors, optimizer tensors) before DP/ZeRO partitioning
     mp_shards: tuple[tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]], ...]
+    replicas: str = "one"  # checkpoint.replicas: "all" = every DP replica writes its copy of replicated state
 
     # ranks ------------------------------------------------------------------------------------
     @property
@@ -120,6 +124,11 @@ class ModelPlan:
         (plan mode and the free-space check size 16,384 ranks)."""
         return tuple((_DpSplit.of(model, self.dp), _DpSplit.of(optimizer, self.dp)) for model, optimizer in self.mp_shards)
 
+    def writes_replica(self, dp: int) -> bool:
+        """Whether DP rank `dp` writes the replicated (unpartitioned) state: the first replica
+        always, every replica under checkpoint.replicas=all."""
+        return dp == 0 or self.replicas == "all"
+
     def rank_tensors(self, rank: int) -> tuple[TensorSpec, ...]:
         """What logical rank `rank` writes, after the DP/ZeRO rule."""
         c = self.coords(rank)
@@ -129,11 +138,11 @@ class ModelPlan:
         out: list[TensorSpec] = []
         if self.zero_stage >= 3:
             out.extend(model_split.partition(model, c.dp))
-        elif c.dp == 0:
+        elif self.writes_replica(c.dp):
             out.extend(model)
         if self.zero_stage >= 1:
             out.extend(optimizer_split.partition(optimizer, c.dp))
-        elif c.dp == 0:
+        elif self.writes_replica(c.dp):
             out.extend(optimizer)
         return tuple(t for t in out if t.numel > 0)
 
@@ -142,9 +151,10 @@ class ModelPlan:
         building them)."""
         c = self.coords(rank)
         model_split, optimizer_split = self._dp_splits[c.pp * self.tp + c.tp]
-        model = model_split.part_bytes(c.dp) if self.zero_stage >= 3 else (model_split.whole_bytes if c.dp == 0 else 0)
+        whole = self.writes_replica(c.dp)
+        model = model_split.part_bytes(c.dp) if self.zero_stage >= 3 else (model_split.whole_bytes if whole else 0)
         optimizer = (optimizer_split.part_bytes(c.dp) if self.zero_stage >= 1
-                     else (optimizer_split.whole_bytes if c.dp == 0 else 0))
+                     else (optimizer_split.whole_bytes if whole else 0))
         return model, optimizer
 
     def per_rank_bytes(self) -> list[int]:
@@ -153,7 +163,8 @@ class ModelPlan:
 
     # totals (all logical ranks) ---------------------------------------------------------------
     def _totals(self) -> tuple[int, int]:
-        """Summed over the logical job; ZeRO partitioning changes who writes, not how much."""
+        """One copy of the state, summed over the logical job; ZeRO partitioning changes who writes,
+        not how much (checkpoint.replicas=all writes more: CheckpointPlan sums what each rank writes)."""
         model = sum(t.nbytes for shard in self.mp_shards for t in shard[0])
         optimizer = sum(t.nbytes for shard in self.mp_shards for t in shard[1])
         return model, optimizer
@@ -183,6 +194,7 @@ class ModelPlan:
             "pipeline_parallel": self.pp,
             "data_parallel": self.dp,
             "zero_stage": self.zero_stage,
+            "replicas": self.replicas,
             "logical_ranks": self.logical_ranks,
             "world_size": self.world_size,
             "subset": self.subset,
@@ -327,8 +339,9 @@ def _explicit_shards(cfg: ModelConfig, tp: int, pp: int):
     return tuple(shards)
 
 
-def build_model_plan(cfg: ModelConfig, world_size: int, max_total_bytes: int = 0) -> ModelPlan:
-    """The ModelPlan for `world_size` running ranks; `max_total_bytes` is scale.max_model_bytes."""
+def build_model_plan(cfg: ModelConfig, world_size: int, max_total_bytes: int = 0, replicas: str = "one") -> ModelPlan:
+    """The ModelPlan for `world_size` running ranks; `max_total_bytes` is scale.max_model_bytes,
+    `replicas` checkpoint.replicas."""
     world_size = max(1, world_size)
     tp, pp, dp = resolve_parallelism(cfg, world_size)
     if cfg.kind == "transformer":
@@ -348,4 +361,5 @@ def build_model_plan(cfg: ModelConfig, world_size: int, max_total_bytes: int = 0
         name=cfg.name, kind=cfg.kind, tp=tp, pp=pp, dp=dp, zero_stage=cfg.parallelism.zero_stage,
         world_size=world_size, parameters=params, scale_factor=factor,
         unscaled_model_bytes=unscaled_model, unscaled_optimizer_bytes=unscaled_opt, mp_shards=shards,
+        replicas=replicas,
     )
