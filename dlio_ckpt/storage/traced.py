@@ -37,6 +37,7 @@ class TracedFile(io.RawIOBase):
         self._shift = recorder.clock.shift
         # What the system call moved (whole blocks under O_DIRECT), where the backend says so.
         self._reports_moved = hasattr(inner, "last_moved")
+        self._inner_read_at_into = inner.read_at_into if hasattr(inner, "read_at_into") else None
 
     def readable(self) -> bool:
         return True
@@ -86,7 +87,7 @@ class TracedFile(io.RawIOBase):
     # The two calls every reader and writer makes per transfer: _timed written out, no lookups.
     def read_at_into(self, buffer, offset: int) -> int:
         start = perf_counter()
-        count = self._inner.read_at_into(buffer, offset)
+        count = self._inner_read_at_into(buffer, offset)
         end = perf_counter()
         shift = self._shift
         self._append((_READ, self._phase_code, self._file, offset, self._inner.last_moved if self._reports_moved else count,
