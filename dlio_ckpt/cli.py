@@ -20,6 +20,7 @@ from typing import Sequence
 
 from dlio_ckpt.errors import (INTERRUPTED_EXIT_CODE, RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, RunFailure, UserError,
                               report_failure, storage_failure)
+from dlio_ckpt.faults import fault_point
 from dlio_ckpt.world import World
 
 # Hydra flags that only print something: they run without MPI set-up or validation.
@@ -232,10 +233,12 @@ def _main(argv: Sequence[str] | None) -> None:
 
     darshan_preloaded = prepare_darshan_init(os.environ, job_name="dlio_ckpt")
     world = World.from_environment()
+    fault_point("start", world.rank)
     try:
         from dlio_ckpt.config.load import validate_command_line
 
-        validate_command_line(overrides, multirun, slurm_job_size(overrides, multirun, dry_run) or world.size)
+        validate_command_line(overrides, multirun, slurm_job_size(overrides, multirun, dry_run) or world.size,
+                              free_space=not dry_run)  # a dry run may be printed far from storage.root
         key, folder, token = choose_output_folder(world, overrides, multirun)
     except UserError as exc:
         fail(world, str(exc))
