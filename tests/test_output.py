@@ -113,6 +113,8 @@ def test_the_table_shows_where_time_went_and_the_async_persist(train_run):
     assert f"checkpointing {shares['checkpointing']:.1%} (blocking training)" in time_row
     ckpt = summary["checkpoint"]
     assert f"{ckpt['persist_s_max']:.3f} s per checkpoint in the background" in _line(stdout, "async persist")
+    # the time row's share is more than the per-save blocking time: it holds the final wait for the async saves
+    assert "wait at the end of training for saves in flight" in _line(stdout, "async persist")
 
 
 def test_the_page_cache_warning_says_what_the_verdict_means(train_run):

@@ -75,7 +75,8 @@ def async_persist_row(ckpt: dict[str, Any]) -> list[tuple[str, str]]:
     if ckpt.get("strategy") != "async" or not ckpt.get("writes"):
         return []
     return [("async persist", f"{ckpt['persist_s_max']:.3f} s per checkpoint in the background (slowest rank, "
-                              f"read-back included), beside {ckpt['blocking_s_max']:.3f} s blocking training")]
+                              f"read-back included), beside {ckpt['blocking_s_max']:.3f} s blocking training per checkpoint; "
+                              "the time row's checkpointing also holds the wait at the end of training for saves in flight")]
 
 
 def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
