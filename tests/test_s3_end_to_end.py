@@ -186,6 +186,15 @@ def test_retention_deletes_only_this_runs_older_checkpoints(workdir, s3_server, 
     assert len(manifests) == 1 and "global_step3" in manifests[0], manifests
     assert decoy in objects
     assert not any("global_step1" in k or "global_step2" in k for k in objects if k != decoy)
+    # The deletions are S3 operations too: one unlink event per object removed, none for the decoy.
+    with __import__("numpy").load(workdir / "run" / "events" / "rank-00000.npz") as data:
+        paths, events = [str(p) for p in data["paths"]], data["events"]
+        unlink = json.loads(str(data["meta"]))["ops"].index("unlink")
+    unlinked = sorted(paths[i] for i in events[events["op"] == unlink]["file"])
+    kept = sorted(k.split("/global_step3/", 1)[1] for k in objects if "/global_step3/" in k)
+    for step in (1, 2):
+        assert sorted(p.split(f"/global_step{step}/", 1)[1] for p in unlinked if f"/global_step{step}/" in p) == kept
+    assert not any("another-run" in p for p in unlinked)
 
 
 @pytest.mark.mpi

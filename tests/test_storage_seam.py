@@ -327,3 +327,21 @@ def test_the_free_space_check_reads_the_dataset_manifest_through_the_backend(tmp
     generated = BoundedRemoteStorage({plan.manifest_path: json.dumps({"fingerprint": plan.fingerprint}).encode()})
     check_free_space(config, 1, storage=generated)  # nothing to write: fits in 0 bytes
     assert not (tmp_path / "store").exists()
+
+
+def test_removing_a_folder_is_traced_as_one_unlink_per_file(tmp_path):
+    from dlio_ckpt.storage.events import OPS, EventRecorder, JobClock
+    from dlio_ckpt.storage.traced import TracedStorage
+
+    recorder = EventRecorder(rank=0, clock=JobClock.start())
+    storage = TracedStorage(PosixStorage(), recorder).with_phase("checkpoint")
+    folder = tmp_path / "global_step1"
+    (folder / "sub").mkdir(parents=True)
+    files = [folder / "a.bin", folder / "sub" / "b.bin", folder / "sub" / "c.bin"]
+    for file in files:
+        file.write_bytes(b"x")
+    assert storage.remove_tree(str(folder)) == sorted(map(str, files))
+    assert not folder.exists()
+    events = recorder.array()
+    assert [OPS[op] for op in events["op"]] == ["unlink"] * 3
+    assert sorted(recorder.paths[i] for i in events["file"]) == sorted(map(str, files))

@@ -3,8 +3,9 @@
 What every strategy shares lives here, so they differ only in who writes which file when:
 
 - commit: after every rank's data files are fsynced, rank 0 gathers the file lists (path, size,
-  checksum, writer), writes the layout's coordinator files, then the manifest under a temporary
-  name renamed last, then the framework's "latest" tag. A folder without a manifest is torn.
+  checksum, writer), writes the layout's coordinator files, then the manifest last and all or nothing
+  (`write_atomic`: a renamed temporary file on POSIX, one PUT on S3), then the framework's "latest"
+  tag. A folder without a manifest is torn.
 - restore: newest checkpoint first; every file is read in full by the rank that wrote it and
   checked against the manifest (size, checksum); a torn or corrupted checkpoint is skipped with a
   message naming what failed, and the previous complete one is restored.
@@ -189,7 +190,7 @@ class CheckpointEngineImpl:
             pass
 
     def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry], error: BaseException | None = None) -> tuple[int, float]:
-        """Collective: make checkpoint `step` visible (manifest renamed last). Returns (metadata bytes, seconds)."""
+        """Collective: make checkpoint `step` visible (manifest written last, all or nothing). Returns (metadata bytes, seconds)."""
         start = now()
         mine = failure_text(error) if error else None
         gathered = self.world.gather((None if error else [e.as_dict() for e in entries], mine))

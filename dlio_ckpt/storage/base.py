@@ -195,8 +195,9 @@ class StorageBackend(Protocol):
     def remove(self, path: str) -> None:
         """Delete one file; FileNotFoundError when there is none."""
 
-    def remove_tree(self, path: str) -> None:
-        """Delete `path` and everything below it. Callers pass only a folder of their own run."""
+    def remove_tree(self, path: str) -> list[str]:
+        """Delete `path` and everything below it; return the paths of the files it removed (the
+        tracer records one unlink each). Callers pass only a folder of their own run."""
 
     def free_bytes(self, path: str) -> int | None:
         """Bytes that can still be written at `path`; None when unknown or unbounded (S3)."""

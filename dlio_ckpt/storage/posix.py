@@ -286,8 +286,10 @@ class PosixStorage:
     def remove(self, path: str) -> None:
         os.unlink(path)
 
-    def remove_tree(self, path: str) -> None:
+    def remove_tree(self, path: str) -> list[str]:
+        removed = sorted(os.path.join(folder, name) for folder, _, names in os.walk(path) for name in names)
         shutil.rmtree(path, ignore_errors=False)
+        return removed
 
     def fsync_dir(self, path: str) -> None:
         """Make renames in folder `path` durable (POSIX only: for files a framework wrote by path)."""

@@ -493,16 +493,21 @@ class S3Storage:
         except Exception as exc:
             raise _object_error(exc, self.uri(path), "delete") from None
 
-    def remove_tree(self, path: str) -> None:
-        """Delete every object under `path/` (never above: keys outside the root are refused)."""
+    def remove_tree(self, path: str) -> list[str]:
+        """Delete every object under `path/` (never above: keys outside the root are refused), a
+        DeleteObjects of up to 1,000 keys per listed page; return the removed objects' paths."""
         folder = self._folder_key(path)
         if not folder:
             raise OSError(errno.EINVAL, f"refusing to delete the whole of s3://{self.bucket}: {path} maps to no prefix")
+        removed = []
         try:
             for chunk in obstore.list(self.store, prefix=folder, chunk_size=1000):
-                obstore.delete(self.store, [meta["path"] for meta in chunk])
+                keys = [meta["path"] for meta in chunk]
+                obstore.delete(self.store, keys)
+                removed.extend(os.path.join(path, key[len(folder):]) for key in keys)
         except Exception as exc:
             raise _object_error(exc, self.uri(path), "delete below") from None
+        return sorted(removed)
 
     def free_bytes(self, path: str) -> int | None:
         return None

@@ -189,6 +189,18 @@ class TracedStorage:
     def remove(self, path: str) -> None:
         self._meta("unlink", path, self.inner.remove, path)
 
+    def remove_tree(self, path: str) -> list[str]:
+        """Deleting a folder (retention, a failed checkpoint) is recorded as one unlink per file
+        removed: the first carries the call's time (the backend removes them in one call: rmtree,
+        or DeleteObjects of up to 1,000 keys), the others are instants at its end."""
+        clock = self.recorder.clock
+        start = clock.now()
+        removed = self.inner.remove_tree(path)
+        end = clock.now()
+        for index, file in enumerate(removed):
+            self.recorder.record("unlink", self.phase, file, -1, 0, end if index else start, end)
+        return removed
+
     # Operations below are bookkeeping on folders; they are not data I/O and are not traced.
     def makedirs(self, path: str) -> None:
         self.inner.makedirs(path)
@@ -198,9 +210,6 @@ class TracedStorage:
 
     def listdir(self, path: str) -> list[str]:
         return self.inner.listdir(path)
-
-    def remove_tree(self, path: str) -> None:
-        self.inner.remove_tree(path)
 
     def isdir(self, path: str) -> bool:
         return self.inner.isdir(path)
