@@ -56,7 +56,7 @@ def parser() -> argparse.ArgumentParser:
 def load(sources: list[Source], timeline: bool) -> list[JobAnalysis]:
     """Every source to jobs; all Darshan logs together, so a job's logs given apart still group."""
     from dlio_ckpt.analysis.run_folders import analyse_run
-    from dlio_ckpt.analysis.sweeps import analyse_sweep
+    from dlio_ckpt.analysis.sweeps import analyse_sweep, analyse_sweep_job
 
     jobs: list[JobAnalysis] = []
     logs: list[Path] = []
@@ -70,7 +70,7 @@ def load(sources: list[Source], timeline: bool) -> list[JobAnalysis]:
                     seen.add(log.resolve())
                     logs.append(log)
         elif source.kind == "run":
-            jobs.append(analyse_run(source.path, timeline=timeline))
+            jobs.append(analyse_sweep_job(source.path, timeline) or analyse_run(source.path, timeline=timeline))
         else:
             jobs.extend(analyse_sweep(source.path, timeline=timeline))
     if logs:

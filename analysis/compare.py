@@ -81,12 +81,13 @@ def unique_labels(jobs: list[JobAnalysis]) -> list[str]:
 
 
 def job_ids(jobs: list[JobAnalysis]) -> list[str]:
-    """Short column names: a sweep job's folder name ("job 3" is folder 3), else the position (1, 2, ...)."""
+    """Short column names: a sweep job's folder name ("job 3" is folder 3), else the position (1, 2, ...);
+    positions for all when folder names repeat (jobs of two sweeps)."""
     ids = []
     for position, job in enumerate(jobs, start=1):
         folder = job.job.get("job")
         ids.append(f"job {folder}" if folder is not None else str(position))
-    return ids
+    return ids if len(set(ids)) == len(ids) else [str(position) for position in range(1, len(jobs) + 1)]
 
 
 def _headline(job: JobAnalysis) -> dict[str, Any]:

@@ -75,14 +75,29 @@ def analyse_sweep(sweep_dir: Path, timeline: bool = True) -> list[JobAnalysis]:
         if not is_run_folder(folder):
             jobs.append(_csv_only(sweep_dir, row, varied))
             continue
-        analysis = analyse_run(folder, label=_job_label(row, varied), timeline=timeline)
-        analysis.extra["sweep_row"] = row
-        analysis.job["sweep"] = str(sweep_dir)
-        analysis.job["job"] = row.get("job")  # the folder's name, so columns can be named after it
-        for key, value in row.items():
-            # world_size is the "ranks" row already; job/overrides label the column
-            if key not in ("job", "overrides", "world_size") and analysis.headline.get(key) is None:
-                analysis.headline[key] = value
-        analysis.headline["overrides"] = row.get("overrides")
-        jobs.append(analysis)
+        jobs.append(_sweep_job(sweep_dir, row, varied, timeline))
     return jobs
+
+
+def analyse_sweep_job(run_dir: Path, timeline: bool = True) -> JobAnalysis | None:
+    """A run folder given on its own that is a job of a sweep (`sweep/3`): named `job 3` and
+    labelled by what it varied, as when the whole sweep is given; None for any other folder."""
+    run_dir = Path(run_dir)
+    if not (run_dir.name.isdigit() and (run_dir.parent / "sweep_summary.csv").is_file()):
+        return None
+    rows = read_sweep_rows(run_dir.parent)
+    row = next((r for r in rows if str(r.get("job")) == run_dir.name), None)
+    return None if row is None else _sweep_job(run_dir.parent, row, _distinguishing(rows), timeline)
+
+
+def _sweep_job(sweep_dir: Path, row: dict[str, Any], varied: dict[Any, str], timeline: bool) -> JobAnalysis:
+    analysis = analyse_run(sweep_dir / str(row.get("job")), label=_job_label(row, varied), timeline=timeline)
+    analysis.extra["sweep_row"] = row
+    analysis.job["sweep"] = str(sweep_dir)
+    analysis.job["job"] = row.get("job")  # the folder's name, so columns can be named after it
+    for key, value in row.items():
+        # world_size is the "ranks" row already; job/overrides label the column
+        if key not in ("job", "overrides", "world_size") and analysis.headline.get(key) is None:
+            analysis.headline[key] = value
+    analysis.headline["overrides"] = row.get("overrides")
+    return analysis

@@ -219,6 +219,9 @@ def test_compare_shows_each_metric_once_under_the_folder_numbers(sweep, capsys):
         summary = load_summary(sweep / short.split()[1])
         assert by_metric["strategy"]["values"][run] == summary["checkpoint"]["strategy"]
         assert by_metric["au_overall"]["values"][run] == pytest.approx(summary["train"]["au_overall"])
+    # a sweep's job folders given one by one keep their folder numbers (not positions 1, 2)
+    one_by_one = _compare_json(capsys, ["--compare", str(sweep / "1"), str(sweep / "0"), "--no-plots"])
+    assert list(one_by_one["ids"].values()) == ["job 1", "job 0"] and one_by_one["runs"] == table["runs"][::-1]
 
 
 def test_compare_prints_a_dash_for_absent_values_within_80_columns(train_run, checkpoint_run, capsys, monkeypatch):
