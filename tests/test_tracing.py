@@ -120,3 +120,32 @@ def test_reading_a_sample_through_a_window_makes_the_same_calls_as_fetching_it(t
     with pytest.raises(EOFError, match="wanted 10000 bytes at offset 20000, the file ended after 5000"):
         reader.read(2)
     reader.close()
+
+
+def test_o_direct_reads_whole_blocks_straight_into_a_page_aligned_scratch(tmp_path):
+    """An aligned span into the readers' scratch needs no bounce buffer; an unaligned one still
+    gets exactly its bytes, and both count what the kernel moved."""
+    from dlio_ckpt.formats.base import Scratch
+
+    data = os.urandom(5 * 4096 + 100)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    handle = PosixStorage(direct_io=True).open_read(str(path))
+    if not handle.direct:
+        pytest.skip("no O_DIRECT here")
+    try:
+        scratch = Scratch()
+        view = scratch.view(2 * 4096)
+        try:
+            assert handle.read_at_into(view, 4096) == 8192
+        except OSError:  # tmpfs and some overlay file systems refuse O_DIRECT
+            pytest.skip("the file system refuses O_DIRECT")
+        assert bytes(view) == data[4096:12288] and handle.last_moved == 8192
+        assert handle._scratch is None  # no bounce buffer was needed
+        tail = scratch.view(4096)
+        assert handle.read_at_into(tail, 5 * 4096) == 100 and bytes(tail[:100]) == data[5 * 4096:]
+        odd = bytearray(5000)
+        assert handle.read_at_into(odd, 10) == 5000 and bytes(odd) == data[10:5010]
+        assert handle.last_moved == 8192  # the two blocks around it
+    finally:
+        handle.close()

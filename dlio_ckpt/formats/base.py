@@ -10,6 +10,7 @@ ranged reads. The loader refuses a format whose needs the chosen backend lacks.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -59,11 +60,12 @@ class Scratch:
     """
 
     def __init__(self) -> None:
-        self._buffer = bytearray(0)
+        self._buffer: mmap.mmap | None = None
 
     def view(self, size: int) -> memoryview:
-        if len(self._buffer) < size:
-            self._buffer = bytearray(size)
+        # Anonymous memory is page aligned: O_DIRECT reads go straight into it (storage/posix.py).
+        if self._buffer is None or len(self._buffer) < size:
+            self._buffer = mmap.mmap(-1, max(size, 1))
         return memoryview(self._buffer)[:size]
 
 
