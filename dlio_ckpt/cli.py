@@ -176,9 +176,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         _main(argv)
     except KeyboardInterrupt:
-        if os.environ.get("PMI_RANK", "0") == "0":
-            print("dlio_ckpt: interrupted", file=sys.stderr, flush=True)
-        raise SystemExit(INTERRUPTED_EXIT_CODE) from None
+        end_interrupted(_running_world(), "dlio_ckpt: interrupted")
+
+
+def _running_world() -> World:
+    """This process's World at Ctrl-C: the MPI one while MPI runs (a rank that only exited would
+    leave the others waiting in a collective forever), else a serial one that speaks for rank 0."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        comm = mpi.COMM_WORLD
+        return World(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm)
+    return World(rank=int(os.environ.get("PMI_RANK", "0")), size=1)
+
+
+def end_interrupted(world: World, line: str) -> None:
+    """Ctrl-C: one line for the job and exit 130 on every rank. Rank 0 says it and ends the job;
+    another rank only after a grace period, when rank 0 has not (it may be blocked inside an MPI
+    call, where Python never sees the signal)."""
+    if world.parallel and not world.is_root:
+        time.sleep(INTERRUPT_GRACE_S)
+    if world.is_root or world.parallel:
+        print(line, file=sys.stderr, flush=True)
+    world.abort(INTERRUPTED_EXIT_CODE)
 
 
 def _main(argv: Sequence[str] | None) -> None:
@@ -352,12 +371,7 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
                     world.barrier()  # rank 0 never joins: its MPI_Abort ends this rank
             world.abort(RUN_FAILURE_EXIT_CODE)
         except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line for the job, exit 130
-            if world.parallel and not world.is_root:
-                # Rank 0 says it and ends the job; this rank only does when rank 0 has not (it may
-                # be blocked inside an MPI call, where Python never sees the signal).
-                time.sleep(INTERRUPT_GRACE_S)
-            print(f"dlio_ckpt: interrupted; the run in {run_dir} is incomplete", file=sys.stderr, flush=True)
-            world.abort(INTERRUPTED_EXIT_CODE)
+            end_interrupted(world, f"dlio_ckpt: interrupted; the run in {run_dir} is incomplete")
         except BaseException as exc:
             if isinstance(exc, OSError) and exc.filename:  # a file it could not read or write: one line, not a traceback
                 report_failure(str(storage_failure(exc, exc.filename)), world)

@@ -3,9 +3,12 @@
 `DLIO_CKPT_FAULT=<point>@<rank>[:<how>]` fails at that point on that rank. `how` is
 - (nothing): raise a RunFailure, as a rank that hits an error would;
 - `kill`: send the process SIGKILL, as a crashed node would (no cleanup, no message);
-- `enospc`: raise OSError(ENOSPC) for the file being written, as a full disk would.
+- `enospc`: raise OSError(ENOSPC) for the file being written, as a full disk would;
+- `interrupt`: raise KeyboardInterrupt, as Ctrl-C does when only that rank sees it in Python (the
+  others are inside an MPI call, where Python never sees the signal).
 
-Points: `train` (before the first step); `checkpoint-step:<N>` (after a rank's first file of the
+Points: `start` (on every rank once its World exists, before the run folder is chosen);
+`train` (before the first step); `checkpoint-step:<N>` (after a rank's first file of the
 checkpoint at step N: with single_writer, after a non-root rank sent its first file to rank 0);
 `checkpoint-write:<N>` (inside the write of each of a rank's files of checkpoint N, after its first
 chunk reached the file, so a partial file is on disk); `generate-write` (inside the write of a
@@ -34,6 +37,8 @@ def fault_point(point: str, rank: int, path: str = "") -> None:
         return
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if how == "interrupt":
+        raise KeyboardInterrupt
     if how == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path or None)
     raise RunFailure(f"failure injected at {point} on rank {rank} ({VARIABLE})")

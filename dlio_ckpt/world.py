@@ -91,6 +91,8 @@ class World:
         sys.stdout.flush()
         sys.stderr.flush()
         if self.parallel:
+            # MPICH adds its own "Abort(N) on node 0 ..." line to this rank's, which is out already
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
             self.comm.Abort(code)
         raise SystemExit(code)
 
