@@ -105,6 +105,10 @@ def test_plan_mode_shows_every_replica_writing(tmp_path, capsys):
     per_rank = json.loads((tmp_path / "plan.json").read_text())["checkpoint"]["per_rank_bytes"]
     assert report["model"]["replicas"] == "all" and len(set(per_rank)) == 1 and per_rank[0] > 0
     assert "every replica writes its copy (checkpoint.replicas=all)" in capsys.readouterr().out
+    scaled = load_config(["workload=llama3_8b", "scale=tiny", "mode=plan", "world.size=8", "checkpoint.replicas=all",
+                          "model.parallelism.zero_stage=1"])
+    run_plan_mode(scaled, tmp_path)  # the unscaled figure is one copy: say so
+    assert "one copy of the state: the replicas' copies come on top" in capsys.readouterr().out
 
 
 def test_pipeline_stages_are_uneven_and_tp_splits_layers():

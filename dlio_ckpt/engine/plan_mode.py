@@ -112,7 +112,8 @@ def _table(report: dict) -> str:
         ("files", f"{c['files']} ({c['data_files']} data) in layout {c['layout']}, format {c['format']}"),
     ]
     if m["scale_factor"] != 1.0:
-        rows.append(("scaled from", f"{m['unscaled_total_bytes'] / GIB:.2f} GiB (factor {m['scale_factor']:.3g})"))
+        rows.append(("scaled from", f"{m['unscaled_total_bytes'] / GIB:.2f} GiB (factor {m['scale_factor']:.3g})"
+                     + (", one copy of the state: the replicas' copies come on top" if m["replicas"] == "all" else "")))
     rows += _dataset_rows(report["dataset"])
     rows.append(("planned in", f"{report['plan_s']:.3f} s"))
     return plain_table(rows)
