@@ -178,7 +178,10 @@ def test_retention_deletes_only_this_runs_older_checkpoints(workdir, s3_server, 
     client = s3_server.client()
     decoy = f"{PREFIX}/checkpoints/another-run/global_step1/keep.me"
     client.put_object(Bucket=s3_bucket, Key=decoy, Body=b"x")
-    run_ok(TINY_CKPT + [*s3_args(s3_server, s3_bucket, workdir / "store"), "mode=train", "train.total_steps=3",
+    # storage.root reached through a local link: on S3 the path is a key as written, never resolved.
+    (workdir / "real").mkdir()
+    (workdir / "link").symlink_to(workdir / "real")
+    run_ok(TINY_CKPT + [*s3_args(s3_server, s3_bucket, workdir / "link" / "store"), "mode=train", "train.total_steps=3",
                         "checkpoint.steps_between_checkpoints=1", "checkpoint.keep_last=1", f"hydra.run.dir={workdir / 'run'}"],
            workdir / "cwd")
     objects = server_objects(s3_server, s3_bucket, "checkpoints/")

@@ -176,16 +176,14 @@ class CheckpointEngineImpl:
     def discard_failed(self, step: int) -> None:
         """Remove the folder of checkpoint `step` of this run when it was never committed (no
         manifest), with any temporary file its commit left; never anything outside this run's root."""
-        root = os.path.realpath(self.root)
-        folder = os.path.realpath(self.folder_path(step))
+        folder = self._own_folder(self.layout.folder(step))
         try:
-            if os.path.dirname(folder) == root and self.storage.isdir(folder) and not os.path.islink(self.folder_path(step)) \
-                    and not self.storage.exists(os.path.join(folder, MANIFEST_NAME)):
+            if folder is not None and self.storage.isdir(folder) and not self.storage.exists(os.path.join(folder, MANIFEST_NAME)):
                 self.storage.remove_tree(folder)
             tag = self.layout.tag(step)
-            for name in self.storage.listdir(root) if tag else []:
+            for name in self.storage.listdir(self.root) if tag else []:
                 if name.startswith(f"{tag[0]}.tmp"):
-                    self.storage.remove(os.path.join(root, name))
+                    self.storage.remove(os.path.join(self.root, name))
         except OSError:
             pass
 
@@ -278,17 +276,26 @@ class CheckpointEngineImpl:
         if len(complete) <= self.cfg.keep_last:
             return []
         oldest_kept = complete[-self.cfg.keep_last]
-        root = os.path.realpath(self.root)
         deleted = []
         for step, name, _ in folders:
-            if step >= oldest_kept:
-                continue
-            path = os.path.realpath(os.path.join(root, name))
-            if os.path.dirname(path) != root or os.path.islink(os.path.join(root, name)):
-                continue  # never follow a link or leave this run's folder
-            self.storage.remove_tree(path)
-            deleted.append(name)
+            path = self._own_folder(name) if step < oldest_kept else None
+            if path is not None:
+                self.storage.remove_tree(path)
+                deleted.append(name)
         return deleted
+
+    def _own_folder(self, name: str) -> str | None:
+        """The path of `name` directly inside this run's checkpoint root, or None where it is a
+        link or leads elsewhere (never followed, never deleted). Only a backend with local files
+        has links to resolve; on an object store the path is a key as written, so a storage.root
+        reached through a local link must not change it (its key would leave the prefix)."""
+        path = os.path.join(self.root, name)
+        if not self.storage.capabilities.local_paths:
+            return path if os.path.dirname(os.path.normpath(path)) == os.path.normpath(self.root) else None
+        resolved = os.path.realpath(path)
+        if os.path.dirname(resolved) != os.path.realpath(self.root) or os.path.islink(path):
+            return None
+        return resolved
 
     # restore -------------------------------------------------------------------------------
     def restore(self, step: int | None = None, warn_if_none: bool = True) -> RestoreRecord | None:
