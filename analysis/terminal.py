@@ -102,4 +102,4 @@ def show(jobs: list[JobAnalysis], table: dict[str, Any] | None, written: list[st
         for job in jobs:
             _job(console, job)
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {path}", soft_wrap=True)  # a path cut at 80 columns could not be copied
