@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,9 @@ def test_replicas_all_every_replica_writes_its_copy_in_its_own_files(zero):
     base = ["model.kind=explicit", "model.model_size_bytes=8000", "model.optimization_groups=[1000]",
             "model.layer_parameters=[300,700]", "model.parallelism.pipeline=2", f"model.parallelism.zero_stage={zero}"]
     one = build_checkpoint_plan(load_config(base), 8)
+    every = load_config(base + ["checkpoint.replicas=all"])
     for layout in LAYOUTS.names():
-        plan = build_checkpoint_plan(load_config(base + ["checkpoint.replicas=all", f"checkpoint.layout={layout}"]), 8)
+        plan = build_checkpoint_plan(replace(every, checkpoint=replace(every.checkpoint, layout=layout)), 8)
         model, optimizer = plan.model.model_bytes, plan.model.optimizer_bytes
         expected = {0: 4 * (model + optimizer), 1: 4 * model + optimizer, 3: model + optimizer}[zero]
         assert plan.total_bytes == expected and one.total_bytes == model + optimizer
