@@ -275,7 +275,8 @@ def _main(argv: Sequence[str] | None) -> None:
     # run folders share a name or one path is used again.
     run_id = f"{folder.name}-{token}"
     if dry_run:
-        print_slurm_dry_run(flags + injected, make_task(world, run_id, multirun, darshan_runtime), folder)
+        print_slurm_dry_run(flags + injected, make_task(world, run_id, multirun, darshan_runtime), folder,
+                            dated=_given(overrides, key) is None)
         return
     _run_hydra(flags + injected, task=make_task(world, run_id, multirun, darshan_runtime))
     if multirun and world.is_root:
@@ -317,7 +318,7 @@ def slurm_job_size(overrides: Sequence[str], multirun: bool, dry_run: bool) -> i
     return size
 
 
-def print_slurm_dry_run(arguments: list[str], task, folder: Path) -> None:
+def print_slurm_dry_run(arguments: list[str], task, folder: Path, dated: bool = False) -> None:
     """--slurm-dry-run: the launcher prepares the sweep's submission as for real; its sbatch script is
     printed, not submitted, and the sweep folder claimed for it is given back."""
     from dlio_ckpt.slurm import dry_run_submissions
@@ -328,8 +329,10 @@ def print_slurm_dry_run(arguments: list[str], task, folder: Path) -> None:
     finally:
         for name in (RUN_CLAIM, "multirun.yaml"):  # all that a sweep folder holds before its first job
             (folder / name).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            folder.rmdir()
+        # the default multirun/<date>/<time>-<job> also leaves its date and multirun folders, when empty
+        for empty in [folder] + ([folder.parent, folder.parent.parent] if dated else []):
+            with contextlib.suppress(OSError):
+                empty.rmdir()
     for submission in submissions:
         print(f"# dry run, nothing submitted: {submission.jobs} Slurm job(s), one per configuration, "
               f"each running {submission.tasks_per_job} dlio_ckpt rank(s) under srun")

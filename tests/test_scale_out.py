@@ -101,6 +101,15 @@ def test_slurm_dry_run_prints_one_array_job_per_configuration_running_dlio_ckpt_
     assert not (workdir / "sweep").exists()  # nothing pickled, nothing submitted, no folder left
 
 
+def test_slurm_dry_run_in_the_default_sweep_folder_leaves_nothing(workdir):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    done = run_cli(["--slurm-dry-run", "-m", "hydra/launcher=slurm", "workload=unet3d", "scale=tiny", "reader.batch_size=1"],
+                   workdir / "cwd")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "/multirun/" in done.stdout  # the script names the default multirun/<date>/<time> folder
+    assert list((workdir / "cwd").iterdir()) == []  # and none of it is left behind
+
+
 def test_slurm_sweep_is_checked_for_the_world_size_of_its_jobs(workdir):
     done = slurm_dry_run(workdir, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=4", "workload=unet3d", "scale=tiny",
                          "dataset.num_files_train=4")
