@@ -7,6 +7,7 @@ give time only):
 - plan-ckpt  : mode=plan of llama3_70b (ZeRO-3) for N ranks (the per-rank checkpoint plan)
 - plan-data  : mode=plan of a dataset of N tiny files
 - generate   : mode=generate of N tiny files (64-byte records, raw format, one rank)
+- generate-nosync: the same with storage.fsync=false (the emulator's cost, not the disk's)
 - small-np8  : generate + one epoch of reads of N x 4 KiB files under mpirun -np 8
 
 Each figure is divided by N: a flat per-unit column is linear growth. Nothing is asserted;
@@ -56,6 +57,8 @@ def case_command(kind: str, n: int, root: Path) -> tuple[list[str], list[str]]:
         return [], ["workload=unet3d", "mode=plan", *tiny, *common]
     if kind == "generate":
         return [], ["workload=unet3d", "mode=generate", *tiny, *common]
+    if kind == "generate-nosync":  # the emulator's own cost per file, without the file system's fsync
+        return [], ["workload=unet3d", "mode=generate", "storage.fsync=false", *tiny, *common]
     if kind == "small-np8":
         return [tool("mpirun"), "-np", "8"], [
             "workload=unet3d", "dataset.format=raw", f"dataset.num_files_train={n}", "dataset.record_length_bytes=4KiB",
@@ -74,12 +77,14 @@ def main() -> None:
     parser.add_argument("--plan-ranks", default="1024,4096,16384")
     parser.add_argument("--plan-files", default="10000,100000,1000000")
     parser.add_argument("--generate", default="10000,100000")
+    parser.add_argument("--generate-nosync", default="10000,100000,1000000")
     parser.add_argument("--small-np8", default="5000,20000,80000")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each case (median reported)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scaling_costs.json"))
     args = parser.parse_args()
     cases = [("plan-ckpt", n) for n in sizes(args.plan_ranks)] + [("plan-data", n) for n in sizes(args.plan_files)]
-    cases += [("generate", n) for n in sizes(args.generate)] + [("small-np8", n) for n in sizes(args.small_np8)]
+    cases += [("generate", n) for n in sizes(args.generate)]
+    cases += [("generate-nosync", n) for n in sizes(args.generate_nosync)] + [("small-np8", n) for n in sizes(args.small_np8)]
     results = []
     base = tempfile.mkdtemp(prefix="scaling_costs-")
     try:
@@ -96,7 +101,7 @@ def main() -> None:
                    "us_per_unit": median(walls) / n * 1e6, "peak_rss_mib": max(peaks) / (1 << 20),
                    "mpirun": bool(case_command(kind, n, Path(base))[0])}
             results.append(row)
-            print(f"{kind:10s} n={n:>9,}  {row['median_s']:8.2f} s  {row['us_per_unit']:9.1f} us/unit  "
+            print(f"{kind:15s} n={n:>9,}  {row['median_s']:8.2f} s  {row['us_per_unit']:9.1f} us/unit  "
                   f"peak {row['peak_rss_mib']:7.1f} MiB", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -215,6 +215,23 @@ def test_a_16384_rank_plan_sizes_every_rank_without_building_their_tensor_lists(
     plan = build_checkpoint_plan(config, 16384)
     per_rank = plan.per_rank_bytes()
     assert len(per_rank) == 16384 and sum(per_rank) == plan.total_bytes == plan.model.total_bytes
+    assert plan.encoded_bytes() in (None, plan.total_bytes)  # what the free-space check asks, on every rank
     assert built == []
     own = plan.files_by_rank[16383]  # a rank builds only its own files
     assert built == [16383] and sum(f.payload_bytes for f in own) == per_rank[16383]
+
+
+@pytest.mark.parametrize("fmt", ["raw", "npy", "npz", "hdf5"])
+def test_encoded_bytes_without_walking_the_ranks_agree_with_the_files(fmt):
+    """The free-space check (on every rank) asks for encoded bytes: payload-only and unknown sizes
+    come without building any rank's files, and agree with summing the files' encoded sizes."""
+    from dlio_ckpt.plan.checkpoint_formats import format_spec
+
+    config = load_config(["workload=llama3_8b", "model.parallelism.data=0", f"checkpoint.format={fmt}"])
+    plan = build_checkpoint_plan(config, 16)
+    spec = format_spec(fmt)
+    sizes = [spec.encoded_size(f.tensors) for files in plan.files_by_rank for f in files]
+    expected = None if None in sizes else sum(sizes)
+    assert plan.encoded_bytes() == expected == plan.files_summary(1)[2]
+    if fmt == "npy":
+        assert expected > plan.total_bytes  # one header per file

@@ -91,7 +91,13 @@ class CheckpointPlan:
         return sum(self._per_rank_bytes)
 
     def encoded_bytes(self) -> int | None:
-        """Bytes on disk of the data files, where the format makes that predictable."""
+        """Bytes on disk of the data files, where the format makes that predictable. Only a
+        per-file header (npy) needs the files themselves; every rank's free-space check asks this."""
+        rule = format_spec(self.format_name).size_rule
+        if rule == "payload":
+            return self.total_bytes
+        if rule == "unknown":
+            return None
         return self.files_summary(1)[2]
 
     def files_summary(self, step: int) -> tuple[list[str], int, int | None]:
