@@ -71,7 +71,7 @@ def refuse(overrides: list[str], expected: str, world_size: int = 1) -> str:
         (["dataset.folder=/tmp/elsewhere"], "storage.allow_outside_root_dataset=true"),
         (["dataset.folder=../outside"], "dataset.folder: '../outside' resolves to"),
         (["workload=unet3d", "evaluation.enabled=true", "dataset.num_files_eval=2", "reader.batch_size_eval=3"],
-         "evaluation.enabled: train.step_counting=dlio evaluates floor(2 samples / batch 3 / 1 ranks) = 0 steps"),
+         "evaluation.enabled: train.step_counting=dlio evaluates floor(2 samples / batch 3 / 1 rank) = 0 steps"),
     ],
 )
 def test_loader_refuses_before_anything_is_written(tmp_path, overrides, expected):

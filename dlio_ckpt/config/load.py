@@ -381,6 +381,7 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
         return
     ds = config.dataset
     samples = ds.num_files_train * ds.num_samples_per_file
+    ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
     if samples < world_size:
         raise ConfigError(
             f"{world_size} ranks but only {samples} training samples (dataset.num_files_train x dataset.num_samples_per_file); "
@@ -389,12 +390,12 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
     if config.reader.drop_last and samples // world_size < config.reader.batch_size:
         raise ConfigError(
             f"reader.batch_size: {config.reader.batch_size} is larger than a rank's share of the dataset "
-            f"({samples} samples over {world_size} ranks) and reader.drop_last=true would leave no step; "
+            f"({samples} samples over {ranks}) and reader.drop_last=true would leave no step; "
             "lower reader.batch_size, add files, or set reader.drop_last=false"
         )
     if config.train.step_counting == "dlio" and samples // config.reader.batch_size // world_size < 1:
         raise ConfigError(
-            f"train.step_counting: dlio runs floor({samples} samples / batch {config.reader.batch_size} / {world_size} ranks) "
+            f"train.step_counting: dlio runs floor({samples} samples / batch {config.reader.batch_size} / {ranks}) "
             "= 0 steps per epoch; lower reader.batch_size, add files, or run fewer ranks"
         )
     eval_samples = ds.num_files_eval * ds.num_samples_per_file
@@ -402,7 +403,7 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
             and eval_samples // config.reader.batch_size_eval // world_size < 1):
         raise ConfigError(
             f"evaluation.enabled: train.step_counting=dlio evaluates floor({eval_samples} samples / batch "
-            f"{config.reader.batch_size_eval} / {world_size} ranks) = 0 steps; lower reader.batch_size_eval, raise "
+            f"{config.reader.batch_size_eval} / {ranks}) = 0 steps; lower reader.batch_size_eval, raise "
             "dataset.num_files_eval, or set train.step_counting=global"
         )
     if config.reader.access == "transfer" and config.reader.name != "tensorflow" and ds.num_files_train < world_size:
