@@ -177,6 +177,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         _main(argv)
     except KeyboardInterrupt:
         end_interrupted(_running_world(), "dlio_ckpt: interrupted")
+    except RunFailure as exc:  # a rank that fails outside the run task: its line, and no rank left waiting
+        world = _running_world()
+        report_failure(str(exc), world)
+        world.abort(RUN_FAILURE_EXIT_CODE)
+    except Exception:
+        world = _running_world()
+        if not world.parallel:
+            raise
+        traceback.print_exc()  # a bug: its traceback, once, then the whole job ends
+        world.abort(1)
 
 
 def _running_world() -> World:

@@ -153,6 +153,16 @@ def test_ctrl_c_at_start_up_seen_by_one_rank_ends_the_job(workdir, rank):
     assert not (workdir / "store").exists()
 
 
+@pytest.mark.mpi
+def test_a_rank_failing_at_start_up_ends_the_job(workdir):
+    # before the run task exists (the run-folder collective): one line, exit 1, no rank left waiting
+    done = run_with_fault(workdir, "start@1", [])
+    assert done.returncode == 1, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [
+        "dlio_ckpt: error (rank 1): failure injected at start on rank 1 (DLIO_CKPT_FAULT)"]
+    assert not (workdir / "store").exists()
+
+
 def test_restore_of_an_empty_folder_fails_with_one_line(workdir):
     empty = workdir / "store" / "checkpoints" / "nothing-here"
     empty.mkdir(parents=True)
