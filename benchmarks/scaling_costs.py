@@ -108,7 +108,7 @@ def main() -> None:
     rows = [[r["case"], f"{r['n']:,}", f"{r['median_s']:.2f}", f"{r['us_per_unit']:.1f}",
              "(mpirun)" if r["mpirun"] else f"{r['peak_rss_mib']:.0f}"] for r in results]
     print(table(rows, ["case", "n", "wall s (median)", "us per unit", "peak RSS MiB"]))
-    write_json(Path(args.out), {"environment": environment(tempfile.gettempdir()), "load_before": os.getloadavg(),
+    write_json(Path(args.out), {"environment": environment(tempfile.gettempdir()), "loadavg_at_end": os.getloadavg(),
                                 "rounds": args.rounds, "results": results})
 
 
