@@ -86,6 +86,7 @@ def main() -> None:
     cases += [("generate", n) for n in sizes(args.generate)]
     cases += [("generate-nosync", n) for n in sizes(args.generate_nosync)] + [("small-np8", n) for n in sizes(args.small_np8)]
     results = []
+    env = environment(tempfile.gettempdir())  # the load before the first case
     base = tempfile.mkdtemp(prefix="scaling_costs-")
     try:
         for kind, n in cases:
@@ -108,7 +109,7 @@ def main() -> None:
     rows = [[r["case"], f"{r['n']:,}", f"{r['median_s']:.2f}", f"{r['us_per_unit']:.1f}",
              "(mpirun)" if r["mpirun"] else f"{r['peak_rss_mib']:.0f}"] for r in results]
     print(table(rows, ["case", "n", "wall s (median)", "us per unit", "peak RSS MiB"]))
-    write_json(Path(args.out), {"environment": environment(tempfile.gettempdir()), "loadavg_at_end": os.getloadavg(),
+    write_json(Path(args.out), {"environment": env, "loadavg_at_end": os.getloadavg(),
                                 "rounds": args.rounds, "results": results})
 
 
