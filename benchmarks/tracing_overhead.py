@@ -74,12 +74,21 @@ def main() -> None:
     parser.add_argument("--file-mib", type=float, default=1.0)
     parser.add_argument("--transfer", default="4096,1048576", help="comma-separated transfer sizes in bytes")
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--out", default=None, help="also write the JSON here, with the machine and the commit")
     args = parser.parse_args()
     size = int(args.file_mib * (1 << 20))
     with tempfile.TemporaryDirectory(prefix="dlio_ckpt_overhead_") as folder:
         paths = make_files(Path(folder), args.files, size)
         results = [measure(paths, size, int(t), args.passes) for t in args.transfer.split(",")]
-    print(json.dumps({"files": args.files, "file_bytes": size, "passes": args.passes, "results": results}, indent=2))
+    report = {"files": args.files, "file_bytes": size, "passes": args.passes, "results": results}
+    print(json.dumps(report, indent=2))
+    if args.out:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _common import environment, write_json
+
+        write_json(Path(args.out), {"environment": environment(tempfile.gettempdir()), **report})
 
 
 if __name__ == "__main__":

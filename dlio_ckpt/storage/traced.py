@@ -38,6 +38,23 @@ class TracedFile(io.RawIOBase):
         # What the system call moved (whole blocks under O_DIRECT), where the backend says so.
         self._reports_moved = hasattr(inner, "last_moved")
         self._inner_read_at_into = inner.read_at_into if hasattr(inner, "read_at_into") else None
+        if self._inner_read_at_into is not None:
+            self.read_at_into = self._fast_read_at_into()
+
+    def _fast_read_at_into(self):
+        """read_at_into as a closure over what it records (no attribute look-ups per call)."""
+        inner, inner_read, append, phase, file, shift = (self._inner, self._inner_read_at_into, self._append,
+                                                         self._phase_code, self._file, self._shift)
+        reports_moved = self._reports_moved
+
+        def read_at_into(buffer, offset: int) -> int:
+            start = perf_counter()
+            count = inner_read(buffer, offset)
+            end = perf_counter()
+            append((_READ, phase, file, offset, inner.last_moved if reports_moved else count, start - shift, end - shift))
+            return count
+
+        return read_at_into
 
     def readable(self) -> bool:
         return True
