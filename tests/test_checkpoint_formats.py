@@ -150,6 +150,7 @@ def _staged_index_bytes(tf, plan, scratch: Path) -> int:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_tensorflow_checkpoint_under_mpirun(tmp_path):
     tf = pytest.importorskip("tensorflow")

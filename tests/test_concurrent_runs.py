@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import BIN, cli_env, load_summary, run_cli
 
 SMALL = ["workload=unet3d", "scale=tiny", "dataset.format=raw", "checkpoint.enabled=false", "progress=false",
@@ -32,6 +34,7 @@ def dataset_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in (folder / "train").rglob("*.bin"))
 
 
+@pytest.mark.slow
 def test_identical_and_differently_shaped_runs_at_once_all_succeed(workdir):
     for attempt in range(3):
         root = workdir / f"store{attempt}"

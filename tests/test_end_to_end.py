@@ -234,6 +234,7 @@ def test_evaluation_reads_the_eval_files(workdir):
     assert summary["io"]["by_phase"]["eval"]["bytes_read"] == 2 * eval_bytes
 
 
+@pytest.mark.slow
 def test_tensorflow_reader_reads_every_tfrecord_file(workdir):
     pytest.importorskip("tensorflow")
     root, run = workdir / "store", workdir / "run"
@@ -293,6 +294,7 @@ def test_mpi_sharded_checkpoint_with_one_writer_says_so(workdir):
     assert any("only one of 2 ranks writes" in w for w in summary["warnings"])
 
 
+@pytest.mark.slow
 def test_every_workload_runs_at_tiny_scale(workdir):
     """One sweep over the library: every job runs in the one process (its start-up, a second a
     run, paid once), each with its own run folder and summary."""
