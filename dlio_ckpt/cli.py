@@ -78,6 +78,16 @@ def _given(overrides: Sequence[str], key: str) -> str | None:
     return None
 
 
+def agreed_refusal(world: World, refusal: str | None) -> str | None:
+    """The first rank's refusal of the command line, on every rank. Ranks on other nodes can see
+    other memory, free space or files; one that stopped alone would leave the others waiting in a
+    collective."""
+    for rank, message in enumerate(world.allgather(refusal)):
+        if message:
+            return message if rank == 0 else f"{message} (on rank {rank})"
+    return None
+
+
 def claim_given_folder(given: str, key: str) -> Path:
     """Create (or take an empty) folder the user named and claim it atomically for this run.
 
@@ -266,8 +276,16 @@ def _main(argv: Sequence[str] | None) -> None:
     try:
         from dlio_ckpt.config.load import validate_command_line
 
-        validate_command_line(overrides, multirun, slurm_job_size(overrides, multirun, dry_run) or world.size,
-                              free_space=not dry_run)  # a dry run may be printed far from storage.root
+        refusal = None
+        try:
+            validate_command_line(overrides, multirun, slurm_job_size(overrides, multirun, dry_run) or world.size,
+                                  free_space=not dry_run)  # a dry run may be printed far from storage.root
+        except UserError as exc:
+            refusal = str(exc)
+        refusal = agreed_refusal(world, refusal)
+        if refusal:
+            fail(world, refusal)
+            return
         key, folder, token = choose_output_folder(world, overrides, multirun)
     except UserError as exc:
         fail(world, str(exc))

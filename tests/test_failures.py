@@ -154,6 +154,23 @@ def test_ctrl_c_at_start_up_seen_by_one_rank_ends_the_job(workdir, rank):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("refusing", [0, 1])
+def test_ranks_that_disagree_on_the_input_check_all_stop(workdir, refusing):
+    # ranks on other nodes can see other free space, memory or files: one rank refusing the run
+    # alone must stop them all (exit 2, one line), not leave the others waiting in a collective
+    args = [*CHECKPOINT_RUN, f"storage.root={workdir / 'store'}", f"hydra.run.dir={workdir / 'run'}"]
+    ranks = [["-n", "1", str(BIN / "dlio_ckpt"), *args], ["-n", "1", str(BIN / "dlio_ckpt"), *args]]
+    ranks[refusing][2:2] = ["-env", "DLIO_CKPT_FREE_BYTES", "1"]  # a small disk on that rank's node
+    done = subprocess.run([str(BIN / "mpirun"), *ranks[0], ":", *ranks[1]], cwd=workdir / "cwd", env=cli_env(),
+                          capture_output=True, text=True, timeout=HANG)
+    assert done.returncode == 2, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("dlio_ckpt: error: storage.root: the run needs at least ")
+    assert line.endswith(" (on rank 1)") == (refusing == 1)
+    assert list((workdir / "cwd").iterdir()) == [] and not (workdir / "store").exists() and not (workdir / "run").exists()
+
+
+@pytest.mark.mpi
 def test_a_rank_failing_at_start_up_ends_the_job(workdir):
     # before the run task exists (the run-folder collective): one line, exit 1, no rank left waiting
     done = run_with_fault(workdir, "start@1", [])
