@@ -110,6 +110,19 @@ def test_ranks_on_a_node_share_its_memory(monkeypatch):
     assert limits.local_ranks(8) == 1
 
 
+@pytest.mark.parametrize("key", ["storage.root", "dataset.folder", "checkpoint.folder"])
+def test_a_file_where_a_folder_must_go_is_refused(tmp_path, key):
+    blocker = tmp_path / "root" / "afile"
+    blocker.parent.mkdir()
+    blocker.write_bytes(b"x")
+    root = blocker if key == "storage.root" else blocker.parent
+    overrides = ["workload=unet3d", f"storage.root={root}", "storage.allow_outside_root_dataset=true"]
+    if key != "storage.root":
+        overrides.append(f"{key}={blocker if key == 'dataset.folder' else 'afile/ckpt'}")
+    refuse(overrides, f"{key}: ")
+    assert blocker.read_bytes() == b"x"
+
+
 def test_symlink_out_of_the_root_is_outside(tmp_path):
     root, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
     (root / "data").mkdir(parents=True)

@@ -19,6 +19,18 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _file_in_the_way(path: str) -> str | None:
+    """The nearest existing path at or above `path` when it is not a folder (a folder cannot be
+    made there), else None. A path that does not exist locally at all (an object store's logical
+    root) has nothing in the way."""
+    while path and not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+    return path if path and not os.path.isdir(path) else None
+
+
 def resolved(root: str, relative: str) -> str:
     """`relative` under `root` (an absolute `relative` stands alone), links and `..` resolved."""
     return os.path.realpath(os.path.join(root, relative))
@@ -46,3 +58,8 @@ def check_paths(config: RunConfig) -> None:
             f"checkpoint.folder: '{config.checkpoint.folder}' resolves to {checkpoints}, outside storage.root ({root}); "
             "checkpoints (and the retention that deletes old ones) stay under storage.root: use a relative folder without '..'"
         )
+    for key, given, path in (("storage.root", config.storage.root, root), ("dataset.folder", folder, target),
+                             ("checkpoint.folder", config.checkpoint.folder, checkpoints)):
+        blocker = _file_in_the_way(path)
+        if blocker is not None:
+            raise ConfigError(f"{key}: '{given}' cannot be a folder: {blocker} is a file; choose a folder path")
