@@ -119,7 +119,7 @@ def test_a_file_where_a_folder_must_go_is_refused(tmp_path, key):
     overrides = ["workload=unet3d", f"storage.root={root}", "storage.allow_outside_root_dataset=true"]
     if key != "storage.root":
         overrides.append(f"{key}={blocker if key == 'dataset.folder' else 'afile/ckpt'}")
-    refuse(overrides, f"{key}: ")
+    refuse(overrides, f"{key}: ")  # storage.root: the POSIX backend's check; the folders below it: the path check
     assert blocker.read_bytes() == b"x"
 
 

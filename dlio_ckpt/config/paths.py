@@ -58,8 +58,9 @@ def check_paths(config: RunConfig) -> None:
             f"checkpoint.folder: '{config.checkpoint.folder}' resolves to {checkpoints}, outside storage.root ({root}); "
             "checkpoints (and the retention that deletes old ones) stay under storage.root: use a relative folder without '..'"
         )
-    for key, given, path in (("storage.root", config.storage.root, root), ("dataset.folder", folder, target),
-                             ("checkpoint.folder", config.checkpoint.folder, checkpoints)):
+    if _file_in_the_way(root) is not None:
+        return  # storage.root itself is the backend's to report (PosixStorage.check); below are the folders under it
+    for key, given, path in (("dataset.folder", folder, target), ("checkpoint.folder", config.checkpoint.folder, checkpoints)):
         blocker = _file_in_the_way(path)
         if blocker is not None:
             raise ConfigError(f"{key}: '{given}' cannot be a folder: {blocker} is a file; choose a folder path")
