@@ -24,9 +24,9 @@ largest RSS of a single process (a rank, or one of DLIO's data-loader workers) a
 of PSS over the tree at one instant (PSS, not RSS: DLIO's forked PyTorch workers share pages with
 their rank, which a sum of RSS would count several times).
 
-DLIO is installed in its own venv (default /tmp/dlio-venv), per /work/shared/bench/README.md:
+DLIO is installed in its own venv (default /tmp/dlio-venv), per ../shared/bench/README.md:
     python3 -m venv /tmp/dlio-venv
-    /tmp/dlio-venv/bin/pip install -r /work/shared/bench/dlio-2.0.0-requirements-without-dali.txt
+    /tmp/dlio-venv/bin/pip install -r ../shared/bench/dlio-2.0.0-requirements-without-dali.txt
     /tmp/dlio-venv/bin/pip install --no-deps dlio-benchmark==2.0.0
 (`--install` does those three steps when the venv is missing.)
 
@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import GIB, MIB, Workdir, environment, load_json, median, ratio, table, tool, write_json  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-REQUIREMENTS = Path("/work/shared/bench/dlio-2.0.0-requirements-without-dali.txt")
+REQUIREMENTS = HERE.parents[1] / "shared" / "bench" / "dlio-2.0.0-requirements-without-dali.txt"  # ../shared beside the repo
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -25,7 +25,7 @@ from dlio_ckpt.analysis.inputs import detect  # noqa: E402
 from dlio_ckpt.analysis.timeline import spread  # noqa: E402
 from dlio_ckpt.storage.events import EventRecorder, JobClock  # noqa: E402
 
-DLIO_LOGS = Path("/work/shared/data/darshan/dlio_logs")
+DLIO_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "darshan" / "dlio_logs"  # ../shared beside the repo
 EXAMPLES = Path(darshan.__file__).parent / "examples" / "example_logs"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MIB = 1 << 20
