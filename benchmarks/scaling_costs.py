@@ -20,7 +20,6 @@ the table and benchmarks/results/scaling_costs.json are the output.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys

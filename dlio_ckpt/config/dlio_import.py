@@ -106,8 +106,6 @@ FORMATS = {"npz": "npz", "npy": "npy", "hdf5": "hdf5", "tfrecord": "tfrecord",
            "indexed_binary": "indexed_binary", "mmap_indexed_binary": "indexed_binary"}
 DTYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "float16": 2, "bfloat16": 2,
                "fp32": 4, "float32": 4, "fp64": 8, "float64": 8}
-SECTIONS = ("model", "framework", "workflow", "dataset", "reader", "data_reader", "train", "evaluation",
-            "checkpoint", "metric", "storage", "output", "profiling", "hydra")
 
 
 @dataclass(frozen=True)
