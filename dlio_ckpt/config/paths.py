@@ -13,6 +13,7 @@ import os
 
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.storage.posix import nearest_existing
 
 
 def _inside(path: str, root: str) -> bool:
@@ -20,15 +21,10 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _file_in_the_way(path: str) -> str | None:
-    """The nearest existing path at or above `path` when it is not a folder (a folder cannot be
-    made there), else None. A path that does not exist locally at all (an object store's logical
-    root) has nothing in the way."""
-    while path and not os.path.lexists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            return None
-        path = parent
-    return path if path and not os.path.isdir(path) else None
+    """The nearest existing path at or above `path` when it is not a folder (no folder can be made
+    there), else None. An object store's logical root does not exist locally: nothing in the way."""
+    existing = nearest_existing(path)
+    return existing if not os.path.isdir(existing) else None
 
 
 def resolved(root: str, relative: str) -> str:
