@@ -21,7 +21,7 @@ from typing import Sequence
 from dlio_ckpt.errors import (INTERRUPTED_EXIT_CODE, RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, RunFailure, UserError,
                               report_failure, storage_failure)
 from dlio_ckpt.faults import fault_point
-from dlio_ckpt.world import World
+from dlio_ckpt.world import World, launcher_rank
 
 # Hydra flags that only print something: they run without MPI set-up or validation.
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "--version"}
@@ -167,7 +167,7 @@ def print_datasize(overrides: Sequence[str], multirun: bool) -> bool:
     """mode=datasize: print the dataset size the MLPerf rule asks for (rank 0 only); no MPI, no run folder."""
     from dlio_ckpt.engine.datasize_mode import datasize_requested, run_datasize_mode
 
-    root = os.environ.get("PMI_RANK", "0") == "0"
+    root = launcher_rank() == 0
     try:
         if not datasize_requested(overrides):
             return False
@@ -206,7 +206,7 @@ def _running_world() -> World:
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         comm = mpi.COMM_WORLD
         return World(rank=comm.Get_rank(), size=comm.Get_size(), comm=comm)
-    return World(rank=int(os.environ.get("PMI_RANK", "0")), size=1)
+    return World(rank=launcher_rank(), size=1)
 
 
 def end_interrupted(world: World, line: str) -> None:
@@ -246,10 +246,10 @@ def _main(argv: Sequence[str] | None) -> None:
         config_dirs, flags = config_dirs_in(flags)
         overrides, warnings = resolve(overrides, config_dirs)
     except UserError as exc:
-        if os.environ.get("PMI_RANK", "0") == "0":
+        if launcher_rank() == 0:
             print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT_CODE) from None
-    if os.environ.get("PMI_RANK", "0") == "0":
+    if launcher_rank() == 0:
         for warning in warnings:
             print(f"dlio_ckpt: warning: {warning}", file=sys.stderr, flush=True)
     if SCALED_FLAG in flags:

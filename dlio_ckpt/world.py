@@ -31,6 +31,16 @@ def launched_by_mpi(environ: dict[str, str] | None = None) -> bool:
     return any(name in env for name in _LAUNCHER_VARIABLES) or env.get("DLIO_CKPT_MPI") == "1"
 
 
+def launcher_rank(environ: dict[str, str] | None = None) -> int:
+    """This process's rank as the launcher set it, readable before MPI starts (so that only rank 0
+    prints a start-up message): MPICH/PMI, PMIx, Open MPI and Slurm's variables; 0 when serial."""
+    env = os.environ if environ is None else environ
+    for name in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return 0
+
+
 @dataclass(frozen=True)
 class World:
     """Rank and size of the job, with the few collectives the engine and metrics need."""
