@@ -193,6 +193,32 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class IncrementalOptions:
+    """checkpoint.incremental.*: the Merkle-tree incremental encoding (Tan et al., ICPP'23)."""
+
+    chunk_bytes: Bytes  # leaf size of the tree; the last chunk of a file may be shorter
+    hash: Literal["xxh3_128", "blake3"]
+    full_every: int  # every n-th checkpoint is a full one (starts a new chain); 0: only the first
+
+    def validate(self, key: str) -> None:
+        require(4096 <= self.chunk_bytes <= 1 << 30, f"{key}chunk_bytes: must be 4KiB to 1GiB (got {self.chunk_bytes})")
+        require(self.full_every >= 0, f"{key}full_every: cannot be negative (got {self.full_every})")
+
+
+@dataclass(frozen=True)
+class LossyOptions:
+    """checkpoint.lossy.*: LC-Checkpoint's delta quantisation (Chen et al., 2020)."""
+
+    bits: int  # 2^bits - 1 buckets kept by priority promotion
+    coder: Literal["huffman", "zstd"]
+    full_every: int  # every n-th checkpoint stores the state in full; 0: only the first
+
+    def validate(self, key: str) -> None:
+        require(1 <= self.bits <= 8, f"{key}bits: must be 1 to 8 (got {self.bits})")
+        require(self.full_every >= 0, f"{key}full_every: cannot be negative (got {self.full_every})")
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     enabled: bool
     strategy: str
@@ -217,8 +243,22 @@ class CheckpointConfig:
     num_checkpoints_read: int
     sleep_between_s: float
     drop_caches: bool
+    update: Literal["random", "sparse", "sgd", "trace"]  # how the state evolves between checkpoints (dlio_ckpt/state)
+    update_fraction: float  # sparse: fraction of update chunks that change per training step
+    update_moves: float  # sparse: fraction of update chunks that move to another offset per checkpoint
+    update_chunk_bytes: Bytes  # sparse: the unit that changes or moves
+    learning_rate: float  # sgd: initial step scale, relative to the weights' magnitude
+    state_dir: str  # where a state larger than memory lives (scratch, untraced); empty: the system temp folder
+    encoding: Literal["full", "incremental", "lossy"]
+    incremental: IncrementalOptions
+    lossy: LossyOptions
 
     def validate(self, key: str) -> None:
+        require(0.0 <= self.update_fraction <= 1.0, f"{key}update_fraction: must be 0 to 1 (got {self.update_fraction})")
+        require(0.0 <= self.update_moves <= 1.0, f"{key}update_moves: must be 0 to 1 (got {self.update_moves})")
+        require(self.update_chunk_bytes >= 8 and self.update_chunk_bytes % 8 == 0,
+                f"{key}update_chunk_bytes: must be a multiple of 8 bytes (got {self.update_chunk_bytes})")
+        require(self.learning_rate > 0, f"{key}learning_rate: must be positive (got {self.learning_rate})")
         for name in ("steps_between_checkpoints", "epochs_between_checkpoints", "checkpoint_after_epoch",
                      "keep_last", "num_checkpoints_write", "num_checkpoints_read"):
             require(getattr(self, name) >= 0, f"{key}{name}: cannot be negative (got {getattr(self, name)})")

@@ -1,0 +1,1 @@
+"""Checkpoint encodings (`checkpoint.encoding=`): what of the state reaches storage, and how."""

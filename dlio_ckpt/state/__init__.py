@@ -1,0 +1,1 @@
+"""The model state a rank checkpoints, evolving between checkpoints (`checkpoint.update=`)."""
