@@ -219,6 +219,27 @@ class LossyOptions:
 
 
 @dataclass(frozen=True)
+class LevelConfig:
+    """One item of checkpoint.levels: a checkpoint tier (SCR / VeloC levels; docs/levels.md).
+
+    A list item has no place in conf/config.yaml for its defaults, so the optional keys carry
+    theirs here (and docs/levels.md names them)."""
+
+    name: str  # in summary.json and in restore messages
+    path: str = ""  # the tier's folder (the run's checkpoints go in <path>/<run id>); "": storage.root/checkpoint.folder
+    every: int = 1  # interval in checkpoints: checkpoint n goes to the level with the largest `every` dividing n (SCR)
+    write: Literal["direct", "flush"] = "direct"  # flush: copied from the first level in the background (fast-then-PFS)
+    scope: Literal["node", "shared"] = "shared"  # node: node-local, lost with its node (failures.kind=node)
+    backend: str = ""  # a name of dlio_ckpt.storage.BACKENDS; "": storage.backend
+    keep_last: int = -1  # newest complete checkpoints kept on this level; -1: checkpoint.keep_last; 0: all
+
+    def validate(self, key: str) -> None:
+        require(bool(self.name.strip()), f"{key}name: every level needs a name")
+        require(self.every >= 1, f"{key}every: an interval in checkpoints, at least 1 (got {self.every})")
+        require(self.keep_last >= -1, f"{key}keep_last: -1 (checkpoint.keep_last), 0 (all) or a count (got {self.keep_last})")
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     enabled: bool
     strategy: str
@@ -252,6 +273,9 @@ class CheckpointConfig:
     encoding: Literal["full", "incremental", "lossy"]
     incremental: IncrementalOptions
     lossy: LossyOptions
+    policy: Literal["fixed", "young_daly", "checkfreq"]  # when to checkpoint (checkpoint/policy.py, docs/failures.md)
+    overhead_bound: float  # checkfreq: the blocking overhead the interval is tuned to stay under
+    levels: list[LevelConfig]  # multi-level tiers, fastest first (docs/levels.md); empty: one level, the folder above
 
     def validate(self, key: str) -> None:
         require(0.0 <= self.update_fraction <= 1.0, f"{key}update_fraction: must be 0 to 1 (got {self.update_fraction})")
@@ -259,6 +283,7 @@ class CheckpointConfig:
         require(self.update_chunk_bytes >= 8 and self.update_chunk_bytes % 8 == 0,
                 f"{key}update_chunk_bytes: must be a multiple of 8 bytes (got {self.update_chunk_bytes})")
         require(self.learning_rate > 0, f"{key}learning_rate: must be positive (got {self.learning_rate})")
+        require(0 < self.overhead_bound < 1, f"{key}overhead_bound: a fraction of training time, between 0 and 1 (got {self.overhead_bound})")
         for name in ("steps_between_checkpoints", "epochs_between_checkpoints", "checkpoint_after_epoch",
                      "keep_last", "num_checkpoints_write", "num_checkpoints_read"):
             require(getattr(self, name) >= 0, f"{key}{name}: cannot be negative (got {getattr(self, name)})")
@@ -267,6 +292,22 @@ class CheckpointConfig:
         require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
         require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")
         require(self.write_chunk_bytes % 8 == 0, f"{key}write_chunk_bytes: must be a multiple of 8 (whole elements)")
+
+
+@dataclass(frozen=True)
+class FailuresConfig:
+    """failures.*: injected failures and the restart (engine/failures.py, docs/failures.md)."""
+
+    at_steps: list[int]  # a failure right after each of these steps (consumed in order)
+    mtbf_s: float  # mean time between failures, seconds of training wall time; 0: none drawn
+    seed: int
+    kind: Literal["process", "node"]  # process: the ranks' memory is lost; node: also the failed node's local tier
+    restart: Literal["in_process", "exit"]  # exit: clean shutdown, exit code 75, a relaunch resumes
+
+    def validate(self, key: str) -> None:
+        require(all(step >= 1 for step in self.at_steps), f"{key}at_steps: steps count from 1 (got {self.at_steps})")
+        require(self.mtbf_s >= 0, f"{key}mtbf_s: cannot be negative (0: no failures drawn; got {self.mtbf_s})")
+        require_seed(self.seed, f"{key}seed")
 
 
 @dataclass(frozen=True)
@@ -311,9 +352,11 @@ class ScaleConfig:
 @dataclass(frozen=True)
 class WorldConfig:
     size: int  # plan mode: the job size to plan for; 0 = the real world
+    ranks_per_node: int  # node boundaries for node-local checkpoint levels: blocks of this many ranks; 0 = by host name
 
     def validate(self, key: str) -> None:
         require(self.size >= 0, f"{key}size: cannot be negative")
+        require(self.ranks_per_node >= 0, f"{key}ranks_per_node: cannot be negative (0: ranks on one host share a node)")
         require(self.size <= MAX_PLAN_RANKS, f"{key}size: at most {MAX_PLAN_RANKS:,} ranks can be planned (got {self.size:,})")
 
 
@@ -354,6 +397,7 @@ class RunConfig:
     evaluation: EvaluationConfig
     model: ModelConfig
     checkpoint: CheckpointConfig
+    failures: FailuresConfig
     metric: MetricConfig
     trace: TraceConfig
     replay: ReplayConfig
@@ -363,6 +407,9 @@ class RunConfig:
 
     def validate(self, key: str) -> None:
         require_seed(self.seed, f"{key}seed")
+        require(self.checkpoint.policy != "young_daly" or self.failures.mtbf_s > 0,
+                f"{key}checkpoint.policy=young_daly: derives the interval from the mean time between failures; "
+                f"set failures.mtbf_s (seconds)")
 
 
 def require_seed(value: int, key: str) -> None:
