@@ -1,0 +1,334 @@
+"""Merkle-tree incremental checkpoints (Tan et al., ICPP'23): `checkpoint.encoding=incremental`.
+
+Each file's checkpoint is a container holding only what the chain does not have yet: FIRST
+regions (node id + raw bytes) and SHIFT references (current node, previous node) grouped by the
+checkpoint they point into; FIXED chunks cost nothing (merkle.py has the tree and the labels).
+
+Two passes over the state, memory bounded by a few chunks plus per-node arrays (16-byte digests):
+the hash pass computes the tree, the labels and therefore the container's exact size; the emit
+pass (EncodedFile.chunks) reads only the FIRST regions back with view.read_at.
+
+Container (little-endian; docs/checkpointing.md "Incremental checkpoints (Merkle tree)"):
+    header, 32 bytes: magic b"MK", version u8, hash id u8 (1 xxh3_128, 2 blake3),
+        ref id u32 (the previous checkpoint FIXED chunks come from; its own id for a full one),
+        checkpoint id u32, chunk size u32, data length u64 (logical bytes),
+        FIRST region count u32, SHIFT pair count u32
+    FIRST region node ids: u32 each, in file order
+    SHIFT groups: group count u32, then (checkpoint id u32, pair count u32) per group, ascending
+    SHIFT pairs: (current node u32, previous node u32), in group order
+    data: the FIRST regions' bytes, back to back, in the order of their node ids
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlio_ckpt.codec import merkle
+from dlio_ckpt.codec.base import ChainLink, EncodedFile
+from dlio_ckpt.state.base import FileView, MutableFileView
+
+MAGIC = b"MK"
+VERSION = 1
+HEADER = struct.Struct("<2sBBIIIQII")
+assert HEADER.size == 32
+MAX_NODES = (1 << 32) - 1
+COPY_BYTES = 4 << 20  # the decoder's largest single read
+
+
+@dataclass
+class _Chain:
+    """What the encoder remembers of one file between checkpoints."""
+
+    size: int
+    indices: list[int]
+    previous: np.ndarray  # the last checkpoint's node digests
+    table: merkle.FirstOccurrences = field(default_factory=merkle.FirstOccurrences)
+
+
+class IncrementalEncoder:
+    """codec.base.Encoder for `checkpoint.encoding=incremental`: one chain per file key."""
+
+    name = "incremental"
+
+    def __init__(self, chunk_bytes: int, hash_name: str = "xxh3_128", full_every: int = 0) -> None:
+        merkle.leaf_hash(hash_name)  # refuse an unknown name now
+        if chunk_bytes < 1 or chunk_bytes >= 1 << 32:
+            raise ValueError(f"checkpoint.incremental.chunk_bytes: must be 1 byte to 4GiB (got {chunk_bytes})")
+        self.chunk_bytes = chunk_bytes
+        self.hash_name = hash_name
+        self.full_every = full_every
+        self._chains: dict[str, _Chain] = {}
+
+    def reset(self) -> None:
+        self._chains.clear()
+
+    def encode(self, index: int, key: str, view: FileView) -> EncodedFile:
+        started = time.perf_counter()
+        chunk = self.chunk_bytes
+        size = view.size
+        n = merkle.leaf_count(size, chunk)
+        if 2 * n - 1 > MAX_NODES:
+            raise ValueError(f"{key}: {size} bytes make {n} leaves of {chunk} bytes; raise checkpoint.incremental.chunk_bytes")
+        chain = self._chains.get(key)
+        if chain is not None and (chain.size != size or (self.full_every and len(chain.indices) >= self.full_every)):
+            chain = None
+        leaf_digests, state_digest = merkle.hash_leaves(view, chunk, self.hash_name)
+        heights = merkle.node_heights(n)
+        digests = merkle.build_tree(leaf_digests, self.hash_name, heights)
+        del leaf_digests
+        if chain is None:
+            chain = _Chain(size=size, indices=[], previous=digests)
+            previous = None
+        else:
+            previous = chain.previous
+        ref = chain.indices[-1] if chain.indices else index
+        labelling = merkle.label_tree(digests, previous, chain.table, index, heights)
+        chain.indices.append(index)
+        chain.previous = digests
+        self._chains[key] = chain
+
+        lo, hi = merkle.node_spans(labelling.first_roots, n, size, chunk)
+        groups, counts = np.unique(labelling.shift_ref_index, return_counts=True)
+        metadata = _metadata(self.hash_name, ref, index, chunk, size, labelling, groups, counts)
+        data_bytes = int((hi - lo).sum())
+        nbytes = len(metadata) + data_bytes
+        bitmap = -(-n // 8)
+        changed_bytes = _changed_bytes(digests, previous, n, size, chunk)
+        stats = {
+            "logical_bytes": size,
+            "bytes_written": nbytes,
+            "metadata_bytes": len(metadata),
+            "dedup_ratio": size / nbytes,
+            "chain_length": len(chain.indices),
+            "full": previous is None,
+            "chunk_bytes": chunk,
+            "hash": self.hash_name,
+            "leaves": n,
+            "fixed_leaves": labelling.fixed_leaves,
+            "first_leaves": labelling.first_leaves,
+            "shift_leaves": labelling.shift_leaves,
+            "first_regions": len(labelling.first_roots),
+            "shift_regions": len(labelling.shift_roots),
+            "baseline_full_bytes": size,
+            "baseline_changed_chunks_bytes": changed_bytes + bitmap,
+            "baseline_chunk_list_bytes": changed_bytes + 4 * labelling.changed_leaves,
+        }
+        return EncodedFile(
+            nbytes=nbytes,
+            chunks=lambda piece_bytes: _emit(view, metadata, lo, hi, piece_bytes),
+            metadata_bytes=len(metadata),
+            chain=tuple(chain.indices),
+            state_digest=state_digest,
+            stats=stats,
+            encode_s=time.perf_counter() - started,
+        )
+
+
+def _changed_bytes(digests, previous, n, size, chunk) -> int:
+    """Bytes of the leaves whose digest differs from the same leaf last time (the baselines)."""
+    if n == 0:
+        return 0
+    if previous is None:
+        return size
+    leaves = merkle.leaf_nodes(n)
+    changed = (merkle._keys(digests)[leaves] != merkle._keys(previous)[leaves]).any(axis=1)
+    last_short = size - (n - 1) * chunk
+    return int(changed.sum()) * chunk - (chunk - last_short if changed[-1] else 0)
+
+
+def _metadata(hash_name, ref, index, chunk, size, labelling, groups, counts) -> bytes:
+    header = HEADER.pack(MAGIC, VERSION, merkle.HASH_IDS[hash_name], ref, index, chunk, size, len(labelling.first_roots), len(labelling.shift_roots))
+    group_table = np.stack([groups, counts], axis=1).astype("<u4") if len(groups) else np.zeros((0, 2), "<u4")
+    pairs = np.stack([labelling.shift_roots, labelling.shift_ref_node], axis=1).astype("<u4")
+    return b"".join(
+        [
+            header,
+            labelling.first_roots.astype("<u4").tobytes(),
+            struct.pack("<I", len(groups)),
+            group_table.tobytes(),
+            pairs.tobytes(),
+        ]
+    )
+
+
+def _emit(view: FileView, metadata: bytes, lo: np.ndarray, hi: np.ndarray, piece_bytes: int) -> Iterator[memoryview]:
+    """The container in pieces of at most `piece_bytes`: the metadata, then each run of adjacent
+    FIRST regions read with view.read_at. Small pieces are packed into one reused buffer (valid
+    until the next piece) so storage sees large writes; large ones pass through uncopied."""
+    packer = _Packer(piece_bytes)
+    yield from packer.add(memoryview(metadata))
+    if len(lo):
+        breaks = np.flatnonzero(lo[1:] != hi[:-1]) + 1
+        starts, ends = lo[np.r_[0, breaks]], hi[np.r_[breaks - 1, len(hi) - 1]]
+        for start, end in zip(starts.tolist(), ends.tolist()):
+            at = start
+            while at < end:
+                piece = view.read_at(at, min(piece_bytes, end - at))
+                if not len(piece):
+                    raise EOFError(f"state view ended at {at} of {view.size} bytes while writing a checkpoint")
+                yield from packer.add(memoryview(piece).cast("B"))
+                at += len(piece)
+    yield from packer.flush()
+
+
+class _Packer:
+    def __init__(self, piece_bytes: int) -> None:
+        self.buffer = bytearray(piece_bytes)
+        self.filled = 0
+
+    def add(self, data: memoryview) -> Iterator[memoryview]:
+        size = len(self.buffer)
+        if not self.filled and len(data) >= size // 2:
+            for at in range(0, len(data), size):
+                yield data[at : at + size]
+            return
+        while len(data):
+            take = min(size - self.filled, len(data))
+            self.buffer[self.filled : self.filled + take] = data[:take]
+            self.filled += take
+            data = data[take:]
+            if self.filled == size:
+                yield memoryview(self.buffer)
+                self.filled = 0
+
+    def flush(self) -> Iterator[memoryview]:
+        if self.filled:
+            yield memoryview(self.buffer)[: self.filled]
+            self.filled = 0
+
+
+@dataclass
+class _Container:
+    """One parsed container: where its FIRST regions lie, file side and container side."""
+
+    index: int
+    ref: int
+    lo: np.ndarray  # FIRST regions' file ranges, file order
+    hi: np.ndarray
+    offset: np.ndarray  # where each region's bytes start in the container
+    groups: list[tuple[int, int]]  # (checkpoint id, pair count)
+    pairs: np.ndarray  # (k, 2) current node, previous node
+
+
+class IncrementalDecoder:
+    """codec.base.Decoder for incremental containers: replays the chain base..target into `out`."""
+
+    def rebuild(self, links: list[ChainLink], out: MutableFileView) -> None:
+        if not links:
+            raise ValueError("incremental restore: empty chain")
+        size = out.size
+        parsed: dict[int, _Container] = {}
+        chunk = None
+        for position, link in enumerate(links):
+            c, link_chunk = _parse(link, size, links)
+            if chunk is not None and link_chunk != chunk:
+                raise ValueError(f"checkpoint {link.index}: chunk size {link_chunk} differs from the chain's {chunk}")
+            chunk = link_chunk
+            expected_ref = link.index if position == 0 else links[position - 1].index
+            if c.ref != expected_ref:
+                what = "a full checkpoint (chain base)" if position == 0 else f"checkpoint {expected_ref}"
+                raise ValueError(f"checkpoint {link.index}: container refers to checkpoint {c.ref}, the chain has {what} there")
+            parsed[link.index] = c
+            _replay(link, c, parsed, {ln.index: ln for ln in links}, size, chunk, out)
+
+
+def _parse(link: ChainLink, size: int, links: list[ChainLink]) -> tuple[_Container, int]:
+    name = f"checkpoint {link.index}"
+    if link.size < HEADER.size:
+        raise ValueError(f"{name}: container of {link.size} bytes is shorter than its {HEADER.size}-byte header")
+    head = _read(link, 0, HEADER.size)
+    magic, version, hash_id, ref, index, chunk, data_len, n_first, n_shift = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise ValueError(f"{name}: not an incremental container (magic {magic!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise ValueError(f"{name}: container version {version}, this reader knows {VERSION}")
+    if hash_id not in merkle.HASH_IDS.values():
+        raise ValueError(f"{name}: unknown hash id {hash_id}")
+    if index != link.index:
+        raise ValueError(f"{name}: container says it is checkpoint {index}")
+    if data_len != size:
+        raise ValueError(f"{name}: container holds {data_len} logical bytes, the file has {size}")
+    if chunk < 1:
+        raise ValueError(f"{name}: chunk size 0")
+    head_len = HEADER.size + 4 * n_first + 4
+    if head_len > link.size:
+        raise ValueError(f"{name}: {n_first} FIRST regions do not fit in a container of {link.size} bytes")
+    n = merkle.leaf_count(size, chunk)
+    total = max(0, 2 * n - 1)
+    body = _read(link, HEADER.size, 4 * n_first + 4)
+    first = np.frombuffer(body[: 4 * n_first], "<u4").astype(np.int64)
+    (n_groups,) = struct.unpack_from("<I", body, 4 * n_first)
+    meta_len = head_len + 8 * n_groups + 8 * n_shift
+    if meta_len > link.size:
+        raise ValueError(f"{name}: {n_groups} groups and {n_shift} SHIFT pairs do not fit in a container of {link.size} bytes")
+    rest = np.frombuffer(_read(link, head_len, 8 * n_groups + 8 * n_shift), "<u4").astype(np.int64)
+    group_table = rest[: 2 * n_groups].reshape(-1, 2)
+    pairs = rest[2 * n_groups :].reshape(-1, 2)
+    if len(first) and first.max() >= total or len(pairs) and pairs.max() >= total:
+        raise ValueError(f"{name}: node id out of range (the tree of {size} bytes in {chunk}-byte chunks has {total} nodes)")
+    present = {ln.index for ln in links}
+    for ref_index, count in group_table.tolist():
+        if ref_index not in present or ref_index > index:
+            raise ValueError(f"{name}: SHIFT references point into checkpoint {ref_index}, which is not in the chain {sorted(present)}")
+    if int(group_table[:, 1].sum()) != n_shift:
+        raise ValueError(f"{name}: SHIFT groups hold {int(group_table[:, 1].sum())} pairs, the header says {n_shift}")
+    if len(np.unique(group_table[:, 0])) != n_groups:
+        raise ValueError(f"{name}: a checkpoint appears twice in the SHIFT groups")
+    lo, hi = merkle.node_spans(first, n, size, chunk)
+    if len(lo) > 1 and (lo[1:] < hi[:-1]).any():
+        raise ValueError(f"{name}: FIRST regions overlap or are out of file order")
+    lengths = hi - lo
+    offset = meta_len + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    if meta_len + int(lengths.sum()) != link.size:
+        raise ValueError(f"{name}: container is {link.size} bytes, its metadata and regions add up to {meta_len + int(lengths.sum())}")
+    groups = [(int(g), int(c)) for g, c in group_table.tolist()]
+    return _Container(index, ref, lo, hi, offset, groups, pairs), chunk
+
+
+def _replay(link, c: _Container, parsed, by_index, size, chunk, out: MutableFileView) -> None:
+    """Apply one container to `out` (which holds the previous checkpoint): FIRST regions from
+    this container, SHIFT pairs from the containers they point into (FIXED: nothing to do)."""
+    n = merkle.leaf_count(size, chunk)
+    if len(c.lo):
+        breaks = np.flatnonzero(c.lo[1:] != c.hi[:-1]) + 1
+        first_at = np.r_[0, breaks]
+        last_at = np.r_[breaks - 1, len(c.hi) - 1]
+        for start, end, src in zip(c.lo[first_at].tolist(), c.hi[last_at].tolist(), c.offset[first_at].tolist()):
+            _copy(link, src, out, start, end - start)
+    at = 0
+    for ref_index, count in c.groups:
+        pairs = c.pairs[at : at + count]
+        at += count
+        source = parsed[ref_index]
+        dst_lo, dst_hi = merkle.node_spans(pairs[:, 0], n, size, chunk)
+        src_lo, src_hi = merkle.node_spans(pairs[:, 1], n, size, chunk)
+        if ((dst_hi - dst_lo) != (src_hi - src_lo)).any():
+            raise ValueError(f"checkpoint {c.index}: a SHIFT pair joins nodes of different sizes")
+        region = np.searchsorted(source.lo, src_lo, "right") - 1
+        inside = (region >= 0) & (src_hi <= source.hi[np.maximum(region, 0)])
+        if not inside.all():
+            bad = int(pairs[np.flatnonzero(~inside)[0], 1])
+            raise ValueError(f"checkpoint {c.index}: SHIFT reference to node {bad} of checkpoint {ref_index}, which that container did not write")
+        src_off = source.offset[region] + (src_lo - source.lo[region])
+        for dst, length, src in zip(dst_lo.tolist(), (dst_hi - dst_lo).tolist(), src_off.tolist()):
+            _copy(by_index[ref_index], src, out, dst, length)
+
+
+def _copy(link: ChainLink, src: int, out: MutableFileView, dst: int, length: int) -> None:
+    done = 0
+    while done < length:
+        step = min(COPY_BYTES, length - done)
+        out.write_at(dst + done, _read(link, src + done, step))
+        done += step
+
+
+def _read(link: ChainLink, offset: int, nbytes: int) -> memoryview:
+    data = memoryview(link.read_at(offset, nbytes)).cast("B")
+    if len(data) != nbytes:
+        raise ValueError(f"checkpoint {link.index}: container ends at {offset + len(data)} bytes, {offset + nbytes} needed")
+    return data
