@@ -1,0 +1,522 @@
+"""LC-Checkpoint (Chen et al., 2020): lossy delta checkpoints of float state.
+
+The first checkpoint of a chain stores the state x0 in full. Checkpoint t stores only
+delta_t = x_t - xr_{t-1}, where xr is the state a restore rebuilds (so quantisation errors are
+corrected by the next delta instead of accumulating), quantised to n bits per element:
+
+1. bucket every delta element by its (sign, binary exponent): the sign and exponent field of the
+   float64 delta, which is frexp's (sign, exponent) for normal numbers; exact zeros get their own
+   bucket, which always maps to index 0;
+2. a bucket's representative is the midpoint of its smallest and largest delta;
+3. priority promotion: the 2^bits - 1 buckets with the largest |representative| keep an index
+   1..2^bits-1, every other element gets index 0 (it is not changed);
+4. the indices are entropy coded per segment, with canonical Huffman (huffman.py) or zstd.
+
+Restore replays the chain: xr_t = xr_{t-1} + representative[index], computed by `apply_delta` (the
+same numpy operations in the encoder and the decoder), so a restore is bit-identical to the
+encoder's xr_t; every container records xxh3_128(xr_t), which the decoder checks. Index 0 adds
+-0.0, the exact identity, so elements whose delta is exactly zero (state that changes sparsely)
+come back bit for bit.
+
+Error bound (per tensor, stats `error_bound` after dividing by the file's max|x|): every element
+of a float tensor satisfies
+
+    |x_t - xr_t| <= max( max over kept buckets b of (max_b - min_b) / 2,
+                         max over dropped buckets b of max(|min_b|, |max_b|) )
+                    +  ulp_dtype(M) + 3 ulp_float64(M)
+
+where min_b / max_b are the smallest / largest delta of bucket b at checkpoint t, M is the largest
+|value| among x_t, xr_{t-1} and xr_t in the tensor, and ulp_T(M) = numpy.spacing(T(M)). The last
+two terms cover rounding: the delta, the midpoint and the sum in float64, and the cast of the sum
+back into the tensor's dtype (for float16 tensors that cast dominates: about 1e-3 of M). The first
+term is reached: the extreme elements of the bucket it names are off by exactly that much.
+A kept bucket spans one binade [2^(e-1), 2^e), so its elements are off by less than half their
+own delta; more bits keep more buckets and only lower the second term.
+
+Float tensors are those of 2 (float16, the bfloat16 stand-in), 4 (float32) and 8 (float64) bytes
+per element; uint8 tensors, and a float tensor whose delta is not finite at some element, are
+stored raw in that checkpoint (then xr_t = x_t exactly).
+
+Streaming: per tensor, pass 1 reads x and xr_{t-1} segment by segment (`segment_elems` elements)
+and gathers the bucket counts, minima and maxima; pass 2 reads them again, quantises, writes xr_t
+back into the xr store in place and appends the coded segment to a spool (a scratch store, since
+zstd's size is not known up front). Peak memory is a few segments (about 12 float64 arrays of
+`segment_elems`), never a tensor.
+
+Container (little-endian; docs/checkpointing.md "Lossy checkpoints"):
+
+    file header   FILE_HEADER (72 bytes): magic, version, kind (0 full, 1 delta), coder, bits,
+                  index, chain base index, previous index (-1 for a full one), logical size,
+                  tensor count, segment_elems, xxh3_128 of the reconstructed logical bytes
+    per tensor    TENSOR_HEADER (32 bytes): mode (0 raw, 1 quantised), dtype bytes, symbols
+                  (kept buckets + 1), fill symbol, lane, element count, body bytes; then the body:
+      raw         the tensor's bytes
+      quantised   representatives (float64 x symbols, index 0 holds -0.0), code lengths
+                  (uint8 x symbols, Huffman only), then per segment: payload bytes (uint32),
+                  lane bit lengths (Huffman only, huffman.lane_dtype x lanes), payload
+                  (Huffman bit stream, or a zstd frame of uint8 indices)
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+import xxhash
+import zstandard
+
+from dlio_ckpt.codec import huffman
+from dlio_ckpt.codec.base import ChainLink, EncodedFile
+from dlio_ckpt.plan.model import TensorSpec
+from dlio_ckpt.state.base import FileView, MutableFileView
+
+MAGIC = b"DLCKLOSY"
+VERSION = 1
+FILE_HEADER = struct.Struct("<8sHBBB3xqqqQII16s")
+TENSOR_HEADER = struct.Struct("<BBHHHIQQ4x")
+SEGMENT_HEADER = struct.Struct("<I")
+KIND_FULL, KIND_DELTA = 0, 1
+MODE_RAW, MODE_QUANTISED = 0, 1
+CODERS = ("huffman", "zstd")
+FLOAT_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4"), 8: np.dtype("<f8")}
+ZERO_BUCKET = 4096  # buckets 0..4095 are the top 12 bits (sign, exponent) of a float64 delta
+N_BUCKETS = 4097
+DEFAULT_SEGMENT_ELEMS = 1 << 20
+ZSTD_LEVEL = 3
+
+
+def apply_delta(previous: np.ndarray, symbols: np.ndarray, representatives: np.ndarray) -> np.ndarray:
+    """xr_t for one segment: the one formula the encoder and the decoder share, so a restore is
+    bit-identical to what the encoder kept."""
+    return (previous.astype(np.float64) + representatives[symbols]).astype(previous.dtype)
+
+
+def rounding_slack(dtype: np.dtype, largest: float) -> float:
+    """ulp_dtype(M) + 3 ulp_float64(M): what rounding can add to an element's error (the delta,
+    the midpoint and the sum in float64, each within one float64 ulp at M; the cast back into
+    the tensor's dtype within one of its ulps)."""
+    largest = min(largest, float(np.finfo(dtype).max))
+    return float(np.spacing(dtype.type(largest))) + 3 * float(np.spacing(np.float64(largest)))
+
+
+def bucket_ids(delta: np.ndarray) -> np.ndarray:
+    """The (sign, exponent) bucket of each float64 delta element; ZERO_BUCKET for exact zeros."""
+    ids = (delta.view(np.uint64) >> np.uint64(52)).astype(np.intp)
+    ids[delta == 0] = ZERO_BUCKET
+    return ids
+
+
+@dataclass
+class _Chain:
+    """What the encoder keeps per file between checkpoints: the reconstructed state and the chain."""
+
+    xr: MutableFileView
+    indices: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Quantiser:
+    """One tensor's pass-1 result: which bucket becomes which index, and what the index adds."""
+
+    symbol_of_bucket: np.ndarray  # uint8 per bucket
+    representatives: np.ndarray  # float64 per symbol, [0] = -0.0
+    lengths: np.ndarray  # Huffman code length per symbol
+    fill: int  # the symbol when only one occurs
+    bound_abs: float  # the error bound before rounding (see the module docstring)
+    max_abs: float  # the largest |value| of x_t and xr_{t-1} seen in pass 1
+
+
+class _Spool:
+    """Appends to a scratch store and streams it back: the container before it is written."""
+
+    def __init__(self, store: MutableFileView) -> None:
+        self.store = store
+        self.size = 0
+
+    def append(self, data) -> None:
+        data = memoryview(data).cast("B")
+        if len(data):
+            self.store.write_at(self.size, data)
+            self.size += len(data)
+
+    def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
+        try:
+            offset = 0
+            while offset < self.size:
+                piece = self.store.read_at(offset, min(chunk_bytes, self.size - offset))
+                yield piece
+                offset += len(piece)
+        finally:
+            _close(self.store)
+
+
+def _close(store) -> None:
+    close = getattr(store, "close", None)
+    if close is not None:
+        close()
+
+
+def _segments(numel: int, segment_elems: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, numel, segment_elems):
+        yield start, min(segment_elems, numel - start)
+
+
+def _read(view: FileView, offset: int, nbytes: int, what: str) -> memoryview:
+    data = view.read_at(offset, nbytes)
+    if len(data) != nbytes:
+        raise ValueError(f"{what}: {len(data)} bytes at offset {offset}, expected {nbytes}")
+    return data
+
+
+def _container_bound(tensors: tuple[TensorSpec, ...], segment_elems: int, lane: int) -> int:
+    """An upper bound on a container's size, for the spool (it may be a sparse file)."""
+    total = FILE_HEADER.size
+    for t in tensors:
+        nseg = max(1, -(-t.numel // segment_elems))
+        lanes = -(-t.numel // lane) + nseg
+        coded = 9 * 256 + nseg * (SEGMENT_HEADER.size + 1024) + lanes * 4 + 2 * t.numel + t.numel // 128
+        total += TENSOR_HEADER.size + max(t.nbytes, coded)
+    return total
+
+
+class LossyEncoder:
+    """LC-Checkpoint encoder, per rank: one chain (and one xr store) per file key."""
+
+    name = "lossy"
+
+    def __init__(
+        self,
+        bits: int,
+        coder: str,
+        full_every: int,
+        tensors_of: Callable[[str], tuple[TensorSpec, ...]],
+        scratch: Callable[[int], MutableFileView],
+        segment_elems: int = DEFAULT_SEGMENT_ELEMS,
+        lane: int = huffman.DEFAULT_LANE,
+    ) -> None:
+        if not 1 <= bits <= 8:
+            raise ValueError(f"lossy bits must be 1 to 8 (got {bits})")
+        if coder not in CODERS:
+            raise ValueError(f"lossy coder must be one of {', '.join(CODERS)} (got {coder!r})")
+        self.bits = bits
+        self.coder = coder
+        self.full_every = full_every
+        self.tensors_of = tensors_of
+        self.scratch = scratch
+        self.segment_elems = segment_elems
+        self.lane = lane
+        self._chains: dict[str, _Chain] = {}
+
+    def reset(self) -> None:
+        for chain in self._chains.values():
+            _close(chain.xr)
+        self._chains.clear()
+
+    def encode(self, index: int, key: str, view: FileView) -> EncodedFile:
+        started = time.perf_counter()
+        tensors = self.tensors_of(key)
+        logical = sum(t.nbytes for t in tensors)
+        if logical != view.size:
+            raise ValueError(f"{key}: the tensors add up to {logical} bytes, the state view has {view.size}")
+        chain = self._chains.get(key)
+        full = chain is None or (self.full_every > 0 and len(chain.indices) >= self.full_every)
+        if chain is None or chain.xr.size != view.size:
+            if chain is not None:
+                _close(chain.xr)
+            chain = self._chains[key] = _Chain(self.scratch(view.size))
+        if full:
+            chain.indices = []
+        chain.indices.append(index)
+        spool = _Spool(self.scratch(_container_bound(tensors, self.segment_elems, self.lane)))
+        spool.size = FILE_HEADER.size  # the header goes in last, once the digest is known
+        run = _EncodeRun(self, key, view, chain.xr, spool)
+        for tensor, offset in zip(tensors, np.cumsum([0] + [t.nbytes for t in tensors[:-1]])):
+            run.tensor(tensor, int(offset), full)
+        kind = KIND_FULL if full else KIND_DELTA
+        previous = chain.indices[-2] if len(chain.indices) > 1 else -1
+        header = FILE_HEADER.pack(
+            MAGIC, VERSION, kind, CODERS.index(self.coder), self.bits, index, chain.indices[0], previous,
+            view.size, len(tensors), self.segment_elems, run.digest.digest(),
+        )
+        size = spool.size
+        spool.store.write_at(0, header)
+        metadata = run.metadata + FILE_HEADER.size
+        stats = {
+            "logical_bytes": view.size,
+            "bytes_written": size,
+            "metadata_bytes": metadata,
+            "compression_ratio": view.size / size if size else 0.0,
+            "max_rel_error": run.max_err / run.max_abs_x if run.max_abs_x else 0.0,
+            "rms_rel_error": float(np.sqrt(run.sq_err / run.sq_x)) if run.sq_x else 0.0,
+            "error_bound": run.bound_abs / run.max_abs_x if run.max_abs_x else 0.0,
+            "chain_length": len(chain.indices),
+            "coder": self.coder,
+            "bits": self.bits,
+            "full": full,
+        }
+        return EncodedFile(
+            nbytes=size,
+            chunks=spool.chunks,
+            metadata_bytes=metadata,
+            chain=tuple(chain.indices),
+            state_digest=run.digest.hexdigest(),
+            stats=stats,
+            encode_s=time.perf_counter() - started,
+        )
+
+
+class _EncodeRun:
+    """One file's encode: the two passes per tensor, the running digest of xr_t and error sums."""
+
+    def __init__(self, encoder: LossyEncoder, key: str, view: FileView, xr: MutableFileView, spool: _Spool) -> None:
+        self.enc = encoder
+        self.key = key
+        self.view = view
+        self.xr = xr
+        self.spool = spool
+        self.digest = xxhash.xxh3_128()
+        self.metadata = 0
+        self.max_err = 0.0
+        self.max_abs_x = 0.0
+        self.sq_err = 0.0
+        self.sq_x = 0.0
+        self.bound_abs = 0.0
+
+    def tensor(self, t: TensorSpec, offset: int, full: bool) -> None:
+        dtype = FLOAT_DTYPES.get(t.dtype_bytes)
+        quantiser = None if full or dtype is None else self._pass1(t, offset, dtype)
+        if quantiser is None:
+            self._raw(t, offset, dtype)
+        else:
+            self._pass2(t, offset, dtype, quantiser)
+
+    def _segment(self, t: TensorSpec, offset: int, dtype: np.dtype, start: int, n: int):
+        at = offset + start * t.dtype_bytes
+        what = f"{self.key} tensor {t.name}"
+        x = np.frombuffer(_read(self.view, at, n * t.dtype_bytes, what), dtype=dtype)
+        previous = np.frombuffer(_read(self.xr, at, n * t.dtype_bytes, what + " (reconstructed state)"), dtype=dtype)
+        return at, x, previous
+
+    def _pass1(self, t: TensorSpec, offset: int, dtype: np.dtype) -> _Quantiser | None:
+        counts = np.zeros(N_BUCKETS, dtype=np.int64)
+        lo = np.full(N_BUCKETS, np.inf)
+        hi = np.full(N_BUCKETS, -np.inf)
+        max_abs = 0.0
+        for start, n in _segments(t.numel, self.enc.segment_elems):
+            _, x, previous = self._segment(t, offset, dtype, start, n)
+            delta = x.astype(np.float64) - previous.astype(np.float64)
+            if not np.isfinite(delta).all():
+                return None  # stored raw this time: LC's buckets need finite deltas
+            ids = bucket_ids(delta)
+            counts += np.bincount(ids, minlength=N_BUCKETS)
+            np.minimum.at(lo, ids, delta)
+            np.maximum.at(hi, ids, delta)
+            if n:
+                max_abs = max(max_abs, float(np.abs(x).max()), float(np.abs(previous).max()))
+        nonempty = np.flatnonzero(counts[:ZERO_BUCKET])
+        mid = (lo[nonempty] + hi[nonempty]) / 2
+        order = np.lexsort((nonempty, -np.abs(mid)))
+        keep = order[: (1 << self.enc.bits) - 1]
+        dropped = order[len(keep):]
+        symbol_of_bucket = np.zeros(N_BUCKETS, dtype=np.uint8)
+        symbol_of_bucket[nonempty[keep]] = np.arange(1, len(keep) + 1)
+        representatives = np.concatenate(([-0.0], mid[keep]))
+        symbol_counts = np.bincount(symbol_of_bucket, weights=counts, minlength=len(representatives)).astype(np.int64)
+        used = np.flatnonzero(symbol_counts)
+        kept_b = nonempty[keep]
+        half = float(((hi[kept_b] - lo[kept_b]) / 2).max()) if len(keep) else 0.0
+        dropped_b = nonempty[dropped]
+        lost = float(np.maximum(np.abs(lo[dropped_b]), np.abs(hi[dropped_b])).max()) if len(dropped) else 0.0
+        return _Quantiser(
+            symbol_of_bucket=symbol_of_bucket,
+            representatives=representatives,
+            lengths=huffman.code_lengths(symbol_counts),
+            fill=int(used[0]) if len(used) == 1 else 0,
+            bound_abs=max(half, lost),
+            max_abs=max_abs,
+        )
+
+    def _raw(self, t: TensorSpec, offset: int, dtype: np.dtype | None) -> None:
+        self.spool.append(TENSOR_HEADER.pack(MODE_RAW, t.dtype_bytes, 0, 0, 0, 0, t.numel, t.nbytes))
+        self.metadata += TENSOR_HEADER.size
+        step = self.enc.segment_elems * t.dtype_bytes
+        for at in range(offset, offset + t.nbytes, step):
+            n = min(step, offset + t.nbytes - at)
+            data = _read(self.view, at, n, f"{self.key} tensor {t.name}")
+            self.spool.append(data)
+            self.xr.write_at(at, data)
+            self.digest.update(data)
+            if dtype is not None and n:
+                x = np.frombuffer(data, dtype=dtype).astype(np.float64)
+                self.max_abs_x = max(self.max_abs_x, float(np.abs(x).max()))
+                self.sq_x += float(np.dot(x, x))
+
+    def _pass2(self, t: TensorSpec, offset: int, dtype: np.dtype, q: _Quantiser) -> None:
+        huff = self.enc.coder == "huffman"
+        nsym = len(q.representatives)
+        tables = q.representatives.astype("<f8").tobytes() + (q.lengths.astype(np.uint8).tobytes() if huff else b"")
+        header_at = self.spool.size
+        self.spool.size += TENSOR_HEADER.size
+        self.spool.append(tables)
+        meta = TENSOR_HEADER.size + len(tables)
+        compressor = None if huff else zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        max_new = 0.0
+        for start, n in _segments(t.numel, self.enc.segment_elems):
+            at, x, previous = self._segment(t, offset, dtype, start, n)
+            delta = x.astype(np.float64) - previous.astype(np.float64)
+            symbols = q.symbol_of_bucket[bucket_ids(delta)]
+            new = apply_delta(previous, symbols, q.representatives)
+            if huff:
+                lane_bits, payload = huffman.encode(symbols, q.lengths, self.enc.lane)
+                head = SEGMENT_HEADER.pack(len(payload)) + lane_bits.tobytes()
+            else:
+                payload = compressor.compress(symbols.tobytes())
+                head = SEGMENT_HEADER.pack(len(payload))
+            self.spool.append(head)
+            self.spool.append(payload)
+            meta += len(head)
+            self.xr.write_at(at, new)
+            self.digest.update(new)
+            x64 = x.astype(np.float64)
+            err = x64 - new.astype(np.float64)
+            if n:
+                self.max_err = max(self.max_err, float(np.abs(err).max()))
+                self.max_abs_x = max(self.max_abs_x, float(np.abs(x64).max()))
+                max_new = max(max_new, float(np.abs(new).max()))
+            self.sq_err += float(np.dot(err, err))
+            self.sq_x += float(np.dot(x64, x64))
+        body = self.spool.size - header_at - TENSOR_HEADER.size
+        self.spool.store.write_at(
+            header_at, TENSOR_HEADER.pack(MODE_QUANTISED, t.dtype_bytes, nsym, q.fill, 0, self.enc.lane, t.numel, body)
+        )
+        self.metadata += meta
+        self.bound_abs = max(self.bound_abs, q.bound_abs + rounding_slack(dtype, max(q.max_abs, max_new)))
+
+
+class LossyDecoder:
+    """Rebuilds a file from its LC-Checkpoint chain. The containers describe their tensors, so
+    `tensors_of` is accepted for symmetry with the encoder and not needed."""
+
+    def __init__(self, tensors_of: Callable[[str], tuple[TensorSpec, ...]] | None = None) -> None:
+        self.tensors_of = tensors_of
+
+    def rebuild(self, links: list[ChainLink], out: MutableFileView) -> None:
+        if not links:
+            raise ValueError("lossy restore: the chain is empty")
+        digest = b""
+        for position, link in enumerate(links):
+            header = self._header(link, position, links, out)
+            digest = header[-1]
+            self._replay(link, header, out)
+        actual = xxhash.xxh3_128()
+        for piece in out.stream(1 << 22):
+            actual.update(piece)
+        if actual.digest() != digest:
+            raise ValueError(
+                f"lossy checkpoint {links[-1].index}: the rebuilt state's digest {actual.hexdigest()} "
+                f"differs from the one recorded ({digest.hex()})"
+            )
+
+    @staticmethod
+    def _header(link: ChainLink, position: int, links: list[ChainLink], out: MutableFileView) -> tuple:
+        where = f"lossy checkpoint {link.index}"
+        if link.size < FILE_HEADER.size:
+            raise ValueError(f"{where}: container of {link.size} bytes is shorter than its header")
+        header = FILE_HEADER.unpack(bytes(_read_link(link, 0, FILE_HEADER.size)))
+        magic, version, kind, coder, _bits, index, base, previous, size = header[:9]
+        if magic != MAGIC or version != VERSION:
+            raise ValueError(f"{where}: not a lossy container (magic {magic!r}, version {version})")
+        if coder >= len(CODERS):
+            raise ValueError(f"{where}: unknown coder {coder}")
+        if index != link.index:
+            raise ValueError(f"{where}: the container says it is checkpoint {index}")
+        if size != out.size:
+            raise ValueError(f"{where}: holds {size} logical bytes, the restore expects {out.size}")
+        if position == 0:
+            if kind != KIND_FULL:
+                raise ValueError(f"{where}: the chain starts with a delta (on {previous}), not a full checkpoint")
+        elif kind != KIND_DELTA or base != links[0].index or previous != links[position - 1].index:
+            raise ValueError(
+                f"{where}: is a delta on checkpoint {previous} of the chain from {base}, "
+                f"but follows checkpoint {links[position - 1].index} of the chain from {links[0].index}"
+            )
+        return header
+
+    def _replay(self, link: ChainLink, header: tuple, out: MutableFileView) -> None:
+        where = f"lossy checkpoint {link.index}"
+        coder = CODERS[header[3]]
+        ntensors, segment_elems = header[9], header[10]
+        if segment_elems <= 0:
+            raise ValueError(f"{where}: segment size {segment_elems}")
+        pos = FILE_HEADER.size
+        offset = 0
+        decompressor = zstandard.ZstdDecompressor()
+        for number in range(ntensors):
+            mode, dtype_bytes, nsym, fill, _, lane, numel, body = TENSOR_HEADER.unpack(
+                bytes(_read_link(link, pos, TENSOR_HEADER.size))
+            )
+            pos += TENSOR_HEADER.size
+            end = pos + body
+            if end > link.size or offset + numel * dtype_bytes > out.size:
+                raise ValueError(f"{where}: tensor {number} runs past the end of the container or the state")
+            if mode == MODE_RAW:
+                if body != numel * dtype_bytes:
+                    raise ValueError(f"{where}: raw tensor {number} has {body} bytes for {numel} elements")
+                step = segment_elems * dtype_bytes
+                for at in range(0, body, step):
+                    out.write_at(offset + at, _read_link(link, pos + at, min(step, body - at)))
+            elif mode == MODE_QUANTISED and dtype_bytes in FLOAT_DTYPES and 1 <= nsym <= 256 and lane > 0:
+                self._quantised(link, pos, end, coder, FLOAT_DTYPES[dtype_bytes], nsym, fill, lane, numel,
+                                segment_elems, offset, out, decompressor)
+            else:
+                raise ValueError(f"{where}: tensor {number} has an unknown layout (mode {mode}, {dtype_bytes}-byte elements)")
+            pos = end
+            offset += numel * dtype_bytes
+        if pos != link.size or offset != out.size:
+            raise ValueError(f"{where}: the tensors cover {pos} of {link.size} container bytes and {offset} of {out.size} state bytes")
+
+    @staticmethod
+    def _quantised(link, pos, end, coder, dtype, nsym, fill, lane, numel, segment_elems, offset, out, decompressor) -> None:
+        where = f"lossy checkpoint {link.index}"
+        huff = coder == "huffman"
+        representatives = np.frombuffer(bytes(_read_link(link, pos, 8 * nsym)), dtype="<f8")
+        pos += 8 * nsym
+        lengths = None
+        if huff:
+            lengths = np.frombuffer(bytes(_read_link(link, pos, nsym)), dtype=np.uint8)
+            pos += nsym
+        lane_type = huffman.lane_dtype(lane)
+        for start, n in _segments(numel, segment_elems):
+            (size,) = SEGMENT_HEADER.unpack(bytes(_read_link(link, pos, SEGMENT_HEADER.size)))
+            pos += SEGMENT_HEADER.size
+            if huff:
+                lanes = -(-n // lane)
+                lane_bits = np.frombuffer(bytes(_read_link(link, pos, lanes * lane_type.itemsize)), dtype=lane_type)
+                pos += lanes * lane_type.itemsize
+            if pos + size > end:
+                raise ValueError(f"{where}: a segment runs past its tensor's end")
+            payload = _read_link(link, pos, size)
+            pos += size
+            if huff:
+                symbols = huffman.decode(payload, lane_bits, n, lengths, lane, fill)
+            else:
+                symbols = np.frombuffer(decompressor.decompress(bytes(payload), max_output_size=n), dtype=np.uint8)
+            if len(symbols) != n or (n and int(symbols.max()) >= nsym):
+                raise ValueError(f"{where}: a segment decodes to symbols outside its table")
+            at = offset + start * dtype.itemsize
+            previous = np.frombuffer(out.read_at(at, n * dtype.itemsize), dtype=dtype)
+            out.write_at(at, apply_delta(previous, symbols, representatives))
+        if pos != end:
+            raise ValueError(f"{where}: a quantised tensor's segments end at {pos}, its body at {end}")
+
+
+def _read_link(link: ChainLink, offset: int, nbytes: int) -> memoryview:
+    if offset + nbytes > link.size:
+        raise ValueError(f"lossy checkpoint {link.index}: read of {nbytes} bytes at {offset} past the container's {link.size}")
+    data = link.read_at(offset, nbytes)
+    if len(data) != nbytes:
+        raise ValueError(f"lossy checkpoint {link.index}: got {len(data)} of {nbytes} bytes at offset {offset}")
+    return data

@@ -1,0 +1,281 @@
+"""LC-Checkpoint codec (codec/lossy.py) and its Huffman coder (codec/huffman.py), without MPI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xxhash
+
+from dlio_ckpt.codec import huffman
+from dlio_ckpt.codec.base import ChainLink
+from dlio_ckpt.codec.lossy import FILE_HEADER, LossyDecoder, LossyEncoder
+from dlio_ckpt.plan.model import TensorSpec
+from dlio_ckpt.state.base import BytesView
+
+N = 50_000
+SEGMENT = 16_384  # several segments per tensor, a partial last one
+LANE = 1000
+
+
+# ---------------------------------------------------------------- Huffman
+
+
+def _round_trip(symbols: np.ndarray, alphabet: int) -> bytes:
+    counts = np.bincount(symbols, minlength=alphabet)
+    lengths = huffman.code_lengths(counts)
+    lane_bits, data = huffman.encode(symbols, lengths, LANE)
+    assert len(data) == -(-huffman.encoded_bits(counts, lengths) // 8)
+    fill = int(np.flatnonzero(counts)[0]) if np.count_nonzero(counts) == 1 else 0
+    back = huffman.decode(data, lane_bits, len(symbols), lengths, LANE, fill)
+    np.testing.assert_array_equal(back, symbols)
+    return data
+
+
+@pytest.mark.parametrize("n", [1, LANE - 1, LANE, LANE + 1, 3 * LANE + 7])
+def test_huffman_round_trip_skewed(n):
+    rng = np.random.default_rng(n)
+    symbols = np.minimum(rng.geometric(0.6, n) - 1, 7).astype(np.uint8)
+    _round_trip(symbols, 8)
+
+
+def test_huffman_skewed_beats_fixed_width():
+    symbols = np.minimum(np.random.default_rng(1).geometric(0.7, 20_000) - 1, 7).astype(np.uint8)
+    assert len(_round_trip(symbols, 8)) * 8 < 1.6 * len(symbols)  # entropy ~1.3 bits, fixed width 3
+
+
+def test_huffman_single_symbol_is_empty():
+    assert _round_trip(np.full(5000, 5, dtype=np.uint8), 8) == b""
+
+
+def test_huffman_all_256_symbols():
+    symbols = np.random.default_rng(2).integers(0, 256, 30_000).astype(np.uint8)
+    data = _round_trip(symbols, 256)
+    assert len(data) == 30_000  # uniform: every code 8 bits
+
+
+def test_huffman_lengths_are_limited_and_complete():
+    fib = [1, 1]
+    while len(fib) < 40:
+        fib.append(fib[-1] + fib[-2])
+    lengths = huffman.code_lengths(np.array(fib))
+    assert lengths.max() <= huffman.MAX_LEN
+    assert sum(2.0 ** -int(length) for length in lengths) == 1.0  # Kraft equality: a complete code
+
+
+def test_huffman_rejects_lane_lengths_that_do_not_fit():
+    symbols = np.arange(8, dtype=np.uint8).repeat(300)
+    lengths = huffman.code_lengths(np.bincount(symbols))
+    lane_bits, data = huffman.encode(symbols, lengths, LANE)
+    with pytest.raises(ValueError, match="lane lengths"):
+        huffman.decode(data[:-1], lane_bits, len(symbols), lengths, LANE)
+
+
+# ---------------------------------------------------------------- LC-Checkpoint
+
+TENSORS = (
+    TensorSpec("w32", N, 4, "model"),
+    TensorSpec("w16", 3000, 2, "model"),
+    TensorSpec("ids", 777, 1, "model"),
+    TensorSpec("m64", 5000, 8, "optimizer"),
+)
+DTYPES = ("<f4", "<f2", None, "<f8")
+
+
+def _state(weights: np.ndarray, raw: np.ndarray) -> bytearray:
+    parts = []
+    for tensor, dtype in zip(TENSORS, DTYPES):
+        parts.append(raw.tobytes() if dtype is None else weights[: tensor.numel].astype(dtype).tobytes())
+    return bytearray(b"".join(parts))
+
+
+def _floats(data: bytes) -> np.ndarray:
+    """The float elements of a state, as float64, read independently of the codec."""
+    out, at = [], 0
+    for tensor, dtype in zip(TENSORS, DTYPES):
+        if dtype is not None:
+            out.append(np.frombuffer(data[at : at + tensor.nbytes], dtype=dtype).astype(np.float64))
+        at += tensor.nbytes
+    return np.concatenate(out)
+
+
+def _sgd_states(steps: int, seed: int = 0, lr: float = 1e-3):
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0, 0.02, N)
+    raw = rng.integers(0, 256, TENSORS[2].numel, dtype=np.uint8)
+    for step in range(steps):
+        if step:
+            weights = weights + lr * 0.02 * rng.standard_t(3, N)
+            raw = raw.copy()
+            raw[rng.integers(0, len(raw), 20)] = rng.integers(0, 256, 20, dtype=np.uint8)
+        yield _state(weights, raw)
+
+
+def _encoder(bits=3, coder="huffman", full_every=0):
+    return LossyEncoder(bits, coder, full_every, lambda key: TENSORS, lambda size: BytesView(bytearray(size)),
+                        segment_elems=SEGMENT, lane=LANE)
+
+
+class _Chain:
+    """Encodes checkpoints and restores them through the decoder, as the engine would."""
+
+    def __init__(self, encoder: LossyEncoder) -> None:
+        self.encoder = encoder
+        self.containers: dict[int, bytes] = {}
+
+    def write(self, index: int, state: bytearray):
+        encoded = self.encoder.encode(index, "model_states.pt", BytesView(state))
+        data = b"".join(bytes(piece) for piece in encoded.chunks(4096))
+        assert len(data) == encoded.nbytes
+        self.containers[index] = data
+        return encoded
+
+    def links(self, chain) -> list[ChainLink]:
+        return [
+            ChainLink(i, len(self.containers[i]), lambda offset, n, d=self.containers[i]: memoryview(d)[offset : offset + n])
+            for i in chain
+        ]
+
+    def restore(self, chain, size: int) -> bytes:
+        out = bytearray(size)
+        LossyDecoder(lambda key: TENSORS).rebuild(self.links(chain), BytesView(out))
+        return bytes(out)
+
+
+@pytest.mark.parametrize("coder", ["huffman", "zstd"])
+def test_restore_is_bit_identical_to_the_encoders_state(coder):
+    chain = _Chain(_encoder(coder=coder))
+    for index, state in enumerate(_sgd_states(4)):
+        encoded = chain.write(index, state)
+        assert encoded.chain == tuple(range(index + 1))
+        restored = chain.restore(encoded.chain, len(state))
+        assert xxhash.xxh3_128(restored).hexdigest() == encoded.state_digest
+        stats = encoded.stats
+        assert stats["bytes_written"] == encoded.nbytes and stats["logical_bytes"] == len(state)
+        assert stats["chain_length"] == index + 1 and stats["coder"] == coder
+        if index == 0:
+            assert restored == bytes(state) and encoded.nbytes > len(state)
+        else:
+            assert stats["compression_ratio"] > 5
+
+
+@pytest.mark.parametrize("coder", ["huffman", "zstd"])
+def test_error_stays_within_the_bound_of_the_kept_buckets(coder):
+    chain = _Chain(_encoder(coder=coder))
+    for index, state in enumerate(_sgd_states(4)):
+        encoded = chain.write(index, state)
+        x = _floats(bytes(state))
+        err = np.abs(x - _floats(chain.restore(encoded.chain, len(state)))).max() / np.abs(x).max()
+        assert err == pytest.approx(encoded.stats["max_rel_error"], rel=1e-12, abs=1e-300)
+        assert err <= encoded.stats["error_bound"]
+        if index:
+            assert 0 < err and encoded.stats["error_bound"] < 1.5 * err  # not a vacuous bound
+
+
+def test_more_bits_give_smaller_error():
+    rms, maxima, sizes = [], [], []
+    for bits in (1, 2, 3, 4, 8):  # from ~5 bits on every non-empty bucket is kept
+        encoder = _encoder(bits=bits)
+        for index, state in enumerate(_sgd_states(2)):
+            encoded = encoder.encode(index, "f", BytesView(state))
+            list(encoded.chunks(1 << 20))
+        rms.append(encoded.stats["rms_rel_error"])
+        maxima.append(encoded.stats["max_rel_error"])
+        sizes.append(encoded.nbytes)
+    assert all(b < a for a, b in zip(rms[:4], rms[1:4])) and rms[4] <= rms[3], rms
+    assert all(b <= a for a, b in zip(maxima, maxima[1:])), maxima
+    assert sizes[0] < sizes[-1]
+
+
+def test_unchanged_elements_come_back_exact_and_zero_deltas_cost_nothing():
+    rng = np.random.default_rng(3)
+    weights = rng.normal(0, 0.02, N)
+    raw = rng.integers(0, 256, TENSORS[2].numel, dtype=np.uint8)
+    weights[7] = -0.0  # signed zero survives too: index 0 adds -0.0
+    chain = _Chain(_encoder())
+    first = _state(weights, raw)
+    chain.write(0, first)
+    same = chain.write(1, _state(weights, raw))
+    assert same.nbytes < 2000 and same.stats["max_rel_error"] == 0  # only headers and tables
+    changed = rng.choice(N, N // 100, replace=False)
+    weights2 = weights.copy()
+    weights2[changed] += rng.normal(0, 0.01, len(changed))
+    encoded = chain.write(2, _state(weights2, raw))
+    restored = chain.restore(encoded.chain, len(first))
+    unchanged = np.setdiff1d(np.arange(N), changed)
+    before = np.frombuffer(bytes(first[: 4 * N]), dtype="<u4")
+    after = np.frombuffer(restored[: 4 * N], dtype="<u4")
+    np.testing.assert_array_equal(after[unchanged], before[unchanged])
+    assert not np.array_equal(after[changed], before[changed])
+
+
+def test_uint8_tensors_are_stored_raw_and_exact():
+    chain = _Chain(_encoder())
+    start = sum(t.nbytes for t in TENSORS[:2])
+    for index, state in enumerate(_sgd_states(3)):
+        encoded = chain.write(index, state)
+        restored = chain.restore(encoded.chain, len(state))
+        assert restored[start : start + 777] == bytes(state[start : start + 777])
+
+
+def test_non_finite_values_are_stored_raw():
+    states = list(_sgd_states(2))
+    weights = np.frombuffer(bytes(states[1][: 4 * N]), dtype="<f4").copy()
+    weights[5] = np.inf
+    states[1][: 4 * N] = weights.tobytes()
+    chain = _Chain(_encoder())
+    chain.write(0, states[0])
+    encoded = chain.write(1, states[1])
+    restored = chain.restore(encoded.chain, len(states[1]))
+    assert restored[: 4 * N] == bytes(states[1][: 4 * N])
+
+
+def test_full_every_starts_a_new_chain():
+    chain = _Chain(_encoder(full_every=2))
+    seen = []
+    for index, state in enumerate(_sgd_states(5)):
+        encoded = chain.write(index, state)
+        seen.append(encoded.chain)
+        restored = chain.restore(encoded.chain, len(state))
+        assert xxhash.xxh3_128(restored).hexdigest() == encoded.state_digest
+    assert seen == [(0,), (0, 1), (2,), (2, 3), (4,)]
+    assert chain.containers[2][:8] == chain.containers[0][:8] and len(chain.containers[2]) > len(state)
+
+
+def test_reset_makes_the_next_checkpoint_full():
+    encoder = _encoder()
+    states = list(_sgd_states(3))
+    for index in range(2):
+        list(encoder.encode(index, "f", BytesView(states[index])).chunks(1 << 20))
+    encoder.reset()
+    encoded = encoder.encode(2, "f", BytesView(states[2]))
+    assert encoded.chain == (2,) and encoded.stats["full"]
+
+
+def test_broken_chains_and_corrupt_containers_are_rejected():
+    chain = _Chain(_encoder())
+    for index, state in enumerate(_sgd_states(3)):
+        chain.write(index, state)
+    size = len(state)
+    with pytest.raises(ValueError, match="checkpoint 2: is a delta on checkpoint 1"):
+        chain.restore((0, 2), size)
+    with pytest.raises(ValueError, match="starts with a delta"):
+        chain.restore((1, 2), size)
+    good = chain.containers[2]
+    chain.containers[2] = b"XXXXXXXX" + good[8:]
+    with pytest.raises(ValueError, match="checkpoint 2: not a lossy container"):
+        chain.restore((0, 1, 2), size)
+    flipped = bytearray(good)
+    flipped[-10] ^= 0x5A  # inside the last coded segment
+    chain.containers[2] = bytes(flipped)
+    with pytest.raises(ValueError, match="checkpoint 2"):
+        chain.restore((0, 1, 2), size)
+    chain.containers[2] = good[:-1]
+    with pytest.raises(ValueError, match="checkpoint 2"):
+        chain.restore((0, 1, 2), size)
+    chain.containers[2] = good
+    assert xxhash.xxh3_128(chain.restore((0, 1, 2), size)).digest() == good[FILE_HEADER.size - 16 : FILE_HEADER.size]
+
+
+def test_tensor_sizes_must_match_the_view():
+    with pytest.raises(ValueError, match="tensors add up to"):
+        _encoder().encode(0, "f", BytesView(bytearray(10)))
