@@ -1,0 +1,226 @@
+"""The evolving state (dlio_ckpt/state): scratch store, update models, RankState."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import typing
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from ckpt_util import make_ctx
+from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.fileio import tensor_key
+from dlio_ckpt.config.load import load_config
+from dlio_ckpt.config.schema import CheckpointConfig
+from dlio_ckpt.content import ByteSource
+from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.plan.checkpoint import PlannedFile
+from dlio_ckpt.plan.model import TensorSpec
+from dlio_ckpt.state.base import BytesView
+from dlio_ckpt.state.models import UPDATE_MODELS
+from dlio_ckpt.state.rank_state import RankState
+from dlio_ckpt.state.store import ScratchStore
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE = ByteSource(seed=5, pool_bytes=4 << 20)
+# A file whose float tensors start off their element alignment (an odd uint8 tensor first).
+MIXED = PlannedFile("mixed/{step}.bin", 0, (TensorSpec("bytes", 1001, 1, "model"), TensorSpec("half", 30001, 2, "model"),
+                                            TensorSpec("single", 70003, 4, "optimizer"), TensorSpec("double", 9000, 8, "optimizer")))
+# 4,096 units of 256 bytes, every unit inside one float32 tensor.
+ALIGNED = PlannedFile("aligned/{step}.bin", 1, (TensorSpec("w", 4096 * 64, 4, "model"),))
+
+
+@pytest.fixture(scope="module")
+def base_cfg() -> CheckpointConfig:
+    return load_config([]).checkpoint
+
+
+def state(cfg, files, seed=7, **changes) -> RankState:
+    return RankState(files, dataclasses.replace(cfg, **changes), seed, SOURCE)
+
+
+def file_bytes(st: RankState, pf: PlannedFile) -> bytes:
+    return b"".join(bytes(p) for p in st.view(pf).stream(1 << 16))
+
+
+def units_of(data: bytes, unit: int) -> list[bytes]:
+    return [data[i : i + unit] for i in range(0, len(data), unit)]
+
+
+def floats_finite(data: bytes, pf: PlannedFile) -> bool:
+    at = 0
+    for t in pf.tensors:
+        if t.dtype_bytes > 1 and not np.isfinite(np.frombuffer(data[at : at + t.nbytes], dtype=t.dtype)).all():
+            return False
+        at += t.nbytes
+    return True
+
+
+# scratch store ------------------------------------------------------------------------------
+@pytest.mark.parametrize("memory_limit", [1 << 20, 0])
+def test_scratch_store_round_trip_in_memory_and_in_an_unlinked_file(tmp_path, memory_limit):
+    data = np.random.default_rng(1).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    with ScratchStore(len(data), str(tmp_path), memory_limit=memory_limit) as store:
+        assert store.in_memory == (memory_limit > 0)
+        assert os.listdir(tmp_path) == []  # the file is unlinked at once: a crash leaves nothing
+        assert bytes(store.read_at(0, 10)) == bytes(10)
+        store.write_at(0, data[:1000])
+        store.write_at(1000, data[1000:])
+        assert bytes(store.read_at(123_456, 1000)) == data[123_456:124_456]
+        assert bytes(store.read_at(len(data) - 5, 100)) == data[-5:]
+        assert b"".join(bytes(p) for p in store.stream(65536)) == data
+        with pytest.raises(ValueError):
+            store.write_at(len(data) - 1, b"ab")
+
+
+# random -------------------------------------------------------------------------------------
+def test_random_state_is_the_bytes_the_engine_writes(tmp_path):
+    ctx = make_ctx(tmp_path)
+    engine = make_checkpoint_engine(ctx)
+    engine.save(3, 1)
+    engine.finish()
+    files = engine.plan.files_by_rank[0]
+    st = RankState(files, ctx.config.checkpoint, ctx.config.seed, engine.source)
+    st.advance(3)
+    assert files
+    for pf in files:
+        on_disk = (Path(engine.folder_path(3)) / pf.path_for(3)).read_bytes()
+        assert file_bytes(st, pf) == on_disk
+        assert st.digest(pf) == xxhash.xxh3_128_hexdigest(on_disk)
+
+
+def test_random_tensor_chunks_are_the_source_items_piece_for_piece(base_cfg):
+    st = state(base_cfg, (MIXED,))
+    st.advance(9)
+    for t in MIXED.tensors:
+        ours = [bytes(p) for p in st.tensor_chunks(MIXED, t, 4096)]
+        theirs = [bytes(p) for p in SOURCE.chunks(tensor_key(MIXED.owner, t.name, 9), t.nbytes, 4096)]
+        assert ours == theirs
+
+
+def test_random_read_at_across_tensors_matches_the_stream(base_cfg):
+    st = state(base_cfg, (MIXED,))
+    whole = file_bytes(st, MIXED)
+    view = st.view(MIXED)
+    for offset, n in [(0, 10), (995, 20), (1001, 60002), (50_000, 300_000), (len(whole) - 7, 100)]:
+        assert bytes(view.read_at(offset, n)) == whole[offset : offset + n]
+
+
+# sparse -------------------------------------------------------------------------------------
+def test_sparse_is_deterministic_whatever_else_the_rank_holds(base_cfg):
+    a = state(base_cfg, (MIXED, ALIGNED), update="sparse", update_chunk_bytes=512, update_fraction=0.1, update_moves=0.1)
+    b = state(base_cfg, (ALIGNED, MIXED), update="sparse", update_chunk_bytes=512, update_fraction=0.1, update_moves=0.1)
+    alone = state(base_cfg, (MIXED,), update="sparse", update_chunk_bytes=512, update_fraction=0.1, update_moves=0.1)
+    other_seed = state(base_cfg, (MIXED,), seed=8, update="sparse", update_chunk_bytes=512, update_fraction=0.1,
+                       update_moves=0.1)
+    for st in (a, b, alone, other_seed):
+        st.advance(2)
+        st.advance(5)
+    assert a.digest(MIXED) == b.digest(MIXED) == alone.digest(MIXED) != other_seed.digest(MIXED)
+    assert a.digest(ALIGNED) == b.digest(ALIGNED)
+
+
+def test_sparse_changes_the_expected_fraction_of_units(base_cfg):
+    fraction, steps, unit = 0.02, 5, 256
+    st = state(base_cfg, (ALIGNED,), update="sparse", update_chunk_bytes=unit, update_fraction=fraction)
+    before = units_of(file_bytes(st, ALIGNED), unit)
+    st.advance(steps)
+    after = units_of(file_bytes(st, ALIGNED), unit)
+    changed = sum(x != y for x, y in zip(before, after))
+    n = len(before)
+    p = 1 - (1 - fraction) ** steps
+    assert abs(changed - n * p) < 5 * (n * p * (1 - p)) ** 0.5, (changed, n * p)
+    st.advance(steps)  # no-op: same step
+    assert units_of(file_bytes(st, ALIGNED), unit) == after
+
+
+def test_sparse_moves_keep_the_multiset_of_units(base_cfg):
+    unit = 256
+    st = state(base_cfg, (ALIGNED,), update="sparse", update_chunk_bytes=unit, update_fraction=0.0, update_moves=0.25)
+    before = units_of(file_bytes(st, ALIGNED), unit)
+    st.advance(1)
+    after = units_of(file_bytes(st, ALIGNED), unit)
+    assert Counter(before) == Counter(after)
+    assert sum(x != y for x, y in zip(before, after)) == round(0.25 * len(before))
+
+
+def test_sparse_floats_stay_finite_and_change_only_in_chosen_units(base_cfg):
+    st = state(base_cfg, (MIXED,), update="sparse", update_chunk_bytes=64, update_fraction=0.3, update_moves=0.2)
+    assert floats_finite(file_bytes(st, MIXED), MIXED)
+    for step in (1, 2, 4, 8):
+        st.advance(step)
+        assert floats_finite(file_bytes(st, MIXED), MIXED)
+
+
+def test_load_round_trip_and_resume_equality(base_cfg):
+    kw = dict(update="sparse", update_chunk_bytes=512, update_fraction=0.05, update_moves=0.05)
+    run = state(base_cfg, (MIXED,), **kw)
+    run.advance(4)
+    saved = file_bytes(run, MIXED)
+    resumed = state(base_cfg, (MIXED,), **kw)
+    resumed.load(MIXED, BytesView(bytearray(saved)), 4)
+    assert resumed.step == 4 and resumed.digest(MIXED) == run.digest(MIXED)
+    run.advance(9)
+    resumed.advance(9)
+    assert resumed.digest(MIXED) == run.digest(MIXED) != xxhash.xxh3_128_hexdigest(saved)
+
+
+def test_random_load_holds_the_restored_bytes_until_the_next_step(base_cfg):
+    st = state(base_cfg, (MIXED,))
+    fresh = state(base_cfg, (MIXED,))
+    restored = bytes(MIXED.payload_bytes)
+    st.load(MIXED, BytesView(bytearray(restored)), 6)
+    assert file_bytes(st, MIXED) == restored
+    st.advance(7)
+    fresh.advance(7)
+    assert file_bytes(st, MIXED) == file_bytes(fresh, MIXED)
+    with pytest.raises(ValueError):
+        st.advance(6)
+
+
+def test_update_model_names_come_from_one_registry():
+    assert set(UPDATE_MODELS.names()) == set(typing.get_args(typing.get_type_hints(CheckpointConfig)["update"]))
+    with pytest.raises(ConfigError, match="sparse"):
+        UPDATE_MODELS.canonical("sprase")
+
+
+MEMORY_SCRIPT = """
+import dataclasses, sys
+from dlio_ckpt.config.load import load_config
+from dlio_ckpt.content import ByteSource
+from dlio_ckpt.plan.checkpoint import PlannedFile
+from dlio_ckpt.plan.model import TensorSpec
+from dlio_ckpt.state.rank_state import RankState
+
+def rss(field):
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) * 1024 for l in status if l.startswith(field))
+
+cfg = dataclasses.replace(load_config([]).checkpoint, update=sys.argv[1], state_dir=sys.argv[2],
+                          update_fraction=0.05, update_moves=0.01)
+source = ByteSource(seed=1, pool_bytes=4 << 20)
+pf = PlannedFile("big/{step}.bin", 0, (TensorSpec("w", 32 << 20, 4, "model"), TensorSpec("o", 16 << 20, 8, "optimizer")))
+st = RankState((pf,), cfg, 3, source)
+base = rss("VmRSS:")
+st.advance(2)
+st.advance(5)
+st.digest(pf)
+print(rss("VmHWM:") - base)
+"""
+
+
+@pytest.mark.parametrize("model", ["sparse"])
+def test_a_256_mib_state_keeps_memory_bounded(tmp_path, model):
+    result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, model, str(tmp_path)], capture_output=True,
+                            text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    growth = int(result.stdout.split()[-1])
+    assert growth < 64 << 20, f"peak RSS grew by {growth >> 20} MiB"
+    assert os.listdir(tmp_path) == []
