@@ -46,7 +46,7 @@ class _Chain:
 
     size: int
     indices: list[int]
-    previous: np.ndarray  # the last checkpoint's node digests
+    previous: np.ndarray  # the last checkpoint's leaf digests ((n, 16), file order): FIXED is 'same as there'
     table: merkle.FirstOccurrences = field(default_factory=merkle.FirstOccurrences)
 
 
@@ -80,16 +80,16 @@ class IncrementalEncoder:
         leaf_digests, state_digest = merkle.hash_leaves(view, chunk, self.hash_name)
         heights = merkle.node_heights(n)
         digests = merkle.build_tree(leaf_digests, self.hash_name, heights)
-        del leaf_digests
         if chain is None:
-            chain = _Chain(size=size, indices=[], previous=digests)
+            chain = _Chain(size=size, indices=[], previous=leaf_digests)
             previous = None
         else:
             previous = chain.previous
         ref = chain.indices[-1] if chain.indices else index
         labelling = merkle.label_tree(digests, previous, chain.table, index, heights)
+        del digests
         chain.indices.append(index)
-        chain.previous = digests
+        chain.previous = leaf_digests
         self._chains[key] = chain
 
         lo, hi = merkle.node_spans(labelling.first_roots, n, size, chunk)
@@ -98,7 +98,8 @@ class IncrementalEncoder:
         data_bytes = int((hi - lo).sum())
         nbytes = len(metadata) + data_bytes
         bitmap = -(-n // 8)
-        changed_bytes = _changed_bytes(digests, previous, n, size, chunk)
+        short = n * chunk - size  # what the last leaf lacks of a whole chunk
+        changed_bytes = labelling.changed_leaves * chunk - (short if labelling.last_leaf_changed else 0)
         stats = {
             "logical_bytes": size,
             "bytes_written": nbytes,
@@ -129,18 +130,6 @@ class IncrementalEncoder:
         )
 
 
-def _changed_bytes(digests, previous, n, size, chunk) -> int:
-    """Bytes of the leaves whose digest differs from the same leaf last time (the baselines)."""
-    if n == 0:
-        return 0
-    if previous is None:
-        return size
-    leaves = merkle.leaf_nodes(n)
-    changed = (merkle._keys(digests)[leaves] != merkle._keys(previous)[leaves]).any(axis=1)
-    last_short = size - (n - 1) * chunk
-    return int(changed.sum()) * chunk - (chunk - last_short if changed[-1] else 0)
-
-
 def _metadata(hash_name, ref, index, chunk, size, labelling, groups, counts) -> bytes:
     header = HEADER.pack(MAGIC, VERSION, merkle.HASH_IDS[hash_name], ref, index, chunk, size, len(labelling.first_roots), len(labelling.shift_roots))
     group_table = np.stack([groups, counts], axis=1).astype("<u4") if len(groups) else np.zeros((0, 2), "<u4")
@@ -162,17 +151,14 @@ def _emit(view: FileView, metadata: bytes, lo: np.ndarray, hi: np.ndarray, piece
     until the next piece) so storage sees large writes; large ones pass through uncopied."""
     packer = _Packer(piece_bytes)
     yield from packer.add(memoryview(metadata))
-    if len(lo):
-        breaks = np.flatnonzero(lo[1:] != hi[:-1]) + 1
-        starts, ends = lo[np.r_[0, breaks]], hi[np.r_[breaks - 1, len(hi) - 1]]
-        for start, end in zip(starts.tolist(), ends.tolist()):
-            at = start
-            while at < end:
-                piece = view.read_at(at, min(piece_bytes, end - at))
-                if not len(piece):
-                    raise EOFError(f"state view ended at {at} of {view.size} bytes while writing a checkpoint")
-                yield from packer.add(memoryview(piece).cast("B"))
-                at += len(piece)
+    for start, length, _ in _runs(lo, hi, lo):
+        at, end = start, start + length
+        while at < end:
+            piece = view.read_at(at, min(piece_bytes, end - at))
+            if not len(piece):
+                raise EOFError(f"state view ended at {at} of {view.size} bytes while writing a checkpoint")
+            yield from packer.add(memoryview(piece).cast("B"))
+            at += len(piece)
     yield from packer.flush()
 
 
@@ -294,12 +280,8 @@ def _replay(link, c: _Container, parsed, by_index, size, chunk, out: MutableFile
     """Apply one container to `out` (which holds the previous checkpoint): FIRST regions from
     this container, SHIFT pairs from the containers they point into (FIXED: nothing to do)."""
     n = merkle.leaf_count(size, chunk)
-    if len(c.lo):
-        breaks = np.flatnonzero(c.lo[1:] != c.hi[:-1]) + 1
-        first_at = np.r_[0, breaks]
-        last_at = np.r_[breaks - 1, len(c.hi) - 1]
-        for start, end, src in zip(c.lo[first_at].tolist(), c.hi[last_at].tolist(), c.offset[first_at].tolist()):
-            _copy(link, src, out, start, end - start)
+    for dst, length, src in _runs(c.lo, c.hi, c.offset):
+        _copy(link, src, out, dst, length)
     at = 0
     for ref_index, count in c.groups:
         pairs = c.pairs[at : at + count]
@@ -315,8 +297,20 @@ def _replay(link, c: _Container, parsed, by_index, size, chunk, out: MutableFile
             bad = int(pairs[np.flatnonzero(~inside)[0], 1])
             raise ValueError(f"checkpoint {c.index}: SHIFT reference to node {bad} of checkpoint {ref_index}, which that container did not write")
         src_off = source.offset[region] + (src_lo - source.lo[region])
-        for dst, length, src in zip(dst_lo.tolist(), (dst_hi - dst_lo).tolist(), src_off.tolist()):
+        for dst, length, src in _runs(dst_lo, dst_hi, src_off):
             _copy(by_index[ref_index], src, out, dst, length)
+
+
+def _runs(lo: np.ndarray, hi: np.ndarray, src: np.ndarray) -> list[tuple[int, int, int]]:
+    """(destination, length, source) copies, consecutive ones that continue each other on both
+    sides joined (adjacent FIRST regions, a moved block referenced node by node): fewer reads."""
+    if not len(lo):
+        return []
+    lengths = hi - lo
+    joins = (lo[1:] == hi[:-1]) & (src[1:] == src[:-1] + lengths[:-1])
+    starts = np.flatnonzero(np.r_[True, ~joins])
+    ends = np.r_[starts[1:], len(lo)] - 1
+    return list(zip(lo[starts].tolist(), (hi[ends] - lo[starts]).tolist(), src[starts].tolist()))
 
 
 def _copy(link: ChainLink, src: int, out: MutableFileView, dst: int, length: int) -> None:
