@@ -14,7 +14,12 @@ def make_checkpoint_engine(ctx: Any):
     from dlio_ckpt.checkpoint.engine import CheckpointEngineImpl
     from dlio_ckpt.checkpoint.registry import STRATEGIES
 
-    return CheckpointEngineImpl(ctx, STRATEGIES.load(ctx.config.checkpoint.strategy))
+    strategy = STRATEGIES.load(ctx.config.checkpoint.strategy)
+    if ctx.config.checkpoint.levels:
+        from dlio_ckpt.checkpoint.levels import MultiLevelEngine
+
+        return MultiLevelEngine(ctx, strategy)
+    return CheckpointEngineImpl(ctx, strategy)
 
 
 __all__ = ["make_checkpoint_engine"]

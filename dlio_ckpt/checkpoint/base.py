@@ -31,6 +31,7 @@ class CheckpointRecord:
     committed: bool = False  # the manifest is on disk (async: set when the persist is committed)
     peak_rss_bytes: int = 0
     verify_s: float = 0.0  # reading data files back for their checksums (formats that seek back), not in write_s
+    level: str = ""  # checkpoint.levels: the level the checkpoint was written to ("": a single level)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,6 +49,7 @@ class RestoreRecord:
     folder: str = ""
     skipped: list[str] = field(default_factory=list)  # newer checkpoints rejected, with the reason
     peak_rss_bytes: int = 0
+    level: str = ""  # checkpoint.levels: the level the checkpoint was restored from ("": a single level)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

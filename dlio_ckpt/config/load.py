@@ -253,6 +253,7 @@ def check_job(config: RunConfig, world_size: int, free_space: bool = True) -> No
     check_memory(config, world_size)
     check_dependencies(config)
     check_paths(config)
+    check_level_paths(config)
     check_storage(config)
     if free_space:
         check_free_space(config, world_size)
@@ -525,3 +526,55 @@ def check_consistency(config: RunConfig) -> None:
                           "set it to 1 or more")
     if config.evaluation.enabled and ds.num_files_eval < 1:
         raise ConfigError("evaluation.enabled: needs dataset.num_files_eval >= 1")
+    check_levels(config)
+
+
+def check_levels(config: RunConfig) -> None:
+    """checkpoint.levels: a usable tier list (docs/levels.md): the first level takes every
+    checkpoint and is written by the ranks, intervals rise, names and folders differ."""
+    levels = config.checkpoint.levels
+    if not levels:
+        return
+    key = "checkpoint.levels"
+    if config.mode in ("checkpoint", "restore"):
+        raise ConfigError(f"{key}: mode={config.mode} measures one checkpoint folder; clear {key} (levels apply to training runs)")
+    if levels[0].every != 1 or levels[0].write != "direct":
+        raise ConfigError(f"{key}[0]: the first (fastest) level takes every checkpoint: set every: 1 and write: direct "
+                          f"(got every: {levels[0].every}, write: {levels[0].write})")
+    from dlio_ckpt.storage import BACKENDS
+
+    names: set[str] = set()
+    folders: set[str] = set()
+    for number, level in enumerate(levels):
+        if number and level.every <= levels[number - 1].every:
+            raise ConfigError(f"{key}[{number}].every: intervals rise from the fastest level to the slowest "
+                              f"({level.every} after {levels[number - 1].every}); list the levels fastest first")
+        if level.name in names:
+            raise ConfigError(f"{key}[{number}].name: '{level.name}' names two levels; give each its own name")
+        folder = os.path.realpath(level.path) if level.path else ""
+        if folder in folders:
+            raise ConfigError(f"{key}[{number}].path: '{level.path or 'storage.root/checkpoint.folder'}' is already "
+                              "another level's folder; give each level its own folder")
+        if level.backend:
+            dataclasses.replace(BACKENDS, key=f"{key}[{number}].backend").canonical(level.backend)
+        names.add(level.name)
+        folders.add(folder)
+
+
+def check_level_paths(config: RunConfig) -> None:
+    """Each level folder of its own on a local file system can be made and written (nothing written)."""
+    from dlio_ckpt.config.paths import _file_in_the_way
+
+    for number, level in enumerate(config.checkpoint.levels if config.checkpoint.enabled else ()):
+        if not level.path or (level.backend or config.storage.backend) != "posix":
+            continue  # the run's own folder (check_paths), or an object store's prefix (its backend's check)
+        path = os.path.abspath(level.path)
+        blocker = _file_in_the_way(path)
+        if blocker is not None:
+            raise ConfigError(f"checkpoint.levels[{number}].path: '{level.path}' cannot be a folder: {blocker} is a file; "
+                              "choose a folder path")
+        from dlio_ckpt.storage.posix import nearest_existing
+
+        if not os.access(nearest_existing(path), os.W_OK | os.X_OK):
+            raise ConfigError(f"checkpoint.levels[{number}].path: no permission to write in {nearest_existing(path)}; "
+                              "choose a writable folder")

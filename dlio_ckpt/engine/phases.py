@@ -115,6 +115,7 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
             "eval_wall_s": result.eval_wall_s,
             "checkpoints": [record.as_dict() for record in checkpoints.records],
             "restore": restore.as_dict() if restore is not None else None,
+            "levels": checkpoints.level_report() if hasattr(checkpoints, "level_report") else None,
         }
         if config.checkpoint.enabled:
             sections["checkpoint"] = _checkpoint_section(config)
@@ -145,6 +146,11 @@ def _checkpoint_section(config: Any) -> Callable[[list[dict[str, Any]]], dict[st
         from dlio_ckpt.checkpoint.report import checkpoint_summary
 
         wall = max(r["train_wall_s"] for r in everyone)
-        return checkpoint_summary([r["checkpoints"] for r in everyone], [r["restore"] for r in everyone], wall, config)
+        summary = checkpoint_summary([r["checkpoints"] for r in everyone], [r["restore"] for r in everyone], wall, config)
+        if config.checkpoint.levels:
+            from dlio_ckpt.checkpoint.levels_report import levels_summary
+
+            summary["levels"] = levels_summary([r.get("levels") for r in everyone])
+        return summary
 
     return build
