@@ -88,10 +88,11 @@ DEFAULT_SEGMENT_ELEMS = 1 << 20
 ZSTD_LEVEL = 3
 
 
-def apply_delta(previous: np.ndarray, symbols: np.ndarray, representatives: np.ndarray) -> np.ndarray:
-    """xr_t for one segment: the one formula the encoder and the decoder share, so a restore is
-    bit-identical to what the encoder kept."""
-    return (previous.astype(np.float64) + representatives[symbols]).astype(previous.dtype)
+def apply_delta(previous: np.ndarray, symbols: np.ndarray, representatives: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """xr_t for one segment from xr_{t-1} in float64 (exact for every float dtype): the one
+    formula the encoder and the decoder share, so a restore is bit-identical to what the encoder
+    kept."""
+    return (previous + representatives[symbols]).astype(dtype)
 
 
 def rounding_slack(dtype: np.dtype, largest: float) -> float:
@@ -126,7 +127,6 @@ class _Quantiser:
     lengths: np.ndarray  # Huffman code length per symbol
     fill: int  # the symbol when only one occurs
     bound_abs: float  # the error bound before rounding (see the module docstring)
-    max_abs: float  # the largest |value| of x_t and xr_{t-1} seen in pass 1
 
 
 class _Spool:
@@ -252,6 +252,7 @@ class LossyEncoder:
             "max_rel_error": run.max_err / run.max_abs_x if run.max_abs_x else 0.0,
             "rms_rel_error": float(np.sqrt(run.sq_err / run.sq_x)) if run.sq_x else 0.0,
             "error_bound": run.bound_abs / run.max_abs_x if run.max_abs_x else 0.0,
+            "kept_fraction": run.kept / run.floats if run.floats and not full else 0.0,
             "chain_length": len(chain.indices),
             "coder": self.coder,
             "bits": self.bits,
@@ -284,9 +285,12 @@ class _EncodeRun:
         self.sq_err = 0.0
         self.sq_x = 0.0
         self.bound_abs = 0.0
+        self.kept = 0  # float elements with a non-zero index
+        self.floats = 0
 
     def tensor(self, t: TensorSpec, offset: int, full: bool) -> None:
         dtype = FLOAT_DTYPES.get(t.dtype_bytes)
+        self.floats += t.numel if dtype is not None else 0
         quantiser = None if full or dtype is None else self._pass1(t, offset, dtype)
         if quantiser is None:
             self._raw(t, offset, dtype)
@@ -296,26 +300,23 @@ class _EncodeRun:
     def _segment(self, t: TensorSpec, offset: int, dtype: np.dtype, start: int, n: int):
         at = offset + start * t.dtype_bytes
         what = f"{self.key} tensor {t.name}"
-        x = np.frombuffer(_read(self.view, at, n * t.dtype_bytes, what), dtype=dtype)
+        x = np.frombuffer(_read(self.view, at, n * t.dtype_bytes, what), dtype=dtype).astype(np.float64)
         previous = np.frombuffer(_read(self.xr, at, n * t.dtype_bytes, what + " (reconstructed state)"), dtype=dtype)
-        return at, x, previous
+        return at, x, previous.astype(np.float64)
 
     def _pass1(self, t: TensorSpec, offset: int, dtype: np.dtype) -> _Quantiser | None:
         counts = np.zeros(N_BUCKETS, dtype=np.int64)
         lo = np.full(N_BUCKETS, np.inf)
         hi = np.full(N_BUCKETS, -np.inf)
-        max_abs = 0.0
         for start, n in _segments(t.numel, self.enc.segment_elems):
             _, x, previous = self._segment(t, offset, dtype, start, n)
-            delta = x.astype(np.float64) - previous.astype(np.float64)
+            delta = x - previous
             if not np.isfinite(delta).all():
                 return None  # stored raw this time: LC's buckets need finite deltas
             ids = bucket_ids(delta)
             counts += np.bincount(ids, minlength=N_BUCKETS)
             np.minimum.at(lo, ids, delta)
             np.maximum.at(hi, ids, delta)
-            if n:
-                max_abs = max(max_abs, float(np.abs(x).max()), float(np.abs(previous).max()))
         nonempty = np.flatnonzero(counts[:ZERO_BUCKET])
         mid = (lo[nonempty] + hi[nonempty]) / 2
         order = np.lexsort((nonempty, -np.abs(mid)))
@@ -336,7 +337,6 @@ class _EncodeRun:
             lengths=huffman.code_lengths(symbol_counts),
             fill=int(used[0]) if len(used) == 1 else 0,
             bound_abs=max(half, lost),
-            max_abs=max_abs,
         )
 
     def _raw(self, t: TensorSpec, offset: int, dtype: np.dtype | None) -> None:
@@ -363,12 +363,11 @@ class _EncodeRun:
         self.spool.append(tables)
         meta = TENSOR_HEADER.size + len(tables)
         compressor = None if huff else zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        max_new = 0.0
+        largest = 0.0  # M of the error bound: max |x_t|, |xr_{t-1}|, |xr_t|
         for start, n in _segments(t.numel, self.enc.segment_elems):
             at, x, previous = self._segment(t, offset, dtype, start, n)
-            delta = x.astype(np.float64) - previous.astype(np.float64)
-            symbols = q.symbol_of_bucket[bucket_ids(delta)]
-            new = apply_delta(previous, symbols, q.representatives)
+            symbols = q.symbol_of_bucket[bucket_ids(x - previous)]
+            new = apply_delta(previous, symbols, q.representatives, dtype)
             if huff:
                 lane_bits, payload = huffman.encode(symbols, q.lengths, self.enc.lane)
                 head = SEGMENT_HEADER.pack(len(payload)) + lane_bits.tobytes()
@@ -380,20 +379,21 @@ class _EncodeRun:
             meta += len(head)
             self.xr.write_at(at, new)
             self.digest.update(new)
-            x64 = x.astype(np.float64)
-            err = x64 - new.astype(np.float64)
+            err = x - new
+            self.kept += int(np.count_nonzero(symbols))
             if n:
+                top_x = float(np.abs(x).max())
                 self.max_err = max(self.max_err, float(np.abs(err).max()))
-                self.max_abs_x = max(self.max_abs_x, float(np.abs(x64).max()))
-                max_new = max(max_new, float(np.abs(new).max()))
+                self.max_abs_x = max(self.max_abs_x, top_x)
+                largest = max(largest, top_x, float(np.abs(previous).max()), float(np.abs(new).max()))
             self.sq_err += float(np.dot(err, err))
-            self.sq_x += float(np.dot(x64, x64))
+            self.sq_x += float(np.dot(x, x))
         body = self.spool.size - header_at - TENSOR_HEADER.size
         self.spool.store.write_at(
             header_at, TENSOR_HEADER.pack(MODE_QUANTISED, t.dtype_bytes, nsym, q.fill, 0, self.enc.lane, t.numel, body)
         )
         self.metadata += meta
-        self.bound_abs = max(self.bound_abs, q.bound_abs + rounding_slack(dtype, max(q.max_abs, max_new)))
+        self.bound_abs = max(self.bound_abs, q.bound_abs + rounding_slack(dtype, largest))
 
 
 class LossyDecoder:
@@ -507,8 +507,8 @@ class LossyDecoder:
             if len(symbols) != n or (n and int(symbols.max()) >= nsym):
                 raise ValueError(f"{where}: a segment decodes to symbols outside its table")
             at = offset + start * dtype.itemsize
-            previous = np.frombuffer(out.read_at(at, n * dtype.itemsize), dtype=dtype)
-            out.write_at(at, apply_delta(previous, symbols, representatives))
+            previous = np.frombuffer(out.read_at(at, n * dtype.itemsize), dtype=dtype).astype(np.float64)
+            out.write_at(at, apply_delta(previous, symbols, representatives, dtype))
         if pos != end:
             raise ValueError(f"{where}: a quantised tensor's segments end at {pos}, its body at {end}")
 
