@@ -171,6 +171,42 @@ def _read(view: FileView, offset: int, nbytes: int, what: str) -> memoryview:
     return data
 
 
+def _offsets(tensors: tuple[TensorSpec, ...]) -> list[int]:
+    """Where each tensor starts in the file's logical bytes."""
+    return [int(at) for at in np.cumsum([0] + [t.nbytes for t in tensors[:-1]])]
+
+
+def _raw_header(t: TensorSpec) -> bytes:
+    return TENSOR_HEADER.pack(MODE_RAW, t.dtype_bytes, 0, 0, 0, 0, t.numel, t.nbytes)
+
+
+def _full_chunks(header: bytes, tensors: tuple[TensorSpec, ...], xr: FileView, chunk_bytes: int) -> Iterator[memoryview]:
+    """A full container straight from xr (= x_t), in pieces of exactly `chunk_bytes` (the last
+    shorter): headers and tensor bytes are copied into fresh buffers, so the small headers never
+    become writes of their own."""
+
+    def parts() -> Iterator:
+        yield header
+        for t, offset in zip(tensors, _offsets(tensors)):
+            yield _raw_header(t)
+            for at in range(offset, offset + t.nbytes, chunk_bytes):
+                yield _read(xr, at, min(chunk_bytes, offset + t.nbytes - at), f"tensor {t.name} (reconstructed state)")
+
+    buffer, filled = bytearray(chunk_bytes), 0
+    for part in parts():
+        part = memoryview(part).cast("B")
+        while len(part):
+            take = min(len(part), chunk_bytes - filled)
+            buffer[filled : filled + take] = part[:take]
+            filled += take
+            part = part[take:]
+            if filled == chunk_bytes:
+                yield memoryview(buffer)
+                buffer, filled = bytearray(chunk_bytes), 0
+    if filled:
+        yield memoryview(buffer)[:filled]
+
+
 def _container_bound(tensors: tuple[TensorSpec, ...], segment_elems: int, lane: int) -> int:
     """An upper bound on a container's size, for the spool (it may be a sparse file)."""
     total = FILE_HEADER.size
@@ -230,19 +266,26 @@ class LossyEncoder:
         if full:
             chain.indices = []
         chain.indices.append(index)
-        spool = _Spool(self.scratch(_container_bound(tensors, self.segment_elems, self.lane)))
-        spool.size = FILE_HEADER.size  # the header goes in last, once the digest is known
+        spool = None
+        if not full:  # a full container is streamed from xr, a delta one spooled (its size comes last)
+            spool = _Spool(self.scratch(_container_bound(tensors, self.segment_elems, self.lane)))
+            spool.size = FILE_HEADER.size  # the header goes in last, once the digest is known
         run = _EncodeRun(self, key, view, chain.xr, spool)
-        for tensor, offset in zip(tensors, np.cumsum([0] + [t.nbytes for t in tensors[:-1]])):
-            run.tensor(tensor, int(offset), full)
+        for tensor, offset in zip(tensors, _offsets(tensors)):
+            run.tensor(tensor, offset, full)
         kind = KIND_FULL if full else KIND_DELTA
         previous = chain.indices[-2] if len(chain.indices) > 1 else -1
         header = FILE_HEADER.pack(
             MAGIC, VERSION, kind, CODERS.index(self.coder), self.bits, index, chain.indices[0], previous,
             view.size, len(tensors), self.segment_elems, run.digest.digest(),
         )
-        size = spool.size
-        spool.store.write_at(0, header)
+        if full:
+            size = FILE_HEADER.size + sum(TENSOR_HEADER.size + t.nbytes for t in tensors)
+            chunks = lambda chunk_bytes: _full_chunks(header, tensors, chain.xr, chunk_bytes)  # noqa: E731
+        else:
+            size = spool.size
+            spool.store.write_at(0, header)
+            chunks = spool.chunks
         metadata = run.metadata + FILE_HEADER.size
         stats = {
             "logical_bytes": view.size,
@@ -260,7 +303,7 @@ class LossyEncoder:
         }
         return EncodedFile(
             nbytes=size,
-            chunks=spool.chunks,
+            chunks=chunks,
             metadata_bytes=metadata,
             chain=tuple(chain.indices),
             state_digest=run.digest.hexdigest(),
@@ -272,7 +315,7 @@ class LossyEncoder:
 class _EncodeRun:
     """One file's encode: the two passes per tensor, the running digest of xr_t and error sums."""
 
-    def __init__(self, encoder: LossyEncoder, key: str, view: FileView, xr: MutableFileView, spool: _Spool) -> None:
+    def __init__(self, encoder: LossyEncoder, key: str, view: FileView, xr: MutableFileView, spool: _Spool | None) -> None:
         self.enc = encoder
         self.key = key
         self.view = view
@@ -340,13 +383,16 @@ class _EncodeRun:
         )
 
     def _raw(self, t: TensorSpec, offset: int, dtype: np.dtype | None) -> None:
-        self.spool.append(TENSOR_HEADER.pack(MODE_RAW, t.dtype_bytes, 0, 0, 0, 0, t.numel, t.nbytes))
+        """The tensor as it is: xr_t = x_t, and into the spool unless the container is streamed."""
+        if self.spool is not None:
+            self.spool.append(_raw_header(t))
         self.metadata += TENSOR_HEADER.size
         step = self.enc.segment_elems * t.dtype_bytes
         for at in range(offset, offset + t.nbytes, step):
             n = min(step, offset + t.nbytes - at)
             data = _read(self.view, at, n, f"{self.key} tensor {t.name}")
-            self.spool.append(data)
+            if self.spool is not None:
+                self.spool.append(data)
             self.xr.write_at(at, data)
             self.digest.update(data)
             if dtype is not None and n:
