@@ -107,7 +107,8 @@ def _two_checkpoints(tmp_path, extra=()):
 def test_torn_checkpoint_without_manifest_falls_back(tmp_path, capsys):
     ctx, engine = _two_checkpoints(tmp_path)
     # a rank killed mid-write: data files of step 3 on disk, no commit
-    engine.write_planned(engine.plan.files_by_rank[0], 3, lambda pf: engine.source_chunks(pf.owner, 3))
+    engine.state.advance(3)
+    engine.write_planned(engine.plan.files_by_rank[0], 3, lambda pf: engine.payload(pf, 2))
     assert not (Path(engine.root) / engine.layout.folder(3) / MANIFEST_NAME).exists()
     restored = make_checkpoint_engine(ctx).restore()
     assert restored.verified and restored.checkpoint_step == 2

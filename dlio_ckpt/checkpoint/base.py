@@ -31,6 +31,10 @@ class CheckpointRecord:
     committed: bool = False  # the manifest is on disk (async: set when the persist is committed)
     peak_rss_bytes: int = 0
     verify_s: float = 0.0  # reading data files back for their checksums (formats that seek back), not in write_s
+    encoding: str = "full"  # checkpoint.encoding
+    logical_bytes: int = 0  # the state this rank's files represent (its own files, whoever wrote them)
+    encode_s: float = 0.0  # encoding this rank's files (hashing, quantising): in blocking_s when synchronous
+    codec: dict = field(default_factory=dict)  # the codec's figures over this rank's files (encoded.merge_stats)
     level: str = ""  # checkpoint.levels: the level the checkpoint was written to ("": a single level)
 
     def as_dict(self) -> dict[str, Any]:
@@ -50,6 +54,10 @@ class RestoreRecord:
     skipped: list[str] = field(default_factory=list)  # newer checkpoints rejected, with the reason
     peak_rss_bytes: int = 0
     level: str = ""  # checkpoint.levels: the level the checkpoint was restored from ("": a single level)
+    resume: dict = field(default_factory=dict)  # the training loop's resume point saved with the checkpoint
+    state_digests: dict = field(default_factory=dict)  # file key -> xxh3_128 of the restored state (rebuilt or loaded)
+    chain_length: int = 0  # checkpoints read to rebuild the restored one (1: a full checkpoint)
+    encoding: str = "full"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

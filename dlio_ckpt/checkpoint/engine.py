@@ -19,11 +19,15 @@ import json
 import os
 import sys
 import time
+from contextlib import closing
 from typing import Any, Callable, Iterator
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
 from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, tensor_key,
                                          verify_file, write_file, write_framework_file)
+from dlio_ckpt.checkpoint.encoded import (Payload, Window, check_encoding, digest_view, encoded_payload, make_decoder,
+                                         make_encoder, payload_offset, tensor_chunks_of)
+from dlio_ckpt.codec.base import ChainLink
 from dlio_ckpt.checkpoint.formats import get_format
 from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
 from dlio_ckpt.checkpoint.registry import canonical_strategy
@@ -41,7 +45,10 @@ from dlio_ckpt.plan.model import TensorSpec
 class CheckpointEngineImpl:
     """One rank's checkpoint engine; `strategy` decides who writes what, and when."""
 
-    def __init__(self, ctx: Any, strategy_cls: type, plan: CheckpointPlan | None = None) -> None:
+    def __init__(self, ctx: Any, strategy_cls: type, plan: CheckpointPlan | None = None, root: str | None = None,
+                 storage: Any = None, state: Any = None) -> None:
+        """`root`, `storage` and `state` let several engines (the levels of a multi-level setup)
+        share one rank's evolving state while each writes to its own tier."""
         self.ctx = ctx
         self.config = ctx.config
         self.cfg = ctx.config.checkpoint
@@ -56,13 +63,19 @@ class CheckpointEngineImpl:
         # Formats whose framework opens and names its own files (TensorFlow) are staged per rank
         # and merged by the coordinator at commit; see formats.py.
         self.framework_writes = bool(getattr(self.fmt, "writes_paths", False))
-        self.storage = ctx.storage.with_phase("checkpoint")
-        self.restore_storage = ctx.storage.with_phase("restore")
-        self.root = ctx.checkpoint_root()
+        check_encoding(self.cfg)
+        base_storage = storage if storage is not None else ctx.storage
+        self.storage = base_storage.with_phase("checkpoint")
+        self.restore_storage = base_storage.with_phase("restore")
+        self.root = root or ctx.checkpoint_root()
         self.triggers = Triggers.from_config(self.cfg)
         self.records: list[CheckpointRecord] = []
         self.strategy_name = canonical_strategy(self.cfg.strategy)
         self._source: ByteSource | None = None
+        self._state = state
+        self._encoder: Any = None
+        self._resume: dict[int, dict] = {}  # step -> the loop's resume point, until its manifest is written
+        self._steps: dict[int, int] = {}  # checkpoint index -> step, for the chains of encoded checkpoints
         self._last_step = -1
         self._last_time = time.monotonic()
         self.strategy = strategy_cls(self)
@@ -77,13 +90,37 @@ class CheckpointEngineImpl:
                                       zeros=self.cfg.content == "zeros")
         return self._source
 
-    def source_chunks(self, owner: int, step: int) -> Callable[[TensorSpec], Iterator[memoryview]]:
-        chunk = self.cfg.write_chunk_bytes
+    @property
+    def state(self) -> Any:
+        """This rank's evolving model state (checkpoint.update), over the files it owns."""
+        if self._state is None:
+            from dlio_ckpt.state.rank_state import RankState
 
-        def chunks(tensor: TensorSpec) -> Iterator[memoryview]:
-            return self.source.chunks(tensor_key(owner, tensor.name, step), tensor.nbytes, chunk)
+            self._state = RankState(self.plan.files_by_rank[self.world.rank], self.cfg, self.config.seed, self.source)
+        return self._state
 
-        return chunks
+    @property
+    def encoder(self) -> Any:
+        """This rank's encoder (None for checkpoint.encoding=full); it remembers earlier checkpoints."""
+        if self._encoder is None and self.cfg.encoding != "full":
+            self._encoder = make_encoder(self.cfg, self.plan.files_by_rank[self.world.rank])
+        return self._encoder
+
+    def payload(self, pf: PlannedFile, index: int, view: Any = None) -> Payload:
+        """What to write for `pf` at checkpoint `index`: from the live state, or from `view` (an
+        async snapshot of it). Encoding runs here, so its time is the caller's: blocking for a
+        synchronous save, in the persist thread for async."""
+        if self.encoder is None:
+            if view is None and pf.owner != self.world.rank and self.cfg.update == "random":
+                # A plan of more ranks than run (tests, serial single_writer): random state is a
+                # function of (owner, tensor, step), so any rank can produce any owner's bytes.
+                step, chunk = self._last_step, self.cfg.write_chunk_bytes
+                return Payload(pf.tensors, lambda t: self.source.chunks(tensor_key(pf.owner, t.name, step), t.nbytes, chunk))
+            if view is None:
+                return Payload(pf.tensors, lambda t: self.state.tensor_chunks(pf, t, self.cfg.write_chunk_bytes))
+            return Payload(pf.tensors, tensor_chunks_of(view, pf, self.cfg.write_chunk_bytes))
+        return encoded_payload(self.encoder, index, pf, view if view is not None else self.state.view(pf),
+                               self.fmt.name, self.cfg.write_chunk_bytes)
 
     # triggers ------------------------------------------------------------------------------
     def due(self, step: int, epoch: int, epoch_end: bool, trigger_step: int | None = None) -> bool:
@@ -101,9 +138,15 @@ class CheckpointEngineImpl:
             return bool(self.world.bcast(elapsed >= self.cfg.seconds_between_checkpoints))
         return False
 
-    def save(self, step: int, epoch: int) -> CheckpointRecord:
+    def save(self, step: int, epoch: int, resume: dict | None = None) -> CheckpointRecord:
+        """Checkpoint the state as of `step`; `resume` (the data loader's position) goes in the manifest."""
         self._last_step = step
-        record = self.strategy.save(len(self.records), step, epoch)
+        if resume is not None:
+            self._resume[step] = dict(resume)
+        index = len(self.records)
+        self._steps[index] = step
+        self.state.advance(step)
+        record = self.strategy.save(index, step, epoch)
         self._last_time = time.monotonic()
         self.records.append(record)
         return record
@@ -116,7 +159,7 @@ class CheckpointEngineImpl:
         return os.path.join(self.root, self.layout.folder(step))
 
     def write_planned(self, files: tuple[PlannedFile, ...], step: int,
-                      chunks_for: Callable[[PlannedFile], Callable[[TensorSpec], Iterator[memoryview]]]) -> list[FileEntry]:
+                      payload_for: Callable[[PlannedFile], Payload]) -> list[FileEntry]:
         """Write `files` of checkpoint `step` (each fsynced) and return their manifest entries."""
         folder = self.folder_path(step)
         made = set()
@@ -132,15 +175,17 @@ class CheckpointEngineImpl:
                     self.storage.makedirs(parent)
                     made.add(parent)
                 started.append(path)
-                chunks = self._with_write_fault_point(chunks_for(pf), step, path)
+                payload = payload_for(pf)
+                chunks = self._with_write_fault_point(payload.chunks, step, path)
                 if self.framework_writes:
-                    done = write_framework_file(self.storage, path, pf.owner, pf.tensors, self.fmt, chunks,
+                    done = write_framework_file(self.storage, path, pf.owner, payload.tensors, self.fmt, chunks,
                                                 self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes)
                 else:
-                    done = write_file(self.storage, path, pf.tensors, self.fmt, chunks, self.cfg.fsync,
+                    done = write_file(self.storage, path, payload.tensors, self.fmt, chunks, self.cfg.fsync,
                                       self.cfg.checksum, self.cfg.write_chunk_bytes)
                 entries.append(FileEntry(rel, done.size, done.checksum, pf.owner, self.world.rank,
-                                         done.bytes_written, done.write_s, done.verify_s))
+                                         done.bytes_written, done.write_s, done.verify_s, payload.encoding,
+                                         pf.payload_bytes, payload.encode_s, payload.stats or None))
                 fault_point(f"checkpoint-step:{step}", self.world.rank)
         except OSError as exc:  # a full disk, say: name the file, and leave no partial files behind
             self._remove_files(started)
@@ -234,7 +279,14 @@ class CheckpointEngineImpl:
             files = files + [{"path": name, "size": len(content), "checksum": _digest(content, self.cfg.checksum),
                               "owner": 0, "writer": 0}]
             metadata += len(content)
+        fields: dict[str, Any] = {}
+        needed = sorted({i for f in files for i in f.get("encoding", {}).get("chain", [])})
+        if needed:
+            fields.update(encoding=self.cfg.encoding, chain=[[i, self._steps[i]] for i in needed])
+        if step in self._resume:
+            fields["resume"] = self._resume.pop(step)
         manifest = encode_manifest({
+            **fields,
             "index": index,
             "step": step,
             "epoch": epoch,
@@ -276,13 +328,25 @@ class CheckpointEngineImpl:
         if len(complete) <= self.cfg.keep_last:
             return []
         oldest_kept = complete[-self.cfg.keep_last]
+        needed = self._chain_steps(complete[-self.cfg.keep_last:])
         deleted = []
         for step, name, _ in folders:
-            path = self._own_folder(name) if step < oldest_kept else None
+            path = self._own_folder(name) if step < oldest_kept and step not in needed else None
             if path is not None:
                 self.storage.remove_tree(path)
                 deleted.append(name)
         return deleted
+
+    def _chain_steps(self, steps: list[int]) -> set[int]:
+        """Steps of the checkpoints that the checkpoints at `steps` need to be restored (their
+        chains): retention never deletes one. A manifest that cannot be read protects nothing
+        (its checkpoint cannot be restored anyway)."""
+        needed: set[int] = set()
+        for step in steps:
+            manifest = self._read_manifest(self.folder_path(step), step, self.storage)
+            if isinstance(manifest, dict):
+                needed.update(int(s) for _, s in manifest.get("chain", []))
+        return needed
 
     def _own_folder(self, name: str) -> str | None:
         """The path of `name` directly inside this run's checkpoint root, or None where it is a
@@ -298,10 +362,14 @@ class CheckpointEngineImpl:
         return resolved
 
     # restore -------------------------------------------------------------------------------
-    def restore(self, step: int | None = None, warn_if_none: bool = True) -> RestoreRecord | None:
+    def restore(self, step: int | None = None, warn_if_none: bool = True, load_state: bool = False) -> RestoreRecord | None:
         """Collective: restore the newest complete, verified checkpoint (or `step`'s). None when
         there is no checkpoint folder; a record with checkpoint_step -1 when every one was rejected
-        (printed on stderr unless `warn_if_none` is off: the caller then reports it)."""
+        (printed on stderr unless `warn_if_none` is off: the caller then reports it).
+
+        An encoded checkpoint is rebuilt from its chain (each link's files read in full and
+        verified, then decoded) and must come back bit for bit as the state it was written from.
+        `load_state` (a restart): the restored bytes become this rank's state."""
         self.strategy.finish()
         if self.world.is_root:
             candidates = [s for s, _, _ in reversed(self.checkpoint_folders()) if step is None or s == step]
@@ -321,15 +389,25 @@ class CheckpointEngineImpl:
                 skipped.append(f"{name}: {manifest}")
                 continue
             start = now()
-            read = files = 0
+            read = files = chain_length = 0
             problems = []
+            digests: dict[str, str] = {}
+            chain = self._chain_manifests(manifest) if "chain" in manifest else {}
             for entry in manifest["files"]:
-                if entry["writer"] % self.world.size != self.world.rank:
+                # A restart loads each rank's own state, whoever wrote it; a restore check reads
+                # what each rank wrote.
+                reader = entry["owner"] if load_state else entry["writer"]
+                if reader % self.world.size != self.world.rank:
                     continue
-                got, problem = verify_file(self.restore_storage, os.path.join(folder, entry["path"]), entry["size"],
-                                           entry["checksum"], manifest["checksum"], buffer)
+                if isinstance(chain, str):
+                    problems.append(chain)
+                    break
+                got, problem, digest = self._restore_file(folder, manifest, entry, chain, buffer, load_state)
                 read += got
                 files += 1
+                chain_length = max(chain_length, len(entry.get("encoding", {}).get("chain", [1])))
+                if digest:
+                    digests[entry.get("encoding", {}).get("key", entry["path"])] = digest
                 if problem:
                     problems.append(f"{entry['path']}: {problem}")
             read_s = now() - start
@@ -347,22 +425,130 @@ class CheckpointEngineImpl:
             if skipped:
                 message += "; skipped newer " + "; ".join(skipped) + " -> fell back to the previous complete checkpoint"
                 self._warn(message)
+            if "chain" in manifest:
+                message += f"; rebuilt bit for bit from a chain of {plural(chain_length, 'checkpoint')}"
             return RestoreRecord(checkpoint_index=int(manifest.get("index", -1)), bytes=read, files=files, read_s=read_s,
                                  verified=verified, message=message, checkpoint_step=candidate, folder=name,
-                                 skipped=skipped, peak_rss_bytes=peak_rss_bytes())
+                                 skipped=skipped, peak_rss_bytes=peak_rss_bytes(), resume=manifest.get("resume", {}),
+                                 state_digests=digests, chain_length=chain_length, encoding=manifest.get("encoding", "full"))
         message = f"no complete checkpoint to restore in {self.root}: " + "; ".join(skipped)
         if warn_if_none:
             self._warn(message)
         return RestoreRecord(checkpoint_index=-1, bytes=0, files=0, read_s=0.0, verified=False, message=message,
                              skipped=skipped, peak_rss_bytes=peak_rss_bytes())
 
-    def _read_manifest(self, folder: str, step: int) -> dict | str:
+    def _chain_manifests(self, manifest: dict) -> dict[int, tuple[str, dict]] | str:
+        """The folder and manifest of every earlier checkpoint in `manifest`'s chain (index ->
+        (folder, manifest)), or why the chain is broken (a link deleted, torn or altered)."""
+        links: dict[int, tuple[str, dict]] = {}
+        for index, link_step in manifest["chain"]:
+            if index == manifest["index"] and link_step == manifest["step"]:
+                continue
+            folder = self.folder_path(link_step)
+            found = self.world.root_first(lambda f=folder, s=link_step: self._read_manifest(f, s))
+            name = self.layout.folder(link_step)
+            if isinstance(found, str):
+                return f"chain link {name} (checkpoint {index}) unusable: {found}"
+            if found["index"] != index:
+                return f"chain link {name} is checkpoint {found['index']}, the chain needs checkpoint {index}"
+            links[index] = (folder, found)
+        return links
+
+    def _restore_file(self, folder: str, manifest: dict, entry: dict, chain: dict[int, tuple[str, dict]],
+                      buffer: memoryview, load_state: bool) -> tuple[int, str | None, str]:
+        """Read, verify and (encoded files) rebuild one file; (bytes read, problem, state digest)."""
+        from dlio_ckpt.state.store import ScratchStore
+
+        algorithm = manifest["checksum"]
+        encoding = entry.get("encoding")
+        if encoding is None:
+            if not load_state:
+                got, problem = verify_file(self.restore_storage, os.path.join(folder, entry["path"]), entry["size"],
+                                           entry["checksum"], algorithm, buffer)
+                return got, problem, ""
+            pf = self._planned(entry["owner"], entry["path"], manifest["step"])
+            if isinstance(pf, str):
+                return 0, pf, ""
+            with closing(ScratchStore(entry["size"], self.cfg.state_dir)) as kept:
+                got, problem = verify_file(self.restore_storage, os.path.join(folder, entry["path"]), entry["size"],
+                                           entry["checksum"], algorithm, buffer, sink=kept)
+                if problem:
+                    return got, problem, ""
+                view = Window(kept, payload_offset(self.fmt.name, pf.payload_bytes), pf.payload_bytes)
+                self.state.load(pf, view, manifest["step"])
+                return got, None, digest_view(view, len(buffer))
+        pf = self._planned(entry["owner"], encoding["key"], None)
+        if isinstance(pf, str):
+            return 0, pf, ""
+        read = 0
+        stores: list[Any] = []  # each link's file as read and verified (untraced scratch)
+        links: list[ChainLink] = []
+        try:
+            for index in encoding["chain"]:
+                link_folder, link_entry = (folder, entry) if index == encoding["index"] else \
+                    (chain[index][0], _same_file(chain[index][1], encoding["key"], entry["owner"]))
+                name = os.path.basename(link_folder)
+                if link_entry is None:
+                    return read, f"chain link {name} has no {encoding['key']} of rank {entry['owner']}", ""
+                stores.append(ScratchStore(link_entry["size"], self.cfg.state_dir))
+                got, problem = verify_file(self.restore_storage, os.path.join(link_folder, link_entry["path"]),
+                                           link_entry["size"], link_entry["checksum"], algorithm, buffer, sink=stores[-1])
+                read += got
+                if problem:
+                    return read, f"chain link {name}: {problem}", ""
+                inner = link_entry["encoding"]
+                window = Window(stores[-1], inner["offset"], inner["container_bytes"])
+                links.append(ChainLink(index=index, size=window.size, read_at=window.read_at))
+            with closing(ScratchStore(encoding["logical_bytes"], self.cfg.state_dir)) as out:
+                try:
+                    make_decoder(encoding["codec"], pf.tensors).rebuild(links, out)
+                except ValueError as exc:
+                    return read, f"cannot rebuild from its chain: {exc}", ""
+                digest = digest_view(out, len(buffer))
+                if digest != encoding["state_digest"]:
+                    return read, (f"rebuilt state differs from the state written (xxh3_128 {digest[:12]}..., "
+                                  f"manifest {encoding['state_digest'][:12]}...)"), digest
+                if load_state:
+                    self.state.load(pf, out, manifest["step"])
+                return read, None, digest
+        finally:
+            for store in stores:
+                store.close()
+
+    def _planned(self, owner: int, key: str, step: int | None) -> PlannedFile | str:
+        """The planned file of rank `owner` whose path template is `key` (or, given `step`, whose
+        path at that step is `key`): where a restored file's tensors and state belong."""
+        if not 0 <= owner < self.plan.world_size:
+            return f"written by rank {owner}, outside this run's {self.plan.world_size} ranks"
+        for pf in self.plan.files_by_rank[owner]:
+            if (pf.path_for(step) if step is not None else pf.relpath) == key:
+                return pf
+        return f"not a file of this run's plan for rank {owner} (written with another model, layout or world size)"
+
+    def fail(self, kind: str = "process") -> None:
+        """Collective: what a failure does to this side of training: the in-memory state and the
+        encoders' memory are lost, and checkpoints still being persisted are abandoned (their
+        partial folders removed, never committed). Storage keeps whatever was committed."""
+        abandon = getattr(self.strategy, "abandon", None)
+        steps = abandon() if abandon else []
+        self.world.barrier()
+        if self.world.is_root:
+            for step in steps:
+                self.discard_failed(step)
+        if self._state is not None:
+            self._state.close()
+        self._state = None
+        self._encoder = None
+        self._resume.clear()
+
+    def _read_manifest(self, folder: str, step: int, storage: Any = None) -> dict | str:
         """The checkpoint's manifest, validated (see manifest.py), or why the checkpoint is rejected."""
+        storage = storage or self.restore_storage
         path = os.path.join(folder, MANIFEST_NAME)
-        if not self.restore_storage.exists(path):
+        if not storage.exists(path):
             return "torn: no manifest (data written but never committed; a rank may have died mid-write)"
         try:
-            raw = self.restore_storage.read_whole(path)
+            raw = storage.read_whole(path)
         except OSError as exc:
             return f"unreadable manifest ({exc.strerror or exc})"
         return parse_manifest(raw, folder, step)
@@ -370,6 +556,14 @@ class CheckpointEngineImpl:
     def _warn(self, message: str) -> None:
         if self.world.is_root:
             print(f"dlio_ckpt: checkpoint restore: {message}", file=sys.stderr, flush=True)
+
+
+def _same_file(manifest: dict, key: str, owner: int) -> dict | None:
+    """The entry of `manifest` holding the encoded file `key` of rank `owner`."""
+    for entry in manifest["files"]:
+        if entry.get("owner") == owner and entry.get("encoding", {}).get("key") == key:
+            return entry
+    return None
 
 
 def _digest(data: bytes, algorithm: str) -> str:

@@ -65,9 +65,16 @@ class FileEntry:
     bytes_written: int = 0
     write_s: float = 0.0
     verify_s: float = 0.0
+    encoding: dict | None = None  # an encoded file's container (checkpoint/encoded.py), for the manifest
+    logical_bytes: int = 0  # the state the file represents
+    encode_s: float = 0.0
+    stats: dict | None = None  # the codec's figures for this file (not in the manifest)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "checksum": self.checksum, "owner": self.owner, "writer": self.writer}
+        entry = {"path": self.path, "size": self.size, "checksum": self.checksum, "owner": self.owner, "writer": self.writer}
+        if self.encoding is not None:
+            entry["encoding"] = self.encoding
+        return entry
 
 
 class _Hashing(io.RawIOBase):
@@ -125,8 +132,9 @@ class _Hashing(io.RawIOBase):
         return self._h.fileno()
 
 
-def read_back(handle: Any, size: int, hasher: Any, buffer: memoryview) -> int:
-    """Read `size` bytes of a file through one reused buffer into `hasher`; return the bytes read."""
+def read_back(handle: Any, size: int, hasher: Any, buffer: memoryview, sink: Any = None) -> int:
+    """Read `size` bytes of a file through one reused buffer into `hasher` (and `sink.write_at`,
+    when given: a restore keeps the bytes it verified); return the bytes read."""
     offset = 0
     while offset < size:
         count = handle.read_at_into(buffer[: min(len(buffer), size - offset)], offset)
@@ -134,6 +142,8 @@ def read_back(handle: Any, size: int, hasher: Any, buffer: memoryview) -> int:
             break
         if hasher is not None:
             hasher.update(buffer[:count])
+        if sink is not None:
+            sink.write_at(offset, buffer[:count])
         offset += count
     return offset
 
@@ -260,9 +270,10 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
 
 
 def verify_file(storage: Any, abspath: str, size: int, checksum: str, algorithm: str,
-                buffer: memoryview) -> tuple[int, str | None]:
+                buffer: memoryview, sink: Any = None) -> tuple[int, str | None]:
     """Read a whole file; return (bytes read, problem or None). Every byte is read, as a restore would.
-    Only algorithm "none" skips the checksum: an unknown name or an empty checksum is a problem."""
+    Only algorithm "none" skips the checksum: an unknown name or an empty checksum is a problem.
+    `sink` (a MutableFileView of `size` bytes) receives the bytes as they are read."""
     if algorithm != "none" and new_hasher(algorithm) is None:
         return 0, f"unknown checksum algorithm {algorithm!r}"
     if algorithm != "none" and not checksum:
@@ -273,7 +284,7 @@ def verify_file(storage: Any, abspath: str, size: int, checksum: str, algorithm:
     try:
         actual = handle.size()
         hasher = new_hasher(algorithm)
-        read = read_back(handle, actual, hasher, buffer)
+        read = read_back(handle, min(actual, size) if sink is not None else actual, hasher, buffer, sink)
     finally:
         handle.close()
     if actual != size:

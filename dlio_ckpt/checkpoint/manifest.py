@@ -35,6 +35,16 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "written_at": (int, float),
 }
 _FILE_FIELDS: dict[str, type] = {"path": str, "size": int, "checksum": str, "owner": int, "writer": int}
+# Present only where they apply: an encoded checkpoint (checkpoint.encoding=incremental|lossy) names
+# its encoding and the chain of earlier checkpoints it needs ([index, step] pairs, oldest first);
+# `resume` is the training's resume point (data-loader position) when the loop gave one.
+_OPTIONAL_FIELDS: dict[str, type | tuple[type, ...]] = {"encoding": str, "chain": list, "resume": dict}
+# An encoded file: codec, checkpoint index, file key (path template), container offset and size in
+# the file, logical bytes, the restored state's xxh3_128 and the indices it needs.
+_OPTIONAL_FILE_FIELDS: dict[str, type] = {"encoding": dict}
+_ENCODING_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "codec": str, "index": int, "key": str, "offset": int, "container_bytes": int, "logical_bytes": int,
+    "state_digest": str, "chain": list}
 
 
 def _canonical(fields: dict[str, Any]) -> bytes:
@@ -52,15 +62,17 @@ def _typed(value: Any, kind: type | tuple[type, ...]) -> bool:
     return isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
 
 
-def _schema_problem(found: dict[str, Any], expected: dict[str, Any], where: str) -> str | None:
-    """Exactly the expected fields, each of its type; else what is wrong."""
+def _schema_problem(found: dict[str, Any], expected: dict[str, Any], where: str,
+                    optional: dict[str, Any] | None = None) -> str | None:
+    """Exactly the expected fields (and any of the optional ones), each of its type; else what is wrong."""
+    optional = optional or {}
     missing = sorted(set(expected) - set(found))
-    unknown = sorted(set(found) - set(expected))
+    unknown = sorted(set(found) - set(expected) - set(optional))
     if missing:
         return f"{where} lacks {', '.join(missing)}"
     if unknown:
         return f"{where} has unknown fields {', '.join(unknown)}"
-    for key, kind in expected.items():
+    for key, kind in {**expected, **{k: v for k, v in optional.items() if k in found}}.items():
         if not _typed(found[key], kind):
             return f"{where}: {key} is not of type {getattr(kind, '__name__', 'number')}"
     return None
@@ -70,9 +82,13 @@ def _file_problem(entry: Any, number: int, folder: str, algorithm: str, world_si
     where = f"manifest file entry {number}"
     if not isinstance(entry, dict):
         return f"{where} is not an object"
-    problem = _schema_problem(entry, _FILE_FIELDS, where)
+    problem = _schema_problem(entry, _FILE_FIELDS, where, _OPTIONAL_FILE_FIELDS)
     if problem:
         return problem
+    if "encoding" in entry:
+        problem = _encoding_problem(entry["encoding"], entry, f"{where} ({entry['path']})")
+        if problem:
+            return problem
     path = entry["path"]
     if not path or os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
         return f"{where}: path {path!r} leaves the checkpoint folder"
@@ -83,6 +99,30 @@ def _file_problem(entry: Any, number: int, folder: str, algorithm: str, world_si
         return f"{where} ({path}): negative size or owner, or a writer outside the {world_size} ranks"
     if algorithm != "none" and not entry["checksum"]:
         return f"{where} ({path}): empty {algorithm} checksum"
+    return None
+
+
+def _encoding_problem(encoding: dict, entry: dict, where: str) -> str | None:
+    problem = _schema_problem(encoding, _ENCODING_FIELDS, f"{where} encoding")
+    if problem:
+        return problem
+    if not all(_typed(i, int) and i >= 0 for i in encoding["chain"]) or encoding["chain"] != sorted(set(encoding["chain"])):
+        return f"{where}: encoding chain is not a rising list of checkpoint indices"
+    if not encoding["chain"] or encoding["chain"][-1] != encoding["index"]:
+        return f"{where}: encoding chain does not end with its own checkpoint index"
+    if encoding["offset"] < 0 or encoding["container_bytes"] < 0 or encoding["offset"] + encoding["container_bytes"] > entry["size"]:
+        return f"{where}: encoded container lies outside the file"
+    return None
+
+
+def _chain_problem(manifest: dict[str, Any]) -> str | None:
+    chain = manifest.get("chain", [])
+    pairs = [c for c in chain if isinstance(c, list) and len(c) == 2 and all(_typed(x, int) and x >= 0 for x in c)]
+    if len(pairs) != len(chain) or [c[0] for c in chain] != sorted({c[0] for c in chain}):
+        return "manifest chain is not a rising list of [index, step] pairs"
+    needed = {i for entry in manifest["files"] for i in entry.get("encoding", {}).get("chain", [])}
+    if not needed <= {c[0] for c in chain}:
+        return "manifest chain lacks checkpoints its files need"
     return None
 
 
@@ -102,7 +142,7 @@ def parse_manifest(raw: bytes, folder: str, step: int) -> dict[str, Any] | str:
         return f"manifest without its own checksum ({DIGEST_KEY})"
     if hashlib.sha256(_canonical(manifest)).hexdigest() != digest:
         return f"manifest altered or damaged: its {DIGEST_KEY} does not match its contents"
-    problem = _schema_problem(manifest, _FIELDS, "manifest")
+    problem = _schema_problem(manifest, _FIELDS, "manifest", _OPTIONAL_FIELDS)
     if problem:
         return problem
     algorithm = manifest["checksum"]
@@ -121,4 +161,7 @@ def parse_manifest(raw: bytes, folder: str, step: int) -> dict[str, Any] | str:
             return problem
     if manifest["data_bytes"] != sum(entry["size"] for entry in files):
         return f"manifest data_bytes {manifest['data_bytes']} is not the sum of its file sizes"
+    problem = _chain_problem(manifest)
+    if problem:
+        return problem
     return manifest

@@ -31,6 +31,38 @@ def _min_rank_rate(per_rank: dict[int, tuple[float, float]]) -> float:
     return min(rates) if rates else 0.0
 
 
+def _codec_figures(rows: list[dict], data_bytes: int) -> dict:
+    """One checkpoint's encoding figures over every rank: the state it represents
+    (`logical_bytes`), what reached storage (`bytes_written`: data files as the tracer counted them,
+    plus manifest and metadata), the encoding time of the slowest rank, and the codec's figures
+    (sizes added up, errors and chain length the worst rank's; docs/metrics.md)."""
+    from dlio_ckpt.checkpoint.encoded import merge_stats
+
+    encoding = rows[0].get("encoding", "full")
+    logical = sum(r.get("logical_bytes", 0) for r in rows)
+    written = data_bytes + sum(r.get("metadata_bytes", 0) for r in rows)
+    figures: dict[str, Any] = {
+        "encoding": encoding,
+        "logical_bytes": logical,
+        "bytes_written": written,
+        "encode_s_max": max(r.get("encode_s", 0.0) for r in rows),
+    }
+    if encoding == "full":
+        return figures
+    codec = merge_stats([r.get("codec", {}) for r in rows])
+    ratio = logical / written if written else 0.0
+    figures["chain_length"] = int(codec.get("chain_length", 1))
+    if encoding == "incremental":
+        figures["dedup_ratio"] = ratio
+    else:
+        figures["compression_ratio"] = ratio
+        for key in ("max_rel_error", "rms_rel_error", "error_bound"):
+            if key in codec:
+                figures[key] = codec[key]
+    figures["codec"] = codec  # everything the codec counted (leaf labels, the paper's baselines, ...)
+    return figures
+
+
 def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list[dict | None],
                        train_wall_s: float, config: Any) -> dict:
     ck = config.checkpoint
@@ -62,6 +94,7 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
             "wait_s_max": max(r.get("wait_s", 0.0) for r in rows),
             "snapshot_s_max": max(r.get("snapshot_s", 0.0) for r in rows),
             "committed": all(r.get("committed", True) for r in rows),
+            **_codec_figures(rows, nbytes),
         })
 
     writes = len(per_checkpoint)
@@ -124,6 +157,7 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
             "restore_step": restores[0].get("checkpoint_step", -1),
             "restore_message": restores[0].get("message", ""),
             "restore_skipped": restores[0].get("skipped", []),
+            "restore_chain_length": max(r.get("chain_length", 0) for r in restores),
         })
     else:
         summary.update({"restore_s_max": 0.0, "restore_gib_per_s": 0.0, "restore_verified": None})

@@ -21,12 +21,27 @@ from typing import Any
 
 import numpy as np
 
+import json
+
 from dlio_ckpt.checkpoint.base import CheckpointRecord
+from dlio_ckpt.checkpoint.encoded import Payload, container_tensor, merge_stats
 from dlio_ckpt.checkpoint.fileio import FileEntry, now
 from dlio_ckpt.errors import RunFailure, failure_text, report_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.plan.checkpoint import PlannedFile
+from dlio_ckpt.state.base import BytesView
+
+
+def add_codec_figures(record: CheckpointRecord, encoding: str, entries: list[FileEntry],
+                      encoded_elsewhere: list[tuple[int, float, dict]]) -> None:
+    """The state this rank's checkpoint represents and what encoding it cost: from the files it
+    wrote, or (single_writer senders) from the files it encoded and sent to rank 0."""
+    record.encoding = encoding
+    owned = [(e.logical_bytes, e.encode_s, e.stats) for e in entries if e.owner == e.writer] + list(encoded_elsewhere)
+    record.logical_bytes = sum(logical for logical, _, _ in owned)
+    record.encode_s = sum(seconds for _, seconds, _ in owned)
+    record.codec = merge_stats([stats for _, _, stats in owned if stats])
 
 
 class SyncStrategy:
@@ -40,28 +55,31 @@ class SyncStrategy:
     def files_to_write(self) -> tuple[PlannedFile, ...]:
         return self.engine.plan.files_by_rank[self.engine.world.rank]
 
-    def write(self, step: int) -> list[FileEntry]:
+    def write(self, index: int, step: int) -> list[FileEntry]:
         """This rank's part of checkpoint `step`; returns the entries of the files it wrote."""
         e = self.engine
-        return e.write_planned(self.files_to_write(), step, lambda pf: e.source_chunks(pf.owner, step))
+        return e.write_planned(self.files_to_write(), step, lambda pf: e.payload(pf, index))
 
     def save(self, index: int, step: int, epoch: int) -> CheckpointRecord:
         e = self.engine
         start = now()
-        entries, error = self.write_or_failure(step)
+        self.encoded_here = []  # (logical bytes, encode seconds, stats) of files this rank encoded, not wrote
+        entries, error = self.write_or_failure(index, step)
         metadata, commit_s = e.commit(index, step, epoch, entries, error)
         total = now() - start
-        return CheckpointRecord(
+        record = CheckpointRecord(
             index=index, step=step, epoch=epoch, bytes=sum(x.bytes_written for x in entries), files=len(entries),
             blocking_s=total, persist_s=total, write_s=sum(x.write_s for x in entries), strategy=self.name,
             folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
             peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries),
         )
+        add_codec_figures(record, e.cfg.encoding, entries, self.encoded_here)
+        return record
 
-    def write_or_failure(self, step: int) -> tuple[list[FileEntry], BaseException | None]:
+    def write_or_failure(self, index: int, step: int) -> tuple[list[FileEntry], BaseException | None]:
         """This rank's entries, or the error that the commit reports to every rank (so none waits forever)."""
         try:
-            return self.write(step), None
+            return self.write(index, step), None
         except Exception as exc:
             return [], exc
 
@@ -75,6 +93,7 @@ class ShardedStrategy(SyncStrategy):
 
 GATHER_TAG = 7001
 GATHER_FAILED_TAG = 7002  # a sender failed: the message says why
+GATHER_META_TAG = 7003  # an encoded file's container size and manifest description, before its bytes
 
 
 class SingleWriterStrategy(SyncStrategy):
@@ -91,19 +110,19 @@ class SingleWriterStrategy(SyncStrategy):
 
     name = "single_writer"
 
-    def write_or_failure(self, step: int) -> tuple[list[FileEntry], BaseException | None]:
+    def write_or_failure(self, index: int, step: int) -> tuple[list[FileEntry], BaseException | None]:
         e = self.engine
         if not e.world.parallel:
-            return super().write_or_failure(step)
+            return super().write_or_failure(index, step)
         if e.world.is_root:
             try:
-                return e.write_planned(self.files_to_write(), step, lambda pf: self._chunks(pf, step)), None
+                return e.write_planned(self.files_to_write(), step, lambda pf: self._payload(pf, index)), None
             except Exception as exc:
                 e.discard_failed(step)
                 report_failure(f"checkpoint {e.layout.folder(step)} not written: {failure_text(exc)}", e.world)
                 raise RunFailure() from None
         try:
-            self._send_own_state(step)
+            self._send_own_state(index, step)
         except Exception as exc:
             reason = np.frombuffer(failure_text(exc).encode()[:1024], dtype=np.uint8)
             e.world.comm.Send(reason, dest=0, tag=GATHER_FAILED_TAG)  # small: sent eagerly, never blocks
@@ -117,24 +136,34 @@ class SingleWriterStrategy(SyncStrategy):
         return tuple(pf for rank_files in e.plan.files_by_rank for pf in rank_files)
 
 
-    def _send_own_state(self, step: int) -> None:
-        """Stream this rank's tensors to rank 0 in write-chunk messages, in the plan's order."""
+    def _send_own_state(self, index: int, step: int) -> None:
+        """Stream this rank's files to rank 0 in write-chunk messages, in the plan's order; an
+        encoded file is encoded here, by the rank that holds the state, and rank 0 first hears
+        its container's size and description (a small message)."""
         e = self.engine
         for pf in e.plan.files_by_rank[e.world.rank]:
-            chunks = e.source_chunks(pf.owner, step)
-            for tensor in pf.tensors:
-                for number, piece in enumerate(chunks(tensor)):
+            payload = e.payload(pf, index)
+            if payload.encoding is not None:
+                self.encoded_here.append((pf.payload_bytes, payload.encode_s, payload.stats))
+                meta = json.dumps({"nbytes": payload.tensors[0].nbytes, "encoding": payload.encoding}).encode()
+                e.world.comm.Send(np.frombuffer(meta, dtype=np.uint8), dest=0, tag=GATHER_META_TAG)
+            for tensor in payload.tensors:
+                for number, piece in enumerate(payload.chunks(tensor)):
                     e.world.comm.Send(piece, dest=0, tag=GATHER_TAG)
                     if number == 0:
                         fault_point(f"checkpoint-write:{step}", e.world.rank)
             fault_point(f"checkpoint-step:{step}", e.world.rank)
 
-    def _chunks(self, pf: PlannedFile, step: int):
-        """On rank 0: its own tensors from the source, every other rank's as they arrive."""
+    def _payload(self, pf: PlannedFile, index: int) -> Payload:
+        """On rank 0: its own files from its state, every other rank's as they arrive."""
         e = self.engine
         if pf.owner == 0:
-            return e.source_chunks(0, step)
-        buffer = np.empty(e.cfg.write_chunk_bytes, dtype=np.uint8)
+            return e.payload(pf, index)
+        buffer = np.empty(max(e.cfg.write_chunk_bytes, 1 << 16), dtype=np.uint8)
+        tensors, encoding = pf.tensors, None
+        if e.cfg.encoding != "full":
+            meta = self._receive(buffer, pf.owner)
+            tensors, encoding = (container_tensor(meta["nbytes"]),), meta["encoding"]
 
         def received(tensor):
             from mpi4py import MPI
@@ -149,7 +178,19 @@ class SingleWriterStrategy(SyncStrategy):
                 remaining -= count
                 yield memoryview(buffer[:count])
 
-        return received
+        return Payload(tensors, received, encoding)
+
+    def _receive(self, buffer: np.ndarray, rank: int) -> dict:
+        """The description of `rank`'s next encoded file (or its failure)."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        self.engine.world.comm.Recv(buffer, source=rank, tag=MPI.ANY_TAG, status=status)
+        count = status.Get_count(MPI.BYTE)
+        text = bytes(buffer[:count]).decode(errors="replace")
+        if status.Get_tag() == GATHER_FAILED_TAG:
+            raise _SenderFailed(rank, text)
+        return json.loads(text)
 
 
 class _SenderFailed(Exception):
@@ -224,10 +265,9 @@ class AsyncStrategy:
             size = pf.payload_bytes
             if buffer is not None and offset + size <= len(buffer):
                 position = offset
-                for tensor in pf.tensors:
-                    for piece in e.source_chunks(pf.owner, step)(tensor):
-                        buffer[position : position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-                        position += len(piece)
+                for piece in e.state.view(pf).stream(e.cfg.write_chunk_bytes):
+                    buffer[position : position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+                    position += len(piece)
                 staged.append((pf, offset))
                 offset += size
             else:
@@ -236,8 +276,12 @@ class AsyncStrategy:
         sync_entries: list[FileEntry] = []
         failed: concurrent.futures.Future | None = None
         if direct:  # what did not fit in the staging buffer is written while training waits
+            if e.encoder is not None:
+                # An encoder takes one file at a time, in checkpoint order: let the persist thread
+                # finish the earlier checkpoints' files before this thread encodes (max_in_flight > 1).
+                concurrent.futures.wait([f.future for f in self._in_flight])
             try:
-                sync_entries = e.write_planned(tuple(direct), step, lambda pf: e.source_chunks(pf.owner, step))
+                sync_entries = e.write_planned(tuple(direct), step, lambda pf: e.payload(pf, index))
             except Exception as exc:  # reported through the commit, like a failed persist, so no rank waits forever
                 failed = concurrent.futures.Future()
                 failed.set_exception(exc)
@@ -248,34 +292,23 @@ class AsyncStrategy:
         )
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")
-        future = failed or self._executor.submit(self._persist, staged, buffer, step, start, record)
+        future = failed or self._executor.submit(self._persist, staged, buffer, index, step, start, record)
         self._in_flight.append(_InFlight(index, step, epoch, record, future, buffer, sync_entries, start))
         record.blocking_s = now() - start
         return record
 
-    def _persist(self, staged, buffer, step, save_start, record) -> list[FileEntry]:
+    def _persist(self, staged, buffer, index, step, save_start, record) -> list[FileEntry]:
+        """In the persist thread: encode (when asked) and write the snapshot of each staged file."""
         e = self.engine
         if not staged:
             return []
         offsets = {id(pf): off for pf, off in staged}
 
-        def chunks_for(pf: PlannedFile):
+        def payload_for(pf: PlannedFile) -> Payload:
             base = offsets[id(pf)]
-            starts = {}
-            position = base
-            for tensor in pf.tensors:
-                starts[tensor.name] = position
-                position += tensor.nbytes
+            return e.payload(pf, index, view=BytesView(buffer[base : base + pf.payload_bytes]))
 
-            def chunks(tensor):
-                first = starts[tensor.name]
-                step_bytes = e.cfg.write_chunk_bytes
-                for at in range(first, first + tensor.nbytes, step_bytes):
-                    yield memoryview(buffer[at : min(at + step_bytes, first + tensor.nbytes)])
-
-            return chunks
-
-        entries = e.write_planned(tuple(pf for pf, _ in staged), step, chunks_for)
+        entries = e.write_planned(tuple(pf for pf, _ in staged), step, payload_for)
         record.write_s += sum(x.write_s for x in entries)
         record.persist_s = now() - save_start
         return entries
@@ -303,6 +336,7 @@ class AsyncStrategy:
             record.metadata_bytes = metadata
             record.commit_s = commit_s
             record.committed = True
+            add_codec_figures(record, e.cfg.encoding, entries, [])
             if record.persist_s == 0.0:
                 record.persist_s = record.blocking_s
             if not record.bytes:
@@ -317,6 +351,16 @@ class AsyncStrategy:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    def abandon(self) -> list[int]:
+        """A failure: checkpoints still being persisted are never committed (a thread cannot be
+        killed, so their persists run out first, their errors ignored); returns their steps, whose
+        uncommitted folders the engine removes."""
+        steps = [f.step for f in self._in_flight]
+        concurrent.futures.wait([f.future for f in self._in_flight])
+        self._in_flight.clear()
+        self._free.clear()
+        return steps
 
     def finish(self) -> None:
         self._commit_done(wait_all=True)

@@ -273,6 +273,7 @@ def validate_for_display(overrides: Sequence[str], multirun: bool) -> None:
 def check_registered_names(config: RunConfig) -> None:
     """Names the registries own, and the pairs of them that work together (the schema only
     holds types, so it does not import the registries)."""
+    from dlio_ckpt.checkpoint.encoded import check_encoding
     from dlio_ckpt.checkpoint.registry import check_names
     from dlio_ckpt.formats import DATASET_FORMATS
     from dlio_ckpt.plan.checkpoint_formats import format_spec
@@ -286,6 +287,7 @@ def check_registered_names(config: RunConfig) -> None:
                           f"choose one of: {', '.join(offered)}")
     ck = config.checkpoint
     check_names(ck)
+    check_encoding(ck)
     needs_layout = format_spec(ck.format).needs_layout
     if needs_layout and ck.layout != needs_layout:
         raise ConfigError(

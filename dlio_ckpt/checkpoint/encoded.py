@@ -1,0 +1,173 @@
+"""The codec stage inside the checkpoint engine: from a file's state to what a file holds.
+
+With `checkpoint.encoding=full` a file holds its tensors as the format lays them out (today's
+path, untouched). With `incremental` or `lossy` the rank's Encoder turns the file's logical bytes
+into a container (codec/), and the format stores the container as one flat byte vector: `raw`
+writes it as is, `npy` after a numpy header; those are the formats whose payload is one byte
+stream a restore can find again (`container_offset`). The manifest entry of an encoded file says
+where its container lies, what it restores to (the state's xxh3_128) and which earlier checkpoints
+it needs; restore replays that chain through the traced storage, so every byte it reads is counted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from dlio_ckpt.codec.base import EncodedFile
+from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.plan.checkpoint import PlannedFile
+from dlio_ckpt.plan.checkpoint_formats import npy_header
+from dlio_ckpt.plan.model import TensorSpec
+from dlio_ckpt.state.base import stream_by_reads
+
+# Formats whose payload is one byte stream at a known offset: where a container can live.
+CONTAINER_FORMATS = ("raw", "npy")
+CONTAINER_TENSOR = "container"
+
+
+def check_encoding(cfg: Any) -> None:
+    """An encoded checkpoint or an evolving state needs a format that stores one byte stream."""
+    if cfg.encoding != "full" and cfg.format not in CONTAINER_FORMATS:
+        raise ConfigError(f"checkpoint.encoding={cfg.encoding} stores a container of its own; "
+                          f"use checkpoint.format=raw or npy (not {cfg.format})")
+    if cfg.update != "random" and cfg.format not in CONTAINER_FORMATS:
+        raise ConfigError(f"checkpoint.update={cfg.update} restores its state from one byte stream per file; "
+                          f"use checkpoint.format=raw or npy (not {cfg.format})")
+    if cfg.encoding == "lossy" and cfg.update == "random":
+        raise ConfigError("checkpoint.encoding=lossy quantises how values change, and checkpoint.update=random "
+                          "replaces every byte with noise; set checkpoint.update=sgd, trace or sparse")
+
+
+def payload_offset(format_name: str, nbytes: int) -> int:
+    """Where a file's single byte stream of `nbytes` starts (raw: 0; npy: after its header)."""
+    return len(npy_header(nbytes, "uint8")) if format_name == "npy" else 0
+
+
+def make_encoder(cfg: Any, files: tuple[PlannedFile, ...]) -> Any:
+    """The rank's encoder for checkpoint.encoding (None for `full`), over the files it owns."""
+    tensors = {pf.relpath: pf.tensors for pf in files}
+    if cfg.encoding == "incremental":
+        from dlio_ckpt.codec.incremental import IncrementalEncoder
+
+        inc = cfg.incremental
+        return IncrementalEncoder(inc.chunk_bytes, inc.hash, inc.full_every)
+    if cfg.encoding == "lossy":
+        from dlio_ckpt.codec.lossy import LossyEncoder
+        from dlio_ckpt.state.store import ScratchStore
+
+        lossy = cfg.lossy
+        return LossyEncoder(lossy.bits, lossy.coder, lossy.full_every, tensors_of=tensors.__getitem__,
+                            scratch=lambda size: ScratchStore(size, cfg.state_dir))
+    return None
+
+
+def make_decoder(codec: str, tensors: tuple[TensorSpec, ...]) -> Any:
+    if codec == "incremental":
+        from dlio_ckpt.codec.incremental import IncrementalDecoder
+
+        return IncrementalDecoder()
+    if codec == "lossy":
+        from dlio_ckpt.codec.lossy import LossyDecoder
+
+        return LossyDecoder(tensors_of=lambda _key: tensors)
+    raise ValueError(f"unknown encoding {codec!r} in the manifest")
+
+
+@dataclass
+class Payload:
+    """What the format writes for one planned file: tensors and their chunks, plus, for an encoded
+    file, the container's description (for the manifest) and what encoding it cost."""
+
+    tensors: tuple[TensorSpec, ...]
+    chunks: Callable[[TensorSpec], Iterator[memoryview]]
+    encoding: dict | None = None  # the manifest entry's "encoding" (offset filled in by the engine)
+    stats: dict = field(default_factory=dict)
+    encode_s: float = 0.0
+
+
+def encoded_payload(encoder: Any, index: int, pf: PlannedFile, view: Any, format_name: str, chunk_bytes: int) -> Payload:
+    """Encode checkpoint `index` of `pf` from `view` (its logical bytes) into a Payload."""
+    start = time.perf_counter()
+    encoded: EncodedFile = encoder.encode(index, pf.relpath, view)
+    encode_s = encoded.encode_s or (time.perf_counter() - start)
+    return Payload(
+        tensors=(container_tensor(encoded.nbytes),),
+        chunks=lambda _t: encoded.chunks(chunk_bytes),
+        encoding=encoding_entry(encoder.name, index, pf.relpath, format_name, encoded, view.size),
+        stats=dict(encoded.stats), encode_s=encode_s,
+    )
+
+
+def encoding_entry(codec: str, index: int, key: str, format_name: str, encoded: EncodedFile, logical: int) -> dict:
+    return {"codec": codec, "index": index, "key": key, "offset": payload_offset(format_name, encoded.nbytes),
+            "container_bytes": encoded.nbytes, "logical_bytes": logical, "state_digest": encoded.state_digest,
+            "chain": list(encoded.chain)}
+
+
+def container_tensor(nbytes: int) -> TensorSpec:
+    """The one uint8 "tensor" a format writes for an encoded file: its container."""
+    return TensorSpec(CONTAINER_TENSOR, nbytes, 1, "model")
+
+
+def tensor_chunks_of(view: Any, pf: PlannedFile, chunk_bytes: int) -> Callable[[TensorSpec], Iterator[memoryview]]:
+    """Each tensor's bytes from a view of the whole file (tensors back to back, in plan order)."""
+    starts = {}
+    position = 0
+    for tensor in pf.tensors:
+        starts[tensor.name] = position
+        position += tensor.nbytes
+
+    def chunks(tensor: TensorSpec) -> Iterator[memoryview]:
+        first = starts[tensor.name]
+        for at in range(first, first + tensor.nbytes, chunk_bytes):
+            yield view.read_at(at, min(chunk_bytes, first + tensor.nbytes - at))
+
+    return chunks
+
+
+def merge_stats(stats: list[dict]) -> dict:
+    """One rank's codec figures over its files: sizes and counts add up, errors and chain lengths
+    take the worst file, ratios are left to be recomputed from the sums (docs/metrics.md)."""
+    merged: dict[str, Any] = {}
+    for one in stats:
+        for key, value in (one or {}).items():
+            if "ratio" in key:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                merged.setdefault(key, value)
+            elif "error" in key or "bound" in key or key == "chain_length":
+                merged[key] = max(merged.get(key, value), value)
+            else:
+                merged[key] = merged.get(key, 0) + value
+    return merged
+
+
+class Window:
+    """A FileView of `size` bytes of another view from `offset` on: a container inside a file, a
+    payload after a format's header."""
+
+    def __init__(self, view: Any, offset: int, size: int) -> None:
+        if offset < 0 or offset + size > view.size:
+            raise ValueError(f"a window of {size} bytes at {offset} does not fit in {view.size} bytes")
+        self._view = view
+        self._offset = offset
+        self.size = size
+
+    def read_at(self, offset: int, nbytes: int) -> memoryview:
+        return self._view.read_at(self._offset + offset, max(0, min(nbytes, self.size - offset)))
+
+    def stream(self, chunk_bytes: int) -> Iterator[memoryview]:
+        return stream_by_reads(self, chunk_bytes)
+
+
+def digest_view(view: Any, chunk_bytes: int) -> str:
+    """xxh3_128 of a view's bytes: what a restored state is compared with."""
+    import xxhash
+
+    hasher = xxhash.xxh3_128()
+    for piece in view.stream(chunk_bytes):
+        hasher.update(piece)
+    return hasher.hexdigest()
