@@ -260,6 +260,12 @@ def test_broken_chain_is_rejected():
         chain.restore(2, len(state), indices=[0, 2])
     with pytest.raises(ValueError, match="checkpoint 1: .*chain base"):
         chain.restore(2, len(state), indices=[1, 2])
+    # an incremental container that claims to be a chain base
+    blob = bytearray(chain.containers[1])
+    blob[4:8] = struct.pack("<I", 1)
+    chain.containers[1] = bytes(blob)
+    with pytest.raises(ValueError, match="checkpoint 1: a full checkpoint .* covers 4096 of the file's 32768 bytes"):
+        chain.restore(2, len(state), indices=[1])
     # a SHIFT reference into a checkpoint missing from the links
     moved = bytes(state[:C])
     state[5 * C : 6 * C] = moved

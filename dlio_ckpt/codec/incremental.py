@@ -107,7 +107,6 @@ class IncrementalEncoder:
             "dedup_ratio": size / nbytes,
             "chain_length": len(chain.indices),
             "full": previous is None,
-            "chunk_bytes": chunk,
             "hash": self.hash_name,
             "leaves": n,
             "fixed_leaves": labelling.fixed_leaves,
@@ -115,6 +114,7 @@ class IncrementalEncoder:
             "shift_leaves": labelling.shift_leaves,
             "first_regions": len(labelling.first_roots),
             "shift_regions": len(labelling.shift_roots),
+            "table_entries": len(chain.table),  # first occurrences the chain remembers (~28 bytes each)
             "baseline_full_bytes": size,
             "baseline_changed_chunks_bytes": changed_bytes + bitmap,
             "baseline_chunk_list_bytes": changed_bytes + 4 * labelling.changed_leaves,
@@ -219,6 +219,8 @@ class IncrementalDecoder:
             if c.ref != expected_ref:
                 what = "a full checkpoint (chain base)" if position == 0 else f"checkpoint {expected_ref}"
                 raise ValueError(f"checkpoint {link.index}: container refers to checkpoint {c.ref}, the chain has {what} there")
+            if position == 0:
+                _check_covers(c, size, chunk)
             parsed[link.index] = c
             _replay(link, c, parsed, {ln.index: ln for ln in links}, size, chunk, out)
 
@@ -274,6 +276,15 @@ def _parse(link: ChainLink, size: int, links: list[ChainLink]) -> tuple[_Contain
         raise ValueError(f"{name}: container is {link.size} bytes, its metadata and regions add up to {meta_len + int(lengths.sum())}")
     groups = [(int(g), int(c)) for g, c in group_table.tolist()]
     return _Container(index, ref, lo, hi, offset, groups, pairs), chunk
+
+
+def _check_covers(c: _Container, size: int, chunk: int) -> None:
+    """A chain base has nothing to keep from before: its regions and references cover every byte."""
+    n = merkle.leaf_count(size, chunk)
+    lo, hi = merkle.node_spans(c.pairs[:, 0], n, size, chunk)
+    covered = int((c.hi - c.lo).sum() + (hi - lo).sum())
+    if covered != size:
+        raise ValueError(f"checkpoint {c.index}: a full checkpoint (chain base) covers {covered} of the file's {size} bytes")
 
 
 def _replay(link, c: _Container, parsed, by_index, size, chunk, out: MutableFileView) -> None:

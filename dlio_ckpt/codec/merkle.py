@@ -170,20 +170,23 @@ def hash_leaves(view: FileView, chunk_bytes: int, hash_name: str, batch_bytes: i
     at = 0
     batch_bytes = max(chunk_bytes, batch_bytes - batch_bytes % chunk_bytes)
     new_hasher = streaming_hash(hash_name)
+    group = max(chunk_bytes, CACHE_BYTES - CACHE_BYTES % chunk_bytes)  # whole leaves, about CACHE_BYTES
     for batch in aligned_batches(view, chunk_bytes, batch_bytes):
-        parts = []
-        for at_leaf in range(0, len(batch), chunk_bytes):
-            leaf = batch[at_leaf : at_leaf + chunk_bytes]
-            if len(leaf) <= CACHE_BYTES:
-                update(leaf)
-                parts.append(digest(leaf))
-                continue
-            hasher = new_hasher()
-            for at_part in range(0, len(leaf), CACHE_BYTES):
-                part = leaf[at_part : at_part + CACHE_BYTES]
-                update(part)
-                hasher.update(part)
-            parts.append(hasher.digest()[:DIGEST_BYTES])
+        parts: list[bytes] = []
+        if chunk_bytes <= CACHE_BYTES:
+            for at_group in range(0, len(batch), group):
+                piece = batch[at_group : at_group + group]
+                update(piece)
+                parts += [digest(piece[at : at + chunk_bytes]) for at in range(0, len(piece), chunk_bytes)]
+        else:
+            for at_leaf in range(0, len(batch), chunk_bytes):
+                leaf = batch[at_leaf : at_leaf + chunk_bytes]
+                hasher = new_hasher()
+                for at_part in range(0, len(leaf), CACHE_BYTES):
+                    part = leaf[at_part : at_part + CACHE_BYTES]
+                    update(part)
+                    hasher.update(part)
+                parts.append(hasher.digest()[:DIGEST_BYTES])
         joined = b"".join(parts)
         out[at : at + len(joined)] = joined
         at += len(joined)
