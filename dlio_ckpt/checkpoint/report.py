@@ -19,7 +19,10 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any
 
+from dlio_ckpt.metrics.report import plural
+
 GIB = float(1 << 30)
+MIB = float(1 << 20)
 
 
 def _rate(nbytes: float, seconds: float) -> float:
@@ -166,3 +169,23 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
     summary["peak_rss_bytes_max"] = max(rss) if rss else 0
     summary["per_checkpoint"] = per_checkpoint
     return summary
+
+
+def encoding_rows(ckpt: dict) -> list[tuple[str, str]]:
+    """The printed table's line on an encoded run: what the state was, what reached storage, and
+    what it cost (lossy: the error)."""
+    rows = ckpt.get("per_checkpoint") or []
+    if not rows or rows[0].get("encoding", "full") == "full":
+        return []
+    logical = sum(r["logical_bytes"] for r in rows)
+    written = sum(r["bytes_written"] for r in rows)
+    later = rows[1:] or rows
+    text = (f"{rows[0]['encoding']}: {plural(len(rows), 'checkpoint')} of a {rows[0]['logical_bytes'] / MIB:.1f} MiB "
+            f"state wrote {written / MIB:.1f} MiB ({logical / written:.2f}x less than full)" if written else "")
+    key = "dedup_ratio" if rows[0]["encoding"] == "incremental" else "compression_ratio"
+    text += f"; after the first: {mean(r[key] for r in later):.1f}x, longest chain {max(r.get('chain_length', 1) for r in rows)}"
+    if key == "compression_ratio":
+        worst = max(r.get("max_rel_error", 0.0) for r in rows)
+        text += f", max relative error {worst:.2e}"
+    text += f", encoding {max(r['encode_s_max'] for r in rows):.3f} s at most"
+    return [("encoding", text)]

@@ -95,9 +95,16 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("checkpoint", f"{plural(ckpt['writes'], 'write')} of {ckpt['bytes'] / GIB:.3f} GiB, slowest rank "
                                    f"{ckpt['write_s_max']:.3f} s, {ckpt['write_gib_per_s']:.3f} GiB/s{verify}"))
         rows += async_persist_row(ckpt)
+        from dlio_ckpt.checkpoint.report import encoding_rows  # checkpoint/report.py uses plural() from here
+
+        rows += encoding_rows(ckpt)
         rows += mlperf_rows(ckpt)
         if ckpt.get("restore_verified") is not None and ckpt.get("restore_s_max") is not None:
-            rows.append(("restore", f"{ckpt['restore_s_max']:.3f} s, {ckpt.get('restore_gib_per_s', 0):.3f} GiB/s, verified: {ckpt['restore_verified']}"))
+            chain = ckpt.get("restore_chain_length", 0)
+            chain = f", rebuilt from a chain of {chain}" if chain > 1 else ""
+            rows.append(("restore", f"{ckpt['restore_s_max']:.3f} s, {ckpt.get('restore_gib_per_s', 0):.3f} GiB/s, "
+                                    f"verified: {ckpt['restore_verified']}{chain}"))
+    rows += goodput_rows(summary)
     replay = summary.get("replay")
     if replay:
         rows += comparison_rows(replay)
@@ -105,6 +112,40 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("run folder", summary["run_dir"]))
     for note in summary.get("warnings", []):
         rows.append(("warning", note))
+    return rows
+
+
+def goodput_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Goodput and where the training wall time went; failures and the interval policy when they apply."""
+    spent = summary.get("time_accounting")
+    if not spent:
+        return []
+    wall = spent["wall_s"] or 1.0
+    rows = [("goodput", f"{summary['goodput']:.3f} (useful compute / training wall time {spent['wall_s']:.2f} s): "
+                        f"useful compute {spent['useful_compute_s'] / wall:.1%}, waiting for data {spent['data_wait_s'] / wall:.1%}, "
+                        f"checkpoint blocking {spent['checkpoint_s'] / wall:.1%}, lost work {spent['lost_work_s'] / wall:.1%} "
+                        f"({plural(spent['lost_steps'], 'step')} recomputed), restart {spent['restart_s'] / wall:.1%}, "
+                        f"other {spent['other_s'] / wall:.1%}")]
+    failures = summary.get("failures") or {}
+    if failures.get("count"):
+        back = ", ".join(f"{r['step']}->{r['restored_step']}" for r in failures["restarts"] if r.get("restored_step") is not None)
+        rows.append(("failures", f"{failures['count']} ({failures['restarts'][0]['kind']}, restart "
+                                 f"{failures['restarts'][0]['restart']}): step->restored step {back}; "
+                                 f"restore + warm-up {failures['restart_s']:.3f} s in all"))
+    resume = summary.get("resume") or {}
+    if resume.get("deterministic") is not None:
+        first = resume.get("first_divergence")
+        rows.append(("resume", "deterministic: samples and state after each restart equal the uninterrupted run's"
+                     if resume["deterministic"] else
+                     f"NOT deterministic: {first['what']} first differ at step {first['step']} on rank {first['rank']}"))
+    policy = (summary.get("checkpoint") or {}).get("policy") or {}
+    if policy.get("name") in ("young_daly", "checkfreq"):
+        predicted = policy.get("predicted_overhead")
+        extra = (f"Young {policy['young_s']:.3f} s, Daly {policy['daly_s']:.3f} s (used)" if policy["name"] == "young_daly"
+                 else f"stall {policy['stall_s']:.3f} s, full persist {policy['full_s']:.3f} s")
+        rows.append(("policy", f"{policy['name']}: every {policy['interval_steps']} steps "
+                               f"({policy['iteration_s']:.4f} s per step); {extra}"
+                               + (f"; predicted overhead {predicted:.1%}" if predicted is not None else "")))
     return rows
 
 
