@@ -185,6 +185,76 @@ def test_random_load_holds_the_restored_bytes_until_the_next_step(base_cfg):
         st.advance(6)
 
 
+# sgd and trace -------------------------------------------------------------------------------
+def floats_of(data: bytes, pf: PlannedFile) -> list[np.ndarray]:
+    out, at = [], 0
+    for t in pf.tensors:
+        if t.dtype_bytes > 1:
+            out.append(np.frombuffer(data[at : at + t.nbytes], dtype=t.dtype).astype(np.float64))
+        at += t.nbytes
+    return out
+
+
+@pytest.mark.parametrize("model", ["sgd", "trace"])
+def test_float_models_are_deterministic_finite_and_change_every_float(base_cfg, model):
+    a = state(base_cfg, (MIXED,), update=model, update_chunk_bytes=64, update_fraction=0.1)
+    b = state(base_cfg, (ALIGNED, MIXED), update=model, update_chunk_bytes=64, update_fraction=0.1)
+    before = file_bytes(a, MIXED)
+    for st in (a, b):
+        st.advance(3)
+        st.advance(40)
+    after = file_bytes(a, MIXED)
+    assert a.digest(MIXED) == b.digest(MIXED)
+    assert floats_finite(before, MIXED) and floats_finite(after, MIXED)
+    for x, y in zip(floats_of(before, MIXED), floats_of(after, MIXED)):
+        assert np.mean(x != y) > 0.9  # float16 may round a small step away
+    changed_bytes = np.mean(np.frombuffer(before[:1001], np.uint8) != np.frombuffer(after[:1001], np.uint8))
+    assert 0.8 < changed_bytes < 1.0  # uint8 units: 1 - 0.9^40 of them, as under sparse
+
+
+def test_sgd_deltas_are_heavy_tailed_small_and_decay_with_the_learning_rate(base_cfg):
+    from dlio_ckpt.state.values import decay_sum
+
+    st = state(base_cfg, (ALIGNED,), update="sgd", learning_rate=0.001)
+    x0 = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0]
+    assert abs(x0.std() - 0.02) < 0.001
+    st.advance(10)
+    early = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0] - x0
+    st.advance(990)
+    x990 = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0]
+    st.advance(1000)
+    late = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0] - x990
+    rms = np.sqrt(np.mean(early ** 2))
+    assert np.mean(early ** 4) / rms ** 4 > 6  # heavy tails (a normal distribution gives 3)
+    assert np.median(np.abs(early)) < 0.55 * rms  # most steps are small (normal: 0.67)
+    assert abs(rms / (0.001 * 0.02 * decay_sum(0, 10) * np.sqrt(3)) - 1) < 0.15  # t(3) has variance 3
+    expected = decay_sum(990, 1000) / decay_sum(0, 10)
+    assert abs(np.sqrt(np.mean(late ** 2)) / rms / expected - 1) < 0.1
+
+
+def test_trace_holds_the_mlps_parameters_tiled_and_scaled(base_cfg):
+    import zlib
+
+    from dlio_ckpt.state.mlp_trace import MlpTrace
+
+    trace = MlpTrace(7)
+    assert trace.loss(300) < 0.6 * trace.loss(0)  # it really learns
+    params = trace.params_at(12).astype(np.float64)
+    st = state(base_cfg, (ALIGNED,), update="trace")
+    st.advance(5)
+    st.advance(12)
+    values = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0]
+    position = zlib.crc32(f"{ALIGNED.owner}/{ALIGNED.relpath}/w".encode()) % len(params)
+    tile = values[: len(params) - position]
+    ratio = tile / params[position:]
+    assert 0.25 <= ratio[0] < 4 and np.allclose(ratio, ratio[0], rtol=1e-6)
+    next_tile = values[len(params) - position : 2 * len(params) - position] / params
+    assert np.allclose(next_tile, next_tile[0], rtol=1e-6) and not np.isclose(next_tile[0], ratio[0])
+    direct = state(base_cfg, (ALIGNED,), update="trace")
+    direct.advance(12)  # the parameters depend on the step only, not on the checkpoint steps before it
+    assert direct.digest(ALIGNED) == st.digest(ALIGNED)
+
+
 def test_update_model_names_come_from_one_registry():
     assert set(UPDATE_MODELS.names()) == set(typing.get_args(typing.get_type_hints(CheckpointConfig)["update"]))
     with pytest.raises(ConfigError, match="sparse"):
@@ -216,7 +286,7 @@ print(rss("VmHWM:") - base)
 """
 
 
-@pytest.mark.parametrize("model", ["sparse"])
+@pytest.mark.parametrize("model", ["sparse", "sgd", "trace"])
 def test_a_256_mib_state_keeps_memory_bounded(tmp_path, model):
     result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, model, str(tmp_path)], capture_output=True,
                             text=True, cwd=REPO, timeout=300)

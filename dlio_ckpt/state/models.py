@@ -9,6 +9,7 @@ run resumed from a checkpoint reproduces the same bytes only if it checkpoints a
 
 from __future__ import annotations
 
+import zlib
 from typing import Iterator
 
 import numpy as np
@@ -17,8 +18,10 @@ from dlio_ckpt.checkpoint.fileio import tensor_key
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.registry import Registry
-from dlio_ckpt.state.filestate import FileState, make_finite
+from dlio_ckpt.state.filestate import FileState, float_dtype, make_finite
+from dlio_ckpt.state.mlp_trace import MlpTrace
 from dlio_ckpt.state.units import move_units, rewrite_units
+from dlio_ckpt.state.values import CHUNK_VALUES, INIT_STD, ValuePool, decay_sum
 
 UPDATE_MODELS = Registry(
     key="checkpoint.update",
@@ -32,6 +35,8 @@ UPDATE_MODELS = Registry(
 )
 
 FILL_CHUNK_BYTES = 4 << 20
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+_MASK64 = (1 << 64) - 1
 # Draw purposes (part of every seed, so each kind of draw has its own stream).
 MOVES, CHANGES, FLOATS = 1, 2, 3
 
@@ -137,20 +142,101 @@ class SparseModel:
                       fs.rng(a, b, CHANGES), self._source)
 
 
+def float_chunks(fs: FileState) -> Iterator[tuple[int, int, int, TensorSpec]]:
+    """(file offset, first element, element count, tensor) of every float tensor, in pieces of at
+    most CHUNK_VALUES elements."""
+    for i, tensor in enumerate(fs.pf.tensors):
+        if tensor.dtype_bytes > 1:
+            for first in range(0, tensor.numel, CHUNK_VALUES):
+                yield int(fs.starts[i]) + first * tensor.dtype_bytes, first, min(CHUNK_VALUES, tensor.numel - first), tensor
+
+
+def write_floats(fs: FileState, at: int, tensor: TensorSpec, values: np.ndarray) -> None:
+    """Store `values` as the tensor's dtype, kept inside its finite range."""
+    dtype = float_dtype(tensor.dtype_bytes)
+    if dtype == np.float16:
+        np.clip(values, -FLOAT16_MAX, FLOAT16_MAX, out=values)
+    fs.store.write_at(at, values.astype(dtype, copy=False))
+
+
+def change_byte_tensors(fs: FileState, cfg, source: ByteSource, a: int, b: int) -> None:
+    """uint8 tensors under the float models change as under `sparse` (whole units, update_fraction)."""
+    rng = fs.rng(a, b, CHANGES)
+    probability = change_probability(cfg.update_fraction, b - a)
+    for i, tensor in enumerate(fs.pf.tensors):
+        if tensor.dtype_bytes == 1:
+            rewrite_units(fs, int(fs.starts[i]), int(fs.starts[i + 1]), cfg.update_chunk_bytes, probability, rng, source)
+
+
 class SgdModel:
-    """`sgd` (not built yet)."""
+    """`sgd`: float weights start as N(0, 0.02); an update from a to b adds to every element a
+    Student-t (df 3) step of scale learning_rate * 0.02 * (sum of the decayed learning-rate
+    factors of the steps in (a, b]); uint8 tensors change as under `sparse`."""
 
     stored = True
 
     def __init__(self, cfg, seed: int, source: ByteSource) -> None:
-        raise NotImplementedError("checkpoint.update=sgd is not implemented yet")
+        self._cfg = cfg
+        self._source = source
+        self._pool = ValuePool(seed)
+
+    def fill(self, fs: FileState) -> None:
+        fill_from_source(fs, self._source, skip_floats=True)
+        rng = fs.rng(0, 0, FLOATS)
+        for at, _, count, tensor in float_chunks(fs):
+            scale = INIT_STD * (1.0 + 0.01 * rng.standard_normal())  # no two chunks hold the same values
+            write_floats(fs, at, tensor, ValuePool.window(self._pool.normal, rng, count) * np.float32(scale))
+
+    def update(self, fs: FileState, a: int, b: int) -> None:
+        rng = fs.rng(a, b, FLOATS)
+        step = np.float32(self._cfg.learning_rate * INIT_STD * decay_sum(a, b))
+        for at, _, count, tensor in float_chunks(fs):
+            dtype = float_dtype(tensor.dtype_bytes)
+            weights = np.frombuffer(fs.store.read_at(at, count * tensor.dtype_bytes), dtype=dtype)
+            compute = np.float64 if dtype == np.float64 else np.float32
+            write_floats(fs, at, tensor, weights.astype(compute) + step * ValuePool.window(self._pool.noise, rng, count))
+        change_byte_tensors(fs, self._cfg, self._source, a, b)
 
 
 class TraceModel:
-    """`trace` (not built yet)."""
+    """`trace`: the float tensors hold the parameters of a tiny MLP after `step` real SGD steps
+    (mlp_trace.py), tiled over each tensor, every tile times its own fixed scale (2^-2..2^2, so
+    no two tiles are the same bytes); uint8 tensors change as under `sparse`."""
 
     stored = True
 
     def __init__(self, cfg, seed: int, source: ByteSource) -> None:
-        raise NotImplementedError("checkpoint.update=trace is not implemented yet")
+        self._cfg = cfg
+        self._source = source
+        self._trace = MlpTrace(seed)
 
+    def fill(self, fs: FileState) -> None:
+        fill_from_source(fs, self._source, skip_floats=True)
+        self._write_params(fs, 0)
+
+    def update(self, fs: FileState, a: int, b: int) -> None:
+        self._write_params(fs, b)
+        change_byte_tensors(fs, self._cfg, self._source, a, b)
+
+    def _write_params(self, fs: FileState, step: int) -> None:
+        params = self._trace.params_at(step)
+        period = len(params)
+        for at, first, count, tensor in float_chunks(fs):
+            key = zlib.crc32(f"{fs.pf.owner}/{fs.pf.relpath}/{tensor.name}".encode())
+            values = np.empty(count, dtype=np.float32)
+            done = 0
+            while done < count:
+                tile, position = divmod(first + done + key, period)
+                take = min(period - position, count - done)
+                np.multiply(params[position : position + take], np.float32(_tile_scale(key, tile)),
+                            out=values[done : done + take])
+                done += take
+            write_floats(fs, at, tensor, values)
+
+
+def _tile_scale(key: int, tile: int) -> float:
+    """A fixed scale in [1/4, 4) per (tensor, tile), from a 64-bit mix of both (splitmix64)."""
+    z = (key * 0x9E3779B97F4A7C15 + tile * 0xBF58476D1CE4E5B9 + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return 2.0 ** (4.0 * ((z ^ (z >> 31)) >> 11) / (1 << 53) - 2.0)
