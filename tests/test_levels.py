@@ -123,7 +123,9 @@ def test_a_flush_copies_the_checkpoint_byte_for_byte_with_its_manifest_last(tmp_
     assert sum(f.bytes for f in engine.flushes) == 2 * engine.plan.per_rank_bytes()[0]
 
 
-def test_retention_is_per_level_and_a_flushed_source_survives_its_flush(tmp_path, monkeypatch):
+@pytest.mark.parametrize("strategy", [["checkpoint.strategy=sharded"],
+                                      ["checkpoint.strategy=async", "checkpoint.max_in_flight=2"]])
+def test_retention_is_per_level_and_a_flushed_source_survives_its_flush(tmp_path, monkeypatch, strategy):
     import dlio_ckpt.checkpoint.levels as levels_module
 
     def slow_copy(*args, **kwargs):  # a copy slower than a save: the next save's retention must wait for it
@@ -131,7 +133,7 @@ def test_retention_is_per_level_and_a_flushed_source_survives_its_flush(tmp_path
         return copy_entries(*args, **kwargs)
 
     monkeypatch.setattr(levels_module, "copy_entries", slow_copy)
-    ctx = make_ctx(tmp_path, [levels(tmp_path, local_keep=1, shared_keep=2)])
+    ctx = make_ctx(tmp_path, [levels(tmp_path, local_keep=1, shared_keep=2), *strategy])
     engine = make_checkpoint_engine(ctx)
     for step in range(1, 8):
         engine.save(step, 1)

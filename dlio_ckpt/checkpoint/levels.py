@@ -194,14 +194,23 @@ class MultiLevelEngine:
 
     # flushes ---------------------------------------------------------------------------
     def _protect_flushed_source(self) -> None:
-        """Before a save to the first level: wait for a flush whose source checkpoint that save's
-        retention could delete (it keeps the newest keep_last; the save adds one)."""
+        """Before a save to the first level: finish the flushes whose source checkpoint that save's
+        retention could delete. It keeps the newest keep_last complete checkpoints, and the save
+        may commit every earlier one still in flight (async) and its own, so a source is safe only
+        while fewer than keep_last - 1 of the level's checkpoints are newer. A source still in
+        flight is committed first (the first level's finish), so that its flush can start."""
         keep = self.engines[0].cfg.keep_last
-        for flush in self._flushing:
-            newer = sum(1 for r in self.records if r.level == self.levels[0].name and r.step > flush.record.step)
-            if keep and newer + 1 >= keep:
-                self._commit_flushes(wait_all=True)
-                return
+        if not keep:
+            return
+
+        def at_risk(step: int) -> bool:
+            return sum(1 for r in self.stats[0].writes if r.step > step) + 1 >= keep
+
+        if any(at_risk(p.record.step) for p in self._pending):
+            self.engines[0].finish()
+            self._start_ready_flushes()
+        if any(at_risk(f.record.step) for f in self._flushing):
+            self._commit_flushes(wait_all=True)
 
     def _start_ready_flushes(self) -> None:
         """Collective: start the queued flushes whose source checkpoint is committed, in order, one
