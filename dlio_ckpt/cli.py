@@ -139,6 +139,12 @@ def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool)
         token = secrets.token_hex(4)
         try:
             if given is not None:
+                from dlio_ckpt.engine.failures import take_resume_note
+
+                named = Path(given.strip().strip("'\"")).resolve()
+                resumed = take_resume_note(named) if given.strip() and not multirun else None
+                if resumed:  # a run stopped by failures.restart=exit: resume it, with its run id
+                    return named, resumed
                 return claim_given_folder(given, key), token
             stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
             job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID") or str(os.getpid())
@@ -380,6 +386,7 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
         from hydra.core.hydra_config import HydraConfig
 
         from dlio_ckpt.config.load import explicit_keys, to_run_config
+        from dlio_ckpt.engine.failures import RESTART_EXIT_CODE, RestartExit
         from dlio_ckpt.engine.run import run_job
 
         hydra = HydraConfig.get()
@@ -391,6 +398,11 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
         except UserError as exc:
             report_failure(str(exc), world)
             world.abort(USAGE_EXIT_CODE)
+        except RestartExit as exc:  # failures.restart=exit: every rank is here, after a clean shutdown
+            if world.is_root:
+                print(f"dlio_ckpt: {exc}", file=sys.stderr, flush=True)
+            world.barrier()
+            raise SystemExit(RESTART_EXIT_CODE) from None
         except RunFailure as exc:  # one line per failing rank (it may have printed it already), exit 1
             if str(exc):
                 report_failure(str(exc), world)

@@ -15,6 +15,7 @@ from dlio_ckpt.engine.train import run_training
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats import get_format
 from dlio_ckpt.metrics import summary as summaries
+from dlio_ckpt.metrics.goodput import FAILURE_SECTIONS, failure_section
 from dlio_ckpt.plan.dataset import plan_dataset
 
 GIB = float(1 << 30)
@@ -116,7 +117,14 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
             "checkpoints": [record.as_dict() for record in checkpoints.records],
             "restore": restore.as_dict() if restore is not None else None,
             "levels": checkpoints.level_report() if hasattr(checkpoints, "level_report") else None,
+            "ledger": result.ledger.figures(),
+            "restarts": result.restarts,
+            "policy": result.policy,
+            "resume": result.resume,
+            "step_s_mean": result.ledger.step_s_mean,
         }
+        for key in FAILURE_SECTIONS:  # goodput, where the time went, failures, resume (metrics/goodput.py)
+            sections[key] = partial(failure_section, key)
         if config.checkpoint.enabled:
             sections["checkpoint"] = _checkpoint_section(config)
     cached_locally = ctx.storage.capabilities.local_paths  # an object store's reads do not pass this host's page cache
@@ -151,6 +159,7 @@ def _checkpoint_section(config: Any) -> Callable[[list[dict[str, Any]]], dict[st
             from dlio_ckpt.checkpoint.levels_report import levels_summary
 
             summary["levels"] = levels_summary([r.get("levels") for r in everyone])
+        summary["policy"] = everyone[0]["policy"]  # every rank derives the same interval from the same numbers
         return summary
 
     return build

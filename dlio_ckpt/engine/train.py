@@ -11,18 +11,28 @@ and is not part of the training wall time.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from dlio_ckpt.checkpoint.policy import make_policy
 from dlio_ckpt.engine.compute import ComputeModel
 from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.engine.failures import (FailureInjector, InjectedFailure, RestartExit, fail_and_restore, mark_note_done,
+                                       read_resumed_note, restore_for_restart, restored_step,
+                                       write_resume_note)
 from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader, TransferReader
+from dlio_ckpt.engine.resume_checks import ResumeChecks, state_digest
+from dlio_ckpt.errors import RunFailure
 from dlio_ckpt.formats.base import DatasetFormat, FormatOptions
+from dlio_ckpt.metrics.goodput import Ledger
 from dlio_ckpt.metrics.progress import Progress
 from dlio_ckpt.plan.dataset import DatasetPlan
-from dlio_ckpt.plan.read import Batch, check_world, dlio_steps_per_epoch, plan_epoch
+from dlio_ckpt.plan.failures import FailureSchedule
+from dlio_ckpt.plan.read import Batch, EpochReadPlan, check_world, dlio_steps_per_epoch, plan_epoch
+from dlio_ckpt.plan.resume import ResumePoint, resume_plan
 
 
 @dataclass
@@ -65,6 +75,10 @@ class TrainResult:
     eval_wall_s: float = 0.0
     au_blocks: AuBlocks = field(default_factory=AuBlocks)
     checkpoint_s: float = 0.0  # blocked in checkpoint saves (and the final wait for async ones)
+    ledger: Ledger = field(default_factory=Ledger)  # goodput: useful, lost and restart time (metrics/goodput.py)
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # one per injected failure
+    policy: dict[str, Any] = field(default_factory=dict)  # the checkpoint policy's summary
+    resume: dict[str, Any] = field(default_factory=dict)  # the determinism checks (ResumeChecks.local)
 
 
 def _waiting_for(batches: Iterable[Batch], result: TrainResult) -> Iterator[Batch]:
@@ -104,71 +118,244 @@ def in_file_order(config: Any, fmt: DatasetFormat) -> bool:
 
 
 def run_training(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: FormatOptions, checkpoints: Any) -> TrainResult:
-    config, world = ctx.config, ctx.world
-    whole = whole_files(config)
-    sequential = in_file_order(config, fmt)
-    check_world(plan.train, world.size, whole)
-    compute = ComputeModel.for_training(config.train, world.rank)
-    train_reader = make_reader(ctx, ctx.storage.with_phase("train"), fmt, options, plan.train)
-    result = TrainResult()
-    # DLIO's counting: the same floor(samples / batch / ranks) steps on every rank, every epoch,
-    # total_steps and step checkpoints counted within the epoch.
-    dlio = config.train.step_counting == "dlio"
-    max_batches = dlio_steps_per_epoch(plan.train, config.reader.batch_size, world.size, whole,
-                                       config.train.total_steps) if dlio else None
-    first_plan = plan_epoch(plan.train, config.reader, world.rank, world.size, 1, sequential, whole_files=whole,
-                            max_batches=max_batches)
-    steps_per_epoch = first_plan.num_batches
-    total = steps_per_epoch * config.train.epochs if dlio else (config.train.total_steps or steps_per_epoch * config.train.epochs)
-    progress = Progress("training", total, enabled=config.progress and world.is_root)
-    start = time.perf_counter()
-    done = False
-    try:
-        for epoch in range(1, config.train.epochs + 1):
-            epoch_plan = first_plan if epoch == 1 else plan_epoch(
-                plan.train, config.reader, world.rank, world.size, epoch, sequential, whole_files=whole,
-                max_batches=max_batches)
+    return _Training(ctx, plan, fmt, options, checkpoints).run()
+
+
+class _Training:
+    """One rank's training run: lives separated by failures, each resumed where the restore says.
+
+    A life runs epochs and steps from a ResumePoint until the end or an injected failure; the
+    failure unwinds out of the reader (closing it drops its prefetched batches and open files)
+    and the restart (engine/failures.py) gives the next life's ResumePoint.
+    """
+
+    def __init__(self, ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: FormatOptions,
+                 checkpoints: Any) -> None:
+        config, world = ctx.config, ctx.world
+        self.ctx, self.config, self.world, self.plan, self.checkpoints = ctx, config, world, plan, checkpoints
+        self.fmt, self.options = fmt, options
+        self.whole = whole_files(config)
+        self.sequential = in_file_order(config, fmt)
+        check_world(plan.train, world.size, self.whole)
+        self.compute = ComputeModel.for_training(config.train, world.rank)
+        self.reader = make_reader(ctx, ctx.storage.with_phase("train"), fmt, options, plan.train)
+        self.result = TrainResult()
+        # DLIO's counting: the same floor(samples / batch / ranks) steps on every rank, every epoch,
+        # total_steps and step checkpoints counted within the epoch.
+        self.dlio = config.train.step_counting == "dlio"
+        self.max_batches = dlio_steps_per_epoch(plan.train, config.reader.batch_size, world.size, self.whole,
+                                                config.train.total_steps) if self.dlio else None
+        self.first_plan = self.epoch_plan(1, config.reader.shuffle_seed)
+        self.policy = make_policy(checkpoints, world, config)
+        self.injector = FailureInjector(FailureSchedule.from_config(config.failures, world.size), world)
+        self.checks = ResumeChecks(world.rank)
+        self.ledger = self.result.ledger
+        self.last_checkpoint_step = -1  # never save a step at or before the one last saved or restored
+        self.last_checkpoint_end = 0.0
+        self.warming = False  # the first batch after a restart is the restart's warm-up
+        self.start = 0.0
+
+    def epoch_plan(self, epoch: int, seed: int) -> EpochReadPlan:
+        reader = self.config.reader
+        if seed != reader.shuffle_seed:
+            reader = dataclasses.replace(reader, shuffle_seed=seed)
+        return plan_epoch(self.plan.train, reader, self.world.rank, self.world.size, epoch, self.sequential,
+                          whole_files=self.whole, max_batches=self.max_batches)
+
+    @property
+    def tracking(self) -> bool:
+        """Determinism checks cost a digest of the state per checkpoint: only where failures can happen."""
+        return self.injector.enabled
+
+    def run(self) -> TrainResult:
+        config, world = self.config, self.world
+        steps_per_epoch = self.first_plan.num_batches
+        total = (steps_per_epoch * config.train.epochs if self.dlio
+                 else (config.train.total_steps or steps_per_epoch * config.train.epochs))
+        self.progress = Progress("training", total, enabled=config.progress and world.is_root)
+        self.start = self.last_checkpoint_end = time.perf_counter()
+        point = ResumePoint.start(config.reader.shuffle_seed)
+        try:
+            note = world.bcast(read_resumed_note(self.ctx.run_dir) if world.is_root else None)
+            if note is not None:
+                point = self.relaunched(note)
+            while True:
+                try:
+                    self.life(point)
+                    break
+                except InjectedFailure as failure:
+                    point = self.restart(failure)
+            finish = time.perf_counter()
+            self.checkpoints.finish()  # waits for checkpoints still in flight: training is blocked until then
+            self.blocked(time.perf_counter() - finish)
+        finally:
+            self.progress.close()
+        result = self.result
+        result.wall_s = time.perf_counter() - self.start - result.eval_wall_s
+        self.ledger.wall_s = self.ledger.carried_wall_s + result.wall_s
+        result.policy = self.policy.summary()
+        result.restarts = self.injector.restarts
+        result.resume = self.checks.local()
+        if note is not None and world.is_root:
+            mark_note_done(self.ctx.run_dir)
+        return result
+
+    def elapsed(self) -> float:
+        """Training wall time so far, earlier processes included (the failures' clock)."""
+        return self.ledger.carried_wall_s + time.perf_counter() - self.start - self.result.eval_wall_s
+
+    def blocked(self, seconds: float) -> None:
+        self.result.checkpoint_s += seconds
+        self.ledger.checkpoint_s += seconds
+
+    # one life -------------------------------------------------------------------------------
+    def life(self, point: ResumePoint) -> None:
+        config, result = self.config, self.result
+        step = result.steps = point.step
+        for epoch in range(point.epoch, config.train.epochs + 1):
+            seed = point.shuffle_seed if epoch == point.epoch else config.reader.shuffle_seed
+            whole_epoch = self.first_plan if epoch == 1 and seed == config.reader.shuffle_seed else self.epoch_plan(epoch, seed)
+            resumed = epoch == point.epoch and point.step_in_epoch > 0
+            run_plan = resume_plan(whole_epoch, point) if resumed else whole_epoch
+            # what an uninterrupted run reads in this epoch: the samples after a resume must match it
+            reference = self.epoch_plan(epoch, config.reader.shuffle_seed) if resumed else None
+            epoch_step = point.step_in_epoch if resumed else 0
             result.au_blocks.start_block()
             step_start = time.perf_counter()
-            epoch_step = 0
-            with closing(_waiting_for(train_reader.batches(epoch_plan), result)) as batches:
-                for batch in batches:
-                    seconds = compute.run()
-                    result.steps += 1
+            waited = result.data_wait_s
+            with closing(_waiting_for(self.reader.batches(run_plan), result)) as batches:
+                for index, batch in enumerate(batches):
+                    seconds = self.compute.run()
+                    step += 1
                     epoch_step += 1
+                    result.steps = step
                     result.samples += batch.samples
                     result.payload_bytes += batch.payload_bytes
                     result.compute_s += seconds
                     now = time.perf_counter()
+                    wall = now - step_start
+                    if self.warming:  # the reader refilling after a restart: part of the restart's time
+                        warm = result.data_wait_s - waited
+                        self.ledger.restart_s += warm
+                        self.injector.restarts[-1]["warmup_s"] = warm
+                        wall -= warm
+                        self.warming = False
+                    self.ledger.step(step, seconds, wall)
+                    self.policy.step_done(wall, first=index == 0)
+                    self.checks.samples(step, run_plan.batch(index),
+                                        None if reference is None else reference.batch(epoch_step - 1))
                     result.au_blocks.step(now - step_start, seconds)
-                    progress.advance(1, batch.payload_bytes)
-                    if checkpoints.due(result.steps, epoch, False, trigger_step=epoch_step if dlio else None):
-                        result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
+                    self.progress.advance(1, batch.payload_bytes)
+                    event = self.injector.strikes(step, self.elapsed())
+                    if event is not None:
+                        raise InjectedFailure(event, step)
+                    if self.policy.due(step, epoch, False, trigger_step=epoch_step if self.dlio else None):
+                        self.checkpoint(step, epoch, ResumePoint(step, epoch, epoch_step, seed,
+                                                                 epoch_step * run_plan.batch_size))
                         result.au_blocks.start_block()
-                    if not dlio and config.train.total_steps and result.steps >= config.train.total_steps:
-                        done = True
-                        break
+                    if not self.dlio and config.train.total_steps and step >= config.train.total_steps:
+                        result.epochs = max(result.epochs, epoch)
+                        return
                     step_start = time.perf_counter()
-            result.epochs = epoch
+                    waited = result.data_wait_s
+            result.epochs = max(result.epochs, epoch)
             if config.evaluation.enabled and epoch % config.evaluation.epochs_between_evals == 0:
-                _evaluate(ctx, plan, fmt, options, epoch, result)
-            if checkpoints.due(result.steps, epoch, True):
-                result.checkpoint_s += _checkpoint(checkpoints, result.steps, epoch)
-            if done:
-                break
-        finish = time.perf_counter()
-        checkpoints.finish()  # waits for checkpoints still in flight: training is blocked until then
-        result.checkpoint_s += time.perf_counter() - finish
-    finally:
-        progress.close()
-    result.wall_s = time.perf_counter() - start - result.eval_wall_s
-    return result
+                _evaluate(self.ctx, self.plan, self.fmt, self.options, epoch, result)
+            if self.policy.due(step, epoch, True):
+                # the loader's position is the next epoch's start
+                self.checkpoint(step, epoch, ResumePoint(step, epoch + 1, 0, config.reader.shuffle_seed, 0))
 
+    def checkpoint(self, step: int, epoch: int, point: ResumePoint) -> None:
+        if step <= self.last_checkpoint_step:
+            return
+        probe = self.policy.probe(step)
+        start = time.perf_counter()
+        record = self.checkpoints.save(step, epoch, resume=point.as_dict())
+        if probe:
+            self.checkpoints.finish()  # the profile needs the full persist time (CheckFreq waits for it too)
+        end = time.perf_counter()
+        self.blocked(end - start)
+        self.policy.checkpoint_done(step, record, end - self.last_checkpoint_end)
+        if self.tracking:
+            self.checks.saved_state(step, state_digest(self.checkpoints))
+        self.last_checkpoint_step = step
+        self.last_checkpoint_end = time.perf_counter()
 
-def _checkpoint(checkpoints: Any, step: int, epoch: int) -> float:
-    start = time.perf_counter()
-    checkpoints.save(step, epoch)
-    return time.perf_counter() - start
+    # failures ---------------------------------------------------------------------------------
+    def restart(self, failure: InjectedFailure) -> ResumePoint:
+        event = failure.event
+        entry = {"index": event.index, "step": failure.step, "kind": event.kind, "rank": event.rank,
+                 "at_s": event.at_s, "restart": self.config.failures.restart}
+        self.injector.restarts.append(entry)
+        if self.config.failures.restart == "exit":
+            self.exit_for_relaunch()
+        record, seconds = fail_and_restore(self.ctx, self.checkpoints, event)
+        return self.resume_from(record, seconds, entry)
+
+    def resume_from(self, record: Any, seconds: float, entry: dict[str, Any]) -> ResumePoint:
+        """After a restore: account for it, check the restored state, and say where to go on from."""
+        step = restored_step(record)
+        lost_steps, lost_s = self.ledger.roll_back(step)
+        self.ledger.restart_s += seconds
+        entry.update(restored_step=step, level=getattr(record, "level", None), restore_s=seconds,
+                     warmup_s=0.0, lost_steps=lost_steps, lost_work_s=lost_s)
+        self.result.au_blocks.start_block()
+        self.policy.restarted(step)
+        self.last_checkpoint_step = step if step > 0 else -1
+        self.last_checkpoint_end = time.perf_counter()
+        self.warming = True
+        self.checks.restored_state(step, state_digest(self.checkpoints) if step > 0 and self.tracking else None)
+        return self.resume_point(record, step)
+
+    def resume_point(self, record: Any, step: int) -> ResumePoint:
+        if step == 0:
+            return ResumePoint.start(self.config.reader.shuffle_seed)
+        stored = getattr(record, "resume", None)
+        if stored:
+            return ResumePoint.from_dict(stored)
+        # a checkpoint without the loader's position (written before it was stored): derived from
+        # the step, which every epoch of this run divides alike
+        per_epoch = max(1, self.first_plan.num_batches)
+        epoch, within = divmod(step, per_epoch)
+        return ResumePoint(step, epoch + 1, within, self.config.reader.shuffle_seed, within * self.first_plan.batch_size)
+
+    def exit_for_relaunch(self) -> None:
+        """failures.restart=exit: drop what the failure destroys, leave the note, end the job."""
+        fail = getattr(self.checkpoints, "fail", None)
+        if fail is not None:
+            fail(self.injector.restarts[-1]["kind"])
+        self.ledger.wall_s = self.elapsed()
+        mine = {"ledger": self.ledger.as_dict(), "checks": self.checks.carried()}
+        everyone = self.world.gather(mine)
+        path = None
+        if self.world.is_root:
+            token = self.ctx.run_id.rsplit("-", 1)[-1]
+            path = write_resume_note(self.ctx.run_dir, {
+                "token": token, "run_id": self.ctx.run_id, "world_size": self.world.size,
+                "next_failure": self.injector.next_index, "restarts": self.injector.restarts, "ranks": everyone})
+        path = self.world.bcast(path)
+        self.progress.close()
+        raise RestartExit(path)
+
+    def relaunched(self, note: dict[str, Any]) -> ResumePoint:
+        """The first thing a relaunch does: take up the note, restore, go on."""
+        if note.get("world_size") != self.world.size:
+            raise RunFailure(f"the run stopped on a failure with {note.get('world_size')} ranks; relaunch it with as many "
+                             f"(this launch has {self.world.size})", known_everywhere=True)
+        mine = note["ranks"][self.world.rank]
+        carried = Ledger.from_dict(mine["ledger"])
+        carried.carried_wall_s = carried.wall_s
+        self.ledger = self.result.ledger = carried
+        self.checks.take_carried(mine["checks"])
+        self.injector.next_index = int(note["next_failure"])
+        self.injector.restarts = list(note["restarts"])
+        start = time.perf_counter()
+        if self.config.storage.drop_caches:
+            from dlio_ckpt.engine.phases import drop_page_cache
+
+            drop_page_cache()
+        record = restore_for_restart(self.ctx, self.checkpoints)
+        return self.resume_from(record, time.perf_counter() - start, self.injector.restarts[-1])
 
 
 def _evaluate(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: FormatOptions, epoch: int, result: TrainResult) -> None:

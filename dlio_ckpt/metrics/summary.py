@@ -111,6 +111,7 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
         "dlio_samples_per_s": dlio_samples_per_s,
         "dlio_io_mib_per_s_nominal": dlio_samples_per_s * config.dataset.record_length_bytes / MIB,
         "checkpoint_s_in_loop": max(r["checkpoint_s"] for r in ranks),
+        "step_s_mean": max(r.get("step_s_mean", 0.0) for r in ranks),  # iteration time: compute and data wait, slowest rank
     }
     section["storage"] = bandwidth.run_storage_section(section, len(ranks), config)
     return section
