@@ -15,11 +15,14 @@ reported, with ratio = throughput / copy throughput (the issue's target: >= 0.5)
 
     python benchmarks/merkle_hashing.py [--mib 256] [--leaves 4KiB,16KiB,64KiB,256KiB,1MiB,4MiB] [--rounds 5] [--out FILE]
     python benchmarks/merkle_hashing.py --quick        # 64 MiB, 3 rounds, ~10 s
+    python benchmarks/merkle_hashing.py --rss-gib 4 --leaves 256KiB --out results/merkle_rss.json
+        # peak RSS of encoding a 4 GiB shard (generated piece by piece, never whole) twice
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -97,6 +100,68 @@ def measure(state: np.ndarray, second: np.ndarray, leaf: int, rounds: int) -> di
     return row
 
 
+class SyntheticState:
+    """A FileView of `size` bytes that exist nowhere whole: each read is generated into one
+    reused buffer from an 8 MiB random block, every 64 KiB unit stamped with its index (and, for
+    the units `changed` holds, with the step too), so leaves differ and a step changes a few."""
+
+    UNIT = 64 << 10
+
+    def __init__(self, size: int, step: int = 0, changed: frozenset = frozenset()) -> None:
+        self.size = size
+        self.step = step
+        self.changed = changed
+        self._block = np.random.default_rng(0).integers(0, 256, 8 << 20, dtype=np.uint8)
+        self._buffer = np.empty(0, np.uint8)
+
+    def read_at(self, offset: int, nbytes: int) -> memoryview:
+        nbytes = max(0, min(nbytes, self.size - offset))
+        if len(self._buffer) < nbytes:
+            self._buffer = np.empty(nbytes, np.uint8)
+        out = self._buffer[:nbytes]
+        done = 0
+        while done < nbytes:
+            at = (offset + done) % len(self._block)
+            take = min(nbytes - done, len(self._block) - at)
+            out[done : done + take] = self._block[at : at + take]
+            done += take
+        first = -(-offset // self.UNIT)
+        for unit in range(first, (offset + nbytes - 1) // self.UNIT + 1):
+            start = unit * self.UNIT - offset
+            stamp = np.array([unit, self.step if unit in self.changed else 0], "<u8").view(np.uint8)
+            end = min(start + 16, nbytes)
+            out[start:end] = stamp[: end - start]
+        return memoryview(out)
+
+    def stream(self, chunk_bytes: int):
+        from dlio_ckpt.state.base import stream_by_reads
+
+        return stream_by_reads(self, chunk_bytes)
+
+
+def peak_rss(gib: float, leaf: int) -> dict:
+    """Peak RSS of encoding (and writing nowhere) two checkpoints of a `gib` GiB synthetic state:
+    a full one, then one with 2% of its 64 KiB units changed."""
+    import resource
+
+    size = int(gib * GIB)
+    units = size // SyntheticState.UNIT
+    changed = frozenset(np.random.default_rng(2).choice(units, units // 50, replace=False).tolist())
+    encoder = IncrementalEncoder(leaf)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    rows = []
+    for index, state in enumerate([SyntheticState(size), SyntheticState(size, 1, changed)]):
+        start = time.perf_counter()
+        encoded = encoder.encode(index, "shard", state)
+        encode_s = time.perf_counter() - start
+        written = sum(len(p) for p in encoded.chunks(4 << 20))
+        rows.append({"index": index, "encode_s": round(encode_s, 2), "bytes_written": written,
+                     "first_leaves": encoded.stats["first_leaves"], "fixed_leaves": encoded.stats["fixed_leaves"]})
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    return {"state_bytes": size, "leaf_bytes": leaf, "rss_before_bytes": before, "peak_rss_bytes": after,
+            "growth_bytes": after - before, "checkpoints": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256, help="buffer size in MiB (default 256: larger than the caches)")
@@ -106,7 +171,14 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.02, help="... this fraction of them")
     parser.add_argument("--quick", action="store_true", help="64 MiB, 3 rounds")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "merkle_hashing.json"))
+    parser.add_argument("--rss-gib", type=float, default=0,
+                        help="instead: peak RSS while encoding two checkpoints of a synthetic state of this size")
     args = parser.parse_args()
+    if args.rss_gib:
+        report = peak_rss(args.rss_gib, parse_size(args.leaves.split(",")[0]))
+        print(json.dumps(report, indent=2))
+        write_json(Path(args.out), {"environment": environment(tempfile.gettempdir()), **report})
+        return
     if args.quick:
         args.mib, args.rounds = 64, 3
     state = np.random.default_rng(0).integers(0, 256, args.mib << 20, dtype=np.uint8)
