@@ -5,8 +5,9 @@ delta_t = x_t - xr_{t-1}, where xr is the state a restore rebuilds (so quantisat
 corrected by the next delta instead of accumulating), quantised to n bits per element:
 
 1. bucket every delta element by its (sign, binary exponent): the sign and exponent field of the
-   float64 delta, which is frexp's (sign, exponent) for normal numbers; exact zeros get their own
-   bucket, which always maps to index 0;
+   float64 delta, which is frexp's (sign, exponent) for normal numbers; the two buckets of
+   exponent field 0 (exact zeros, and float64-subnormal deltas below 2.3e-308, which float16/32
+   tensors cannot produce) are never kept: index 0;
 2. a bucket's representative is the midpoint of its smallest and largest delta;
 3. priority promotion: the 2^bits - 1 buckets with the largest |representative| keep an index
    1..2^bits-1, every other element gets index 0 (it is not changed);
@@ -82,8 +83,8 @@ KIND_FULL, KIND_DELTA = 0, 1
 MODE_RAW, MODE_QUANTISED = 0, 1
 CODERS = ("huffman", "zstd")
 FLOAT_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4"), 8: np.dtype("<f8")}
-ZERO_BUCKET = 4096  # buckets 0..4095 are the top 12 bits (sign, exponent) of a float64 delta
-N_BUCKETS = 4097
+N_BUCKETS = 4096  # a bucket is the top 12 bits (sign, exponent field) of a float64 delta
+ZERO_EXPONENT = np.array([0, 2048])  # +-0 and float64 subnormals: never kept, always index 0
 DEFAULT_SEGMENT_ELEMS = 1 << 20
 ZSTD_LEVEL = 3
 
@@ -104,9 +105,9 @@ def rounding_slack(dtype: np.dtype, largest: float) -> float:
 
 
 def bucket_ids(delta: np.ndarray) -> np.ndarray:
-    """The (sign, exponent) bucket of each float64 delta element; ZERO_BUCKET for exact zeros."""
-    ids = (delta.view(np.uint64) >> np.uint64(52)).astype(np.intp)
-    ids[delta == 0] = ZERO_BUCKET
+    """The (sign, exponent) bucket of each float64 delta element: its top 12 bits."""
+    ids = delta.view(np.int64) >> 52
+    ids &= 0xFFF
     return ids
 
 
@@ -169,6 +170,11 @@ def _read(view: FileView, offset: int, nbytes: int, what: str) -> memoryview:
     if len(data) != nbytes:
         raise ValueError(f"{what}: {len(data)} bytes at offset {offset}, expected {nbytes}")
     return data
+
+
+def _max_abs(values: np.ndarray) -> float:
+    """max |v| without an |v| temporary."""
+    return max(float(values.max()), -float(values.min()))
 
 
 def _offsets(tensors: tuple[TensorSpec, ...]) -> list[int]:
@@ -360,7 +366,7 @@ class _EncodeRun:
             counts += np.bincount(ids, minlength=N_BUCKETS)
             np.minimum.at(lo, ids, delta)
             np.maximum.at(hi, ids, delta)
-        nonempty = np.flatnonzero(counts[:ZERO_BUCKET])
+        nonempty = np.setdiff1d(np.flatnonzero(counts), ZERO_EXPONENT)
         mid = (lo[nonempty] + hi[nonempty]) / 2
         order = np.lexsort((nonempty, -np.abs(mid)))
         keep = order[: (1 << self.enc.bits) - 1]
@@ -372,8 +378,8 @@ class _EncodeRun:
         used = np.flatnonzero(symbol_counts)
         kept_b = nonempty[keep]
         half = float(((hi[kept_b] - lo[kept_b]) / 2).max()) if len(keep) else 0.0
-        dropped_b = nonempty[dropped]
-        lost = float(np.maximum(np.abs(lo[dropped_b]), np.abs(hi[dropped_b])).max()) if len(dropped) else 0.0
+        dropped_b = np.concatenate((nonempty[dropped], ZERO_EXPONENT[counts[ZERO_EXPONENT] > 0]))
+        lost = float(np.maximum(np.abs(lo[dropped_b]), np.abs(hi[dropped_b])).max()) if len(dropped_b) else 0.0
         return _Quantiser(
             symbol_of_bucket=symbol_of_bucket,
             representatives=representatives,
@@ -425,13 +431,14 @@ class _EncodeRun:
             meta += len(head)
             self.xr.write_at(at, new)
             self.digest.update(new)
-            err = x - new
+            new64 = new.astype(np.float64)
+            err = x - new64
             self.kept += int(np.count_nonzero(symbols))
             if n:
-                top_x = float(np.abs(x).max())
-                self.max_err = max(self.max_err, float(np.abs(err).max()))
+                top_x = _max_abs(x)
+                self.max_err = max(self.max_err, _max_abs(err))
                 self.max_abs_x = max(self.max_abs_x, top_x)
-                largest = max(largest, top_x, float(np.abs(previous).max()), float(np.abs(new).max()))
+                largest = max(largest, top_x, _max_abs(previous), _max_abs(new64))
             self.sq_err += float(np.dot(err, err))
             self.sq_x += float(np.dot(x, x))
         body = self.spool.size - header_at - TENSOR_HEADER.size
