@@ -77,6 +77,10 @@ def test_sparse_changes_write_only_changed_chunks_and_restore_bit_exact():
     first = chain.checkpoint(0, state)
     assert first.chain == (0,) and first.stats["first_leaves"] == 65 and first.stats["full"]
     assert first.state_digest == xxhash.xxh3_128_hexdigest(bytes(state))
+    size = len(state)
+    assert first.stats["baseline_full_bytes"] == size
+    assert first.stats["baseline_changed_chunks_bytes"] == size + 9  # every leaf + a 65-bit bitmap
+    assert first.stats["baseline_chunk_list_bytes"] == size + 65 * 4
     originals = {}
     for index, changed in enumerate([[3], [10, 11, 40], [64]], start=1):
         for leaf in changed:
@@ -306,3 +310,35 @@ def test_random_edits_over_a_chain_restore_bit_exact(seed):
             assert encoded.nbytes == encoded.metadata_bytes
     for index, expected in snapshots.items():
         assert chain.restore(index, size) == expected
+
+
+def test_container_layout_as_documented():
+    """Read a container with the layout docs/checkpointing.md gives (not the decoder): header
+    fields, FIRST node ids and their bytes, SHIFT groups ascending by checkpoint."""
+    state = random_state(16 * C, seed=14)
+    chain = Chain(IncrementalEncoder(C))
+    chain.checkpoint(0, state)
+    old_leaf2 = bytes(state[2 * C : 3 * C])
+    state[2 * C : 3 * C] = fresh(C, 15)  # FIRST in checkpoint 1
+    chain.checkpoint(1, state)
+    state[9 * C : 10 * C] = old_leaf2  # from checkpoint 0
+    state[12 * C : 13 * C] = state[2 * C : 3 * C]  # from checkpoint 1
+    state[14 * C : 15 * C] = fresh(C, 16)  # FIRST in checkpoint 2
+    state[4 * C : 5 * C] = state[14 * C : 15 * C]  # a lower copy of it: that one is FIRST
+    encoded = chain.checkpoint(2, state)
+    blob = chain.containers[2]
+    magic, version, hash_id, ref, index, chunk, length, n_first, n_shift = struct.unpack_from("<2sBBIIIQII", blob)
+    assert (magic, version, hash_id, ref, index, chunk, length) == (b"MK", 1, 1, 1, 2, C, 16 * C)
+    assert (n_first, n_shift) == (1, 3)
+    first = np.frombuffer(blob, "<u4", n_first, 32)
+    assert merkle.node_leaves(first, 16).tolist() == [4]
+    at = 32 + 4 * n_first
+    (n_groups,) = struct.unpack_from("<I", blob, at)
+    groups = np.frombuffer(blob, "<u4", 2 * n_groups, at + 4).reshape(-1, 2).tolist()
+    assert groups == [[0, 1], [1, 1], [2, 1]]
+    pairs = np.frombuffer(blob, "<u4", 2 * n_shift, at + 4 + 8 * n_groups).reshape(-1, 2)
+    assert merkle.node_leaves(pairs[:, 0], 16).tolist() == [9, 12, 14]
+    assert merkle.node_leaves(pairs[:, 1], 16).tolist() == [2, 2, 4]
+    data_at = at + 4 + 8 * n_groups + 8 * n_shift
+    assert data_at == encoded.metadata_bytes and blob[data_at:] == state[4 * C : 5 * C]
+    assert chain.restore(2, len(state)) == state
