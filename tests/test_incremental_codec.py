@@ -342,3 +342,16 @@ def test_container_layout_as_documented():
     data_at = at + 4 + 8 * n_groups + 8 * n_shift
     assert data_at == encoded.metadata_bytes and blob[data_at:] == state[4 * C : 5 * C]
     assert chain.restore(2, len(state)) == state
+
+
+@pytest.mark.parametrize("size", [0, 1, C, C + 1])
+def test_empty_and_single_leaf_files(size):
+    state = random_state(size, seed=size)
+    chain = Chain(IncrementalEncoder(C))
+    assert chain.checkpoint(0, state).nbytes == EMPTY_METADATA + 4 * (size > 0) + size
+    original = bytes(state)
+    if size:
+        state[-1] ^= 1
+    encoded = chain.checkpoint(1, state)
+    assert encoded.nbytes == EMPTY_METADATA + (4 + size - (size - 1) // C * C if size else 0)
+    assert chain.restore(0, size) == original and chain.restore(1, size) == state
