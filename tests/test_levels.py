@@ -258,3 +258,22 @@ def test_a_flush_of_an_encoded_checkpoint_takes_its_chain_and_retention_keeps_it
     restored = engine.restore()
     assert (restored.level, restored.checkpoint_step, restored.chain_length) == ("shared", 6, 3)
     assert restored.verified
+
+
+def test_free_space_is_checked_per_level_folder(tmp_path, monkeypatch):
+    from dlio_ckpt.config.space import FREE_BYTES_VARIABLE, check_free_space, checkpoint_bytes, kept_per_level
+
+    config = load_config([f"storage.root={tmp_path}", "workload=bert", "scale=tiny", "checkpoint.enabled=true",
+                          "checkpoint.steps_between_checkpoints=1", "checkpoint.keep_last=0", "train.total_steps=8",
+                          "generate.enabled=false",
+                          levels(tmp_path, local_keep=3, shared_keep=-1, every=4)])
+    assert kept_per_level(config, 1) == [3, 2]  # 8 checkpoints: the local level keeps 3, the shared one gets 4 and 8
+    each = checkpoint_bytes(config, 1)
+    monkeypatch.setenv(FREE_BYTES_VARIABLE, str(3 * each))
+    check_free_space(config, 1, free_bytes=2 * each)  # 3 fit the local folder, 2 storage.root
+    monkeypatch.setenv(FREE_BYTES_VARIABLE, str(3 * each - 1))
+    with pytest.raises(ConfigError, match=r"checkpoint.levels\[0\].path: level local keeps up to 3 checkpoints"):
+        check_free_space(config, 1, free_bytes=10 * each)
+    monkeypatch.setenv(FREE_BYTES_VARIABLE, str(3 * each))
+    with pytest.raises(ConfigError, match="storage.root: the run needs"):
+        check_free_space(config, 1, free_bytes=2 * each - 1)

@@ -553,7 +553,7 @@ def check_levels(config: RunConfig) -> None:
                               f"({level.every} after {levels[number - 1].every}); list the levels fastest first")
         if level.name in names:
             raise ConfigError(f"{key}[{number}].name: '{level.name}' names two levels; give each its own name")
-        folder = os.path.realpath(level.path) if level.path else ""
+        folder = os.path.realpath(level.path or os.path.join(config.storage.root, config.checkpoint.folder))
         if folder in folders:
             raise ConfigError(f"{key}[{number}].path: '{level.path or 'storage.root/checkpoint.folder'}' is already "
                               "another level's folder; give each level its own folder")

@@ -7,10 +7,13 @@ checkpoints it keeps on disk: `checkpoint.keep_last` of them, or every one it wr
 0 (mode=checkpoint: num_checkpoints_write; training: the step and epoch triggers over the planned
 steps; checkpoints triggered by seconds cannot be foreseen and are not counted). So the check is
 a lower bound: passing it does not promise the run fits, failing it proves the run cannot.
+With checkpoint.levels, each level holds the checkpoints SCR's rule sends to it (up to its
+keep_last), and a level with a folder of its own (a RAM disk, a local SSD) is checked there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -46,6 +49,13 @@ def dataset_bytes_to_write(config: RunConfig, storage: StorageBackend) -> int:
 
 def checkpoints_kept(config: RunConfig, world_size: int) -> int:
     """How many checkpoints this run has on disk at once, at most (see the module's note)."""
+    written = checkpoints_written(config, world_size)
+    keep = config.checkpoint.keep_last
+    return min(written, keep) if keep else written
+
+
+def checkpoints_written(config: RunConfig, world_size: int) -> int:
+    """How many checkpoints this run writes (see the module's note)."""
     ck = config.checkpoint
     if config.workload == "replay" or config.mode not in ("train", "checkpoint"):
         return 0
@@ -66,7 +76,47 @@ def checkpoints_kept(config: RunConfig, world_size: int) -> int:
         by_step = steps // triggers.steps_between if triggers.steps_between > 0 else 0
         epochs = min(config.train.epochs, math.ceil(steps / per_epoch)) if per_epoch else 0
         written = by_step + sum(1 for epoch in range(1, epochs + 1) if triggers.at_epoch_end(epoch))
-    return min(written, ck.keep_last) if ck.keep_last else written
+    return written
+
+
+# Levels: checkpoints counted over at most this many (a lower bound, as the rest, for longer runs).
+LEVEL_COUNT_LIMIT = 100_000
+
+
+def kept_per_level(config: RunConfig, world_size: int) -> list[int]:
+    """checkpoint.levels: how many checkpoints each level holds at once, at most: those SCR's rule
+    sends to it (a flushed level's also on the first level), up to the level's keep_last."""
+    from dlio_ckpt.plan.levels import placement
+
+    levels = config.checkpoint.levels
+    counts = [0] * len(levels)
+    intervals, flushed = [lv.every for lv in levels], [lv.write == "flush" for lv in levels]
+    for number in range(1, min(checkpoints_written(config, world_size), LEVEL_COUNT_LIMIT) + 1):
+        where = placement(number, intervals, flushed)
+        counts[where.write] += 1
+        for target in where.flush:
+            counts[target] += 1
+    keeps = [config.checkpoint.keep_last if lv.keep_last < 0 else lv.keep_last for lv in levels]
+    return [min(count, keep) if keep else count for count, keep in zip(counts, keeps)]
+
+
+def _check_level_space(config: RunConfig, kept: list[int], each: int) -> None:
+    """Each level with a folder of its own (a RAM disk, a local SSD) holds its checkpoints there."""
+    from dlio_ckpt.storage import make_backend
+
+    for number, (level, count) in enumerate(zip(config.checkpoint.levels, kept)):
+        if not level.path or not count:
+            continue
+        folder = os.path.abspath(level.path)
+        options = dataclasses.replace(config.storage, backend=level.backend or config.storage.backend, root=folder)
+        given = os.environ.get(FREE_BYTES_VARIABLE, "")
+        free = int(given) if given.isdigit() else make_backend(options, folder).free_bytes(folder)
+        if free is not None and count * each > free:
+            raise ConfigError(
+                f"checkpoint.levels[{number}].path: level {level.name} keeps up to {count} checkpoint"
+                f"{'s' if count > 1 else ''} x {_size(each)} = {_size(count * each)} but {folder} has {_size(free)} free; "
+                "lower the level's keep_last, choose another folder, or shrink the run"
+            )
 
 
 def checkpoint_bytes(config: RunConfig, world_size: int) -> int:
@@ -90,13 +140,17 @@ def check_free_space(config: RunConfig, world_size: int, free_bytes: int | None 
         from dlio_ckpt.storage import make_backend
 
         storage = make_backend(config.storage, root)
+    kept = checkpoints_kept(config, world_size)
+    if config.checkpoint.levels and kept:  # levels with folders of their own are checked there
+        per_level = kept_per_level(config, world_size)
+        _check_level_space(config, per_level, checkpoint_bytes(config, world_size))
+        kept = sum(count for level, count in zip(config.checkpoint.levels, per_level) if not level.path)
     if free_bytes is None:
         given = os.environ.get(FREE_BYTES_VARIABLE, "")
         free_bytes = int(given) if given.isdigit() else storage.free_bytes(root)
     if free_bytes is None:  # unknown or unbounded (object stores)
         return
     dataset = dataset_bytes_to_write(config, storage)
-    kept = checkpoints_kept(config, world_size)
     each = checkpoint_bytes(config, world_size) if kept else 0
     needed = dataset + kept * each
     if needed <= free_bytes:
