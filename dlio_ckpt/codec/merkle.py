@@ -274,8 +274,9 @@ class Labelling:
 
 def label_tree(digests: np.ndarray, previous: np.ndarray | None, table: FirstOccurrences, index: int, heights: np.ndarray) -> Labelling:
     """Label every node of checkpoint `index` against the previous checkpoint's leaf digests
-    ((n, 16), file order; None for a full checkpoint) and the chain's table, then add this checkpoint's FIRST nodes to the
-    table. Vectorised over nodes: one pass over the leaves, then one per tree height."""
+    ((n, 16), file order; None for a full checkpoint) and the chain's table, then add this
+    checkpoint's FIRST nodes to the table. Vectorised: one pass over the leaves, then one per
+    tree height."""
     total = len(digests)
     n = (total + 1) // 2
     keys = _keys(digests)
@@ -283,66 +284,12 @@ def label_tree(digests: np.ndarray, previous: np.ndarray | None, table: FirstOcc
     ref_node = np.full(total, -1, np.int64)
     ref_index = np.full(total, -1, np.int64)
     leaves = leaf_nodes(n)
-    leaf_keys = keys[leaves]
-    if previous is not None:
-        fixed = (leaf_keys == _keys(previous)).all(axis=1)
-    else:
-        fixed = np.zeros(n, bool)
-    labels[leaves[fixed]] = FIXED
-    moving = np.flatnonzero(~fixed)
-    found, node, at = table.lookup(leaf_keys[moving])
-    shifted = leaves[moving[found]]
-    labels[shifted], ref_node[shifted], ref_index[shifted] = SHIFT, node[found], at[found]
-    new = moving[~found]  # file leaf indices, ascending
-    if len(new):
-        nk = leaf_keys[new]
-        order = np.lexsort((new, nk[:, 1], nk[:, 0]))  # by digest, then lowest leaf first
-        sk = nk[order]
-        starts = np.ones(len(order), bool)
-        starts[1:] = (sk[1:] != sk[:-1]).any(axis=1)
-        group_first = new[order][np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))]
-        nodes_sorted = leaves[new[order]]
-        firsts = nodes_sorted[starts]
-        labels[firsts] = FIRST
-        dup = ~starts
-        labels[nodes_sorted[dup]] = SHIFT
-        ref_node[nodes_sorted[dup]] = leaves[group_first[dup]]
-        ref_index[nodes_sorted[dup]] = index
-    for h in range(1, int(heights.max()) + 1 if total else 0):
-        v = np.flatnonzero(heights == h)
-        la, lb = labels[2 * v + 1], labels[2 * v + 2]
-        both_first = (la == FIRST) & (lb == FIRST)
-        labels[v[(la == FIXED) & (lb == FIXED)]] = FIXED
-        labels[v[both_first]] = FIRST
-        cand = v[(la == SHIFT) & (lb == SHIFT)]
-        if len(cand):
-            ck = keys[cand]
-            found, node, at = table.lookup(ck)
-            # or a FIRST node of this checkpoint (same digest means same height)
-            fv = v[both_first]
-            fk = keys[fv]
-            order = np.lexsort((fk[:, 1], fk[:, 0]))
-            f2, n2, _ = _lookup(fk[order, 0], fk[order, 1], fv[order], np.full(len(fv), index, np.int64), ck)
-            use2 = ~found & f2
-            node = np.where(use2, n2, node)
-            at = np.where(use2, index, at)
-            hit = found | f2
-            labels[cand[hit]], ref_node[cand[hit]], ref_index[cand[hit]] = SHIFT, node[hit], at[hit]
-    parent_mixed = np.ones(total, bool)
-    if total > 1:
-        parent_mixed[1:] = labels[(np.arange(1, total) - 1) // 2] == MIXED
-    roots = np.flatnonzero(parent_mixed & ((labels == FIRST) | (labels == SHIFT)))
-    first_roots = roots[labels[roots] == FIRST]
-    shift_roots = roots[labels[roots] == SHIFT]
-    if total:
-        lo, _ = node_spans(first_roots, n, n, 1)
-        first_roots = first_roots[np.argsort(lo, kind="stable")]
-        lo, _ = node_spans(shift_roots, n, n, 1)
-        shift_roots = shift_roots[np.lexsort((lo, ref_index[shift_roots]))]
+    _label_leaves(keys, leaves, previous, table, index, labels, ref_node, ref_index)
+    _merge_up(keys, heights, table, index, labels, ref_node, ref_index)
+    first_roots, shift_roots = _region_roots(labels, ref_index, n)
     all_first = np.flatnonzero(labels == FIRST)
     table.add(keys[all_first], all_first, index)
     leaf_labels = labels[leaves]
-    changed = n - int(fixed.sum())
     return Labelling(
         labels=labels,
         first_roots=first_roots,
@@ -352,6 +299,74 @@ def label_tree(digests: np.ndarray, previous: np.ndarray | None, table: FirstOcc
         fixed_leaves=int((leaf_labels == FIXED).sum()),
         first_leaves=int((leaf_labels == FIRST).sum()),
         shift_leaves=int((leaf_labels == SHIFT).sum()),
-        changed_leaves=changed,
-        last_leaf_changed=bool(n and not fixed[-1]),
+        changed_leaves=int((leaf_labels != FIXED).sum()),
+        last_leaf_changed=bool(n and leaf_labels[-1] != FIXED),
     )
+
+
+def _label_leaves(keys, leaves, previous, table, index, labels, ref_node, ref_index) -> None:
+    """FIXED where the leaf equals last time's, SHIFT where the table knows the digest, FIRST for
+    the rest, except later copies of a new digest inside this checkpoint: SHIFT to the lowest."""
+    leaf_keys = keys[leaves]
+    if previous is not None:
+        fixed = (leaf_keys == _keys(previous)).all(axis=1)
+        labels[leaves[fixed]] = FIXED
+    else:
+        fixed = np.zeros(len(leaves), bool)
+    moving = np.flatnonzero(~fixed)
+    found, node, at = table.lookup(leaf_keys[moving])
+    shifted = leaves[moving[found]]
+    labels[shifted], ref_node[shifted], ref_index[shifted] = SHIFT, node[found], at[found]
+    new = moving[~found]  # file leaf indices, ascending
+    if not len(new):
+        return
+    new_keys = leaf_keys[new]
+    order = np.lexsort((new, new_keys[:, 1], new_keys[:, 0]))  # by digest, then lowest leaf first
+    sorted_keys = new_keys[order]
+    starts = np.ones(len(order), bool)
+    starts[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(axis=1)
+    group_first = new[order][np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))]
+    nodes = leaves[new[order]]
+    labels[nodes[starts]] = FIRST
+    copies = nodes[~starts]
+    labels[copies], ref_node[copies], ref_index[copies] = SHIFT, leaves[group_first[~starts]], index
+
+
+def _merge_up(keys, heights, table, index, labels, ref_node, ref_index) -> None:
+    """Internal nodes from their children, lowest first: FIRST+FIRST, FIXED+FIXED, and SHIFT+SHIFT
+    whose own digest is known (in the table, or a FIRST node of this checkpoint: equal digests
+    have equal heights, so those of the same height suffice); anything else stays MIXED."""
+    for h in range(1, int(heights.max()) + 1 if len(heights) else 0):
+        v = np.flatnonzero(heights == h)
+        left, right = labels[2 * v + 1], labels[2 * v + 2]
+        both_first = (left == FIRST) & (right == FIRST)
+        labels[v[(left == FIXED) & (right == FIXED)]] = FIXED
+        labels[v[both_first]] = FIRST
+        candidates = v[(left == SHIFT) & (right == SHIFT)]
+        if not len(candidates):
+            continue
+        wanted = keys[candidates]
+        found, node, at = table.lookup(wanted)
+        here = v[both_first]
+        here_keys = keys[here]
+        order = np.lexsort((here_keys[:, 1], here_keys[:, 0]))
+        found_here, node_here, _ = _lookup(here_keys[order, 0], here_keys[order, 1], here[order], np.full(len(here), index, np.int64), wanted)
+        from_here = ~found & found_here
+        node = np.where(from_here, node_here, node)
+        at = np.where(from_here, index, at)
+        hit = found | found_here
+        labels[candidates[hit]], ref_node[candidates[hit]], ref_index[candidates[hit]] = SHIFT, node[hit], at[hit]
+
+
+def _region_roots(labels, ref_index, n) -> tuple[np.ndarray, np.ndarray]:
+    """FIRST and SHIFT nodes whose parent is MIXED (or the root): FIRST ones in file order, SHIFT
+    ones grouped by the checkpoint they point into, then in file order."""
+    total = len(labels)
+    parent_mixed = np.ones(total, bool)
+    parent_mixed[1:] = labels[(np.arange(1, total) - 1) // 2] == MIXED
+    roots = np.flatnonzero(parent_mixed & ((labels == FIRST) | (labels == SHIFT)))
+    first_roots = roots[labels[roots] == FIRST]
+    shift_roots = roots[labels[roots] == SHIFT]
+    first_at, _ = node_spans(first_roots, n, n, 1)  # leaf index where each starts
+    shift_at, _ = node_spans(shift_roots, n, n, 1)
+    return first_roots[np.argsort(first_at, kind="stable")], shift_roots[np.lexsort((shift_at, ref_index[shift_roots]))]
