@@ -71,6 +71,23 @@ def test_huffman_rejects_lane_lengths_that_do_not_fit():
         huffman.decode(data[:-1], lane_bits, len(symbols), lengths, LANE)
 
 
+def test_huffman_rejects_corrupt_codes_and_streams():
+    symbols = np.minimum(np.random.default_rng(3).geometric(0.5, 5000) - 1, 7).astype(np.uint8)
+    lengths = huffman.code_lengths(np.bincount(symbols, minlength=8))
+    lane_bits, data = huffman.encode(symbols, lengths, LANE)
+    for bad in ([40] + [1] * 7, [1, 1, 1, 0, 0, 0, 0, 0], [2, 2, 2, 0, 0, 0, 0, 0]):  # too long, over-, under-full
+        with pytest.raises(ValueError, match="complete Huffman code"):
+            huffman.decode(data, lane_bits, len(symbols), np.array(bad, dtype=np.uint8), LANE)
+    shifted = lane_bits.copy()
+    shifted[0] += 1
+    shifted[1] -= 1  # same total, wrong boundary
+    with pytest.raises(ValueError, match="does not decode to its lanes"):
+        huffman.decode(data, shifted, len(symbols), lengths, LANE)
+    garbage = np.random.default_rng(4).integers(0, 256, len(data), dtype=np.uint8).tobytes()
+    with pytest.raises(ValueError, match="does not decode to its lanes"):
+        huffman.decode(garbage, lane_bits, len(symbols), lengths, LANE)
+
+
 # ---------------------------------------------------------------- LC-Checkpoint
 
 TENSORS = (
@@ -323,3 +340,32 @@ def test_file_backed_scratch_and_bounded_memory(tmp_path):
         digest.update(piece)
     assert digest.hexdigest() == encoded.state_digest
     encoder.reset()
+
+
+@pytest.mark.parametrize("coder", ["huffman", "zstd"])
+def test_random_damage_is_a_value_error_or_harmless(coder):
+    """Flipped bytes anywhere in a delta container (headers, tables, lane lengths, payload) and
+    truncations: the decoder either rebuilds the same state (a padding byte) or raises ValueError,
+    never another exception."""
+    chain = _Chain(_encoder(coder=coder))
+    for index, state in enumerate(_sgd_states(2)):
+        chain.write(index, state)
+    good = chain.containers[1]
+    expected = chain.restore((0, 1), len(state))
+    rng = np.random.default_rng(7)
+    harmless = 0
+    for trial in range(60):
+        damaged = bytearray(good)
+        if trial % 6 == 5:
+            damaged = damaged[: int(rng.integers(0, len(good)))]
+        else:
+            at = int(rng.integers(0, 400)) if trial % 2 else int(rng.integers(0, len(good)))
+            damaged[at] ^= 1 << int(rng.integers(0, 8))
+        chain.containers[1] = bytes(damaged)
+        try:
+            restored = chain.restore((0, 1), len(state))
+        except ValueError:
+            continue
+        assert restored == expected
+        harmless += 1
+    assert harmless < 10

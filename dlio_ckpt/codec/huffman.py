@@ -143,8 +143,9 @@ def _pack(codes: np.ndarray, lengths: np.ndarray) -> bytes:
 
 def decode(data, lane_bits: np.ndarray, n: int, lengths: np.ndarray, lane: int = DEFAULT_LANE, fill: int = 0) -> np.ndarray:
     """The `n` symbols (uint8 when they fit, else uint16) of a stream made by `encode`; `fill` is
-    the symbol when none has a code (a single symbol occurred). Raises ValueError when the lane
-    lengths do not fit the stream."""
+    the symbol when none has a code (a single symbol occurred). Raises ValueError when the code
+    lengths are not a complete code of at most MAX_LEN bits, or the stream does not decode to
+    exactly its lanes' bit lengths (a corrupt stream never reads outside its buffer)."""
     lengths = np.asarray(lengths, dtype=np.uint8)
     out_dtype = np.uint8 if len(lengths) <= 256 else np.uint16
     nlanes = -(-n // lane)
@@ -163,25 +164,34 @@ def decode(data, lane_bits: np.ndarray, n: int, lengths: np.ndarray, lane: int =
     if -(-total // 8) != len(buf):
         raise ValueError(f"lane lengths add up to {total} bits, the stream holds {len(buf)} bytes")
     width = int(lengths.max())
+    if width > MAX_LEN or sum(1 << (MAX_LEN - int(lengths[s])) for s in used) != 1 << MAX_LEN:
+        raise ValueError("the code lengths do not form a complete Huffman code")
     table_sym, table_len = _decode_table(lengths, width)
-    padded = np.zeros(len(buf) + 4, dtype=np.uint32)
+    # zero padding: a corrupt lane may run on for up to lane * width bits, never past the buffer
+    padded = np.zeros(len(buf) + (lane * width) // 8 + 8, dtype=np.uint32)
     padded[: len(buf)] = buf
     windows = (padded[:-3] << 24) | (padded[1:-2] << 16) | (padded[2:-1] << 8) | padded[3:]
-    pos = np.concatenate(([0], np.cumsum(lane_bits[:-1])))
+    starts = np.concatenate(([0], np.cumsum(lane_bits[:-1])))
+    pos = starts.copy()
     shift_base = 32 - width
     mask = (1 << width) - 1
     out = np.empty((nlanes, lane), dtype=out_dtype)
     last = n - (nlanes - 1) * lane  # symbols in the last lane
-    active = nlanes
+    last_end = None
     for j in range(lane):
         if j == last:
-            active = nlanes - 1
-            pos = pos[:active]
-            if not active:
+            last_end = int(pos[-1])
+            pos = pos[:-1]
+            if not len(pos):
                 break
         code = (windows[pos >> 3] >> (shift_base - (pos & 7)).astype(np.uint32)) & mask
-        out[:active, j] = table_sym[code]
+        out[: len(pos), j] = table_sym[code]
         pos = pos + table_len[code]
+    ends = starts + lane_bits
+    if last_end is not None:
+        pos = np.append(pos, last_end)
+    if not np.array_equal(pos, ends):
+        raise ValueError("the stream does not decode to its lanes' bit lengths")
     return out.reshape(-1)[:n]
 
 

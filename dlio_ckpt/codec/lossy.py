@@ -86,6 +86,8 @@ FLOAT_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4"), 8: np.dtype("<f8")}
 N_BUCKETS = 4096  # a bucket is the top 12 bits (sign, exponent field) of a float64 delta
 ZERO_EXPONENT = np.array([0, 2048])  # +-0 and float64 subnormals: never kept, always index 0
 DEFAULT_SEGMENT_ELEMS = 1 << 20
+MAX_SEGMENT_ELEMS = 1 << 26  # what a container may ask a decoder to hold (float64 arrays of it)
+MAX_LANE = 1 << 16
 ZSTD_LEVEL = 3
 
 
@@ -243,6 +245,8 @@ class LossyEncoder:
             raise ValueError(f"lossy bits must be 1 to 8 (got {bits})")
         if coder not in CODERS:
             raise ValueError(f"lossy coder must be one of {', '.join(CODERS)} (got {coder!r})")
+        if not 1 <= segment_elems <= MAX_SEGMENT_ELEMS or not 1 <= lane <= MAX_LANE:
+            raise ValueError(f"lossy segment_elems must be 1 to {MAX_SEGMENT_ELEMS} and lane 1 to {MAX_LANE}")
         self.bits = bits
         self.coder = coder
         self.full_every = full_every
@@ -502,8 +506,8 @@ class LossyDecoder:
         where = f"lossy checkpoint {link.index}"
         coder = CODERS[header[3]]
         ntensors, segment_elems = header[9], header[10]
-        if segment_elems <= 0:
-            raise ValueError(f"{where}: segment size {segment_elems}")
+        if not 1 <= segment_elems <= MAX_SEGMENT_ELEMS:
+            raise ValueError(f"{where}: segment size {segment_elems} outside 1 to {MAX_SEGMENT_ELEMS}")
         pos = FILE_HEADER.size
         offset = 0
         decompressor = zstandard.ZstdDecompressor()
@@ -521,7 +525,7 @@ class LossyDecoder:
                 step = segment_elems * dtype_bytes
                 for at in range(0, body, step):
                     out.write_at(offset + at, _read_link(link, pos + at, min(step, body - at)))
-            elif mode == MODE_QUANTISED and dtype_bytes in FLOAT_DTYPES and 1 <= nsym <= 256 and lane > 0:
+            elif mode == MODE_QUANTISED and dtype_bytes in FLOAT_DTYPES and 1 <= nsym <= 256 and 1 <= lane <= MAX_LANE:
                 self._quantised(link, pos, end, coder, FLOAT_DTYPES[dtype_bytes], nsym, fill, lane, numel,
                                 segment_elems, offset, out, decompressor)
             else:
@@ -553,10 +557,13 @@ class LossyDecoder:
                 raise ValueError(f"{where}: a segment runs past its tensor's end")
             payload = _read_link(link, pos, size)
             pos += size
-            if huff:
-                symbols = huffman.decode(payload, lane_bits, n, lengths, lane, fill)
-            else:
-                symbols = np.frombuffer(decompressor.decompress(bytes(payload), max_output_size=n), dtype=np.uint8)
+            try:
+                if huff:
+                    symbols = huffman.decode(payload, lane_bits, n, lengths, lane, fill)
+                else:
+                    symbols = np.frombuffer(decompressor.decompress(bytes(payload), max_output_size=n), dtype=np.uint8)
+            except (ValueError, zstandard.ZstdError) as exc:
+                raise ValueError(f"{where}: a segment does not decode: {exc}") from None
             if len(symbols) != n or (n and int(symbols.max()) >= nsym):
                 raise ValueError(f"{where}: a segment decodes to symbols outside its table")
             at = offset + start * dtype.itemsize
