@@ -93,13 +93,8 @@ class IncrementalEncoder:
         self._chains[key] = chain
 
         lo, hi = merkle.node_spans(labelling.first_roots, n, size, chunk)
-        groups, counts = np.unique(labelling.shift_ref_index, return_counts=True)
-        metadata = _metadata(self.hash_name, ref, index, chunk, size, labelling, groups, counts)
-        data_bytes = int((hi - lo).sum())
-        nbytes = len(metadata) + data_bytes
-        bitmap = -(-n // 8)
-        short = n * chunk - size  # what the last leaf lacks of a whole chunk
-        changed_bytes = labelling.changed_leaves * chunk - (short if labelling.last_leaf_changed else 0)
+        metadata = _metadata(self.hash_name, ref, index, chunk, size, labelling)
+        nbytes = len(metadata) + int((hi - lo).sum())
         stats = {
             "logical_bytes": size,
             "bytes_written": nbytes,
@@ -114,10 +109,8 @@ class IncrementalEncoder:
             "shift_leaves": labelling.shift_leaves,
             "first_regions": len(labelling.first_roots),
             "shift_regions": len(labelling.shift_roots),
-            "table_entries": len(chain.table),  # first occurrences the chain remembers (~28 bytes each)
-            "baseline_full_bytes": size,
-            "baseline_changed_chunks_bytes": changed_bytes + bitmap,
-            "baseline_chunk_list_bytes": changed_bytes + 4 * labelling.changed_leaves,
+            "table_entries": len(chain.table),  # first occurrences the chain remembers (32 bytes each)
+            **_baselines(size, chunk, labelling),
         }
         return EncodedFile(
             nbytes=nbytes,
@@ -130,7 +123,22 @@ class IncrementalEncoder:
         )
 
 
-def _metadata(hash_name, ref, index, chunk, size, labelling, groups, counts) -> bytes:
+def _baselines(size: int, chunk: int, labelling: merkle.Labelling) -> dict[str, int]:
+    """What the paper compares the tree with, from the same labels: the whole file; the leaves
+    that differ from the same leaf last time plus a bitmap of all leaves; those leaves plus a u32
+    id each."""
+    n = merkle.leaf_count(size, chunk)
+    short = n * chunk - size  # what the last leaf lacks of a whole chunk
+    changed = labelling.changed_leaves * chunk - (short if labelling.last_leaf_changed else 0)
+    return {
+        "baseline_full_bytes": size,
+        "baseline_changed_chunks_bytes": changed + -(-n // 8),
+        "baseline_chunk_list_bytes": changed + 4 * labelling.changed_leaves,
+    }
+
+
+def _metadata(hash_name, ref, index, chunk, size, labelling) -> bytes:
+    groups, counts = np.unique(labelling.shift_ref_index, return_counts=True)
     header = HEADER.pack(MAGIC, VERSION, merkle.HASH_IDS[hash_name], ref, index, chunk, size, len(labelling.first_roots), len(labelling.shift_roots))
     group_table = np.stack([groups, counts], axis=1).astype("<u4") if len(groups) else np.zeros((0, 2), "<u4")
     pairs = np.stack([labelling.shift_roots, labelling.shift_ref_node], axis=1).astype("<u4")
