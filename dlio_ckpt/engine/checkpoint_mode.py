@@ -123,6 +123,7 @@ def _summarise(records: list[list[dict]], reads: list[list[dict | None]], write_
             "read_gib_per_s": nbytes / slowest / GIB if slowest > 0 else 0.0,
             "read_gib_per_s_min_rank": min(rates) if rates else 0.0,
             "verified": all(x["verified"] for x in rows),
+            "chain_length": max(x.get("chain_length", 0) for x in rows),  # checkpoints read to rebuild it
         })
     if per_read:
         avg_bytes = mean(r["bytes"] for r in per_read)
