@@ -1,0 +1,222 @@
+"""LC-Checkpoint codec (dlio_ckpt/codec/lossy.py): speed per core, compression ratio and error.
+
+Three states, each checkpointed as a chain (a full checkpoint, then deltas), through the real
+LossyEncoder / LossyDecoder in this process (one core; numpy does not thread these operations):
+
+- `sgd`: float32 weights ~ N(0, 0.02), every element moving by lr * 0.02 * Student-t(df=3) per
+  checkpoint interval (heavy-tailed, the shape LC-Checkpoint relies on);
+- `trace`: the flattened parameters of helper-state's tiny MLP (dlio_ckpt/state/mlp_trace.py) at
+  every `--trace-every` SGD steps, when that module is there (26,122 float32: ratio and error
+  only, too small to time);
+- `sparse`: the same weights where 1 % of the elements change per checkpoint and the rest stay
+  bit for bit (`never_changed_exact`: whether those that never changed came back exact).
+
+For each coder (huffman, zstd) and `--bits`: compression ratio (logical / container bytes, the
+header and tables included), kept_fraction (elements with a non-zero index), bits per element,
+max_rel_error (max|x - xr| / max|x|), rms_rel_error, error_bound, all from the codec's stats; the
+last checkpoint of every chain is restored by the decoder and checked (digest, error = stats,
+error <= bound). Timing (`sgd` at `--time-bits`): encode MB/s of
+logical bytes (both passes, spool included) and decode MB/s (replaying one delta onto a rebuilt
+state), medians over `--repeats`, in CPU seconds of this process (time.process_time: MB/s per
+core, and less disturbed by other work on a shared machine than wall time). Nothing asserts a
+time. Results go to
+benchmarks/results/lossy_codec.json.
+
+    python benchmarks/lossy_codec.py [--mib 16] [--checkpoints 5] [--bits 1,2,3,4,8] [--repeats 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from dlio_ckpt.codec.base import ChainLink
+from dlio_ckpt.codec.lossy import LossyDecoder, LossyEncoder
+from dlio_ckpt.plan.model import TensorSpec
+from dlio_ckpt.state.base import BytesView
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sgd_states(numel: int, checkpoints: int, lr: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0, 0.02, numel).astype(np.float32)
+    for index in range(checkpoints):
+        if index:
+            weights = weights + (lr * 0.02 * rng.standard_t(3, numel)).astype(np.float32)
+        yield weights
+
+
+def sparse_states(numel: int, checkpoints: int, fraction: float, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0, 0.02, numel).astype(np.float32)
+    for index in range(checkpoints):
+        if index:
+            weights = weights.copy()
+            changed = rng.choice(numel, int(numel * fraction), replace=False)
+            weights[changed] += rng.normal(0, 0.002, len(changed)).astype(np.float32)
+        yield weights
+
+
+def trace_states(checkpoints: int, every: int):
+    try:
+        from dlio_ckpt.state.mlp_trace import MlpTrace
+    except ImportError:
+        return None
+    trace = MlpTrace(seed=0)
+    return [trace.params_at(index * every) for index in range(checkpoints)]
+
+
+class Chain:
+    """One file's chain: containers in memory, restores through the decoder."""
+
+    def __init__(self, bits: int, coder: str, numel: int) -> None:
+        self.tensors = (TensorSpec("weights", numel, 4, "model"),)
+        self.encoder = LossyEncoder(bits, coder, 0, lambda key: self.tensors, lambda size: BytesView(bytearray(size)))
+        self.containers: list[bytes] = []
+
+    def write(self, weights: np.ndarray):
+        start = time.process_time()
+        encoded = self.encoder.encode(len(self.containers), "f", BytesView(weights.view(np.uint8)))
+        data = b"".join(bytes(piece) for piece in encoded.chunks(4 << 20))
+        seconds = time.process_time() - start
+        assert len(data) == encoded.nbytes
+        self.containers.append(data)
+        return encoded, seconds
+
+    def restore(self, upto: int) -> tuple[np.ndarray, float]:
+        links = [ChainLink(i, len(c), lambda offset, n, d=c: memoryview(d)[offset : offset + n])
+                 for i, c in enumerate(self.containers[: upto + 1])]
+        out = bytearray(4 * self.tensors[0].numel)
+        start = time.process_time()
+        LossyDecoder().rebuild(links, BytesView(out))
+        return np.frombuffer(out, dtype=np.float32), time.process_time() - start
+
+
+def ratios(name: str, states, bits_list, coders) -> list[dict]:
+    """Compression and error per checkpoint of one state, for every coder and bits."""
+    states = list(states)
+    rows = []
+    for coder in coders:
+        for bits in bits_list:
+            chain = Chain(bits, coder, len(states[0]))
+            per = []
+            for index, weights in enumerate(states):
+                encoded, _ = chain.write(weights)
+                if index == 0:
+                    continue
+                row = {k: encoded.stats[k] for k in ("compression_ratio", "kept_fraction", "max_rel_error",
+                                                       "rms_rel_error", "error_bound")}
+                row["bits_per_element"] = 8 * encoded.nbytes / len(weights)
+                row["metadata_bytes"] = encoded.metadata_bytes
+                per.append(row)
+            # the last checkpoint restored independently: digest, error against the bound, and
+            # for sparse, whether the elements that never changed came back bit for bit
+            restored, _ = chain.restore(len(states) - 1)
+            assert xxhash.xxh3_128(restored.tobytes()).hexdigest() == encoded.state_digest
+            err = float(np.abs(weights.astype(np.float64) - restored).max() / np.abs(weights).max())
+            assert err <= encoded.stats["error_bound"] and err == per[-1]["max_rel_error"], (err, encoded.stats)
+            summary = {
+                "state": name, "coder": coder, "bits": bits, "elements": len(states[0]), "deltas": len(per),
+                "compression_ratio_mean": statistics.fmean(r["compression_ratio"] for r in per),
+                "compression_ratio_min": min(r["compression_ratio"] for r in per),
+                "compression_ratio_max": max(r["compression_ratio"] for r in per),
+                "kept_fraction_mean": statistics.fmean(r["kept_fraction"] for r in per),
+                "bits_per_element_mean": statistics.fmean(r["bits_per_element"] for r in per),
+                "max_rel_error_max": max(r["max_rel_error"] for r in per),
+                "rms_rel_error_last": per[-1]["rms_rel_error"],
+                "error_bound_max": max(r["error_bound"] for r in per),
+                "per_checkpoint": per,
+            }
+            if name == "sparse":
+                never = np.all([w == states[0] for w in states], axis=0)
+                summary["never_changed_exact"] = bool(np.array_equal(
+                    restored[never].view(np.uint32), states[0][never].view(np.uint32)))
+            rows.append(summary)
+            print(f"{name:6s} {coder:7s} bits={bits} ratio {summary['compression_ratio_mean']:8.1f} "
+                  f"(min {summary['compression_ratio_min']:.1f}) kept {summary['kept_fraction_mean']:.2e} "
+                  f"max_rel {summary['max_rel_error_max']:.2e} rms_rel {summary['rms_rel_error_last']:.2e}", flush=True)
+    return rows
+
+
+def speed(numel: int, bits: int, coders, repeats: int, lr: float) -> list[dict]:
+    """Encode and decode MB/s per core on the sgd state (one delta at a time)."""
+    states = list(sgd_states(numel, 2 + repeats, lr))
+    logical = 4 * numel
+    rows = []
+    for coder in coders:
+        chain = Chain(bits, coder, numel)
+        full_s = chain.write(states[0])[1]
+        encode_s = [chain.write(w)[1] for w in states[1:]]
+        restore_s = [chain.restore(i)[1] for i in range(len(states))]  # chain of i+1 links
+        one_link = restore_s[0]
+        decode_s = [(restore_s[i] - one_link) / i for i in range(1, len(restore_s))]
+        rows.append({
+            "coder": coder, "bits": bits, "logical_bytes": logical,
+            "encode_full_MBps": logical / full_s / 1e6,
+            "encode_delta_MBps": logical / statistics.median(encode_s) / 1e6,
+            "decode_delta_MBps": logical / statistics.median(decode_s) / 1e6,
+            "restore_full_link_MBps": logical / one_link / 1e6,
+            "restore_s_by_chain_length": restore_s,
+            "encode_delta_s": encode_s,
+        })
+        r = rows[-1]
+        print(f"speed  {coder:7s} bits={bits} encode {r['encode_delta_MBps']:.0f} MB/s, decode {r['decode_delta_MBps']:.0f} MB/s "
+              f"(full: encode {r['encode_full_MBps']:.0f}, restore {r['restore_full_link_MBps']:.0f} MB/s)", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=16, help="float32 state size for sgd/sparse (MiB)")
+    parser.add_argument("--checkpoints", type=int, default=5, help="checkpoints per chain (the first is full)")
+    parser.add_argument("--bits", default="1,2,3,4,8")
+    parser.add_argument("--time-bits", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-3, help="sgd: step scale relative to the weights' 0.02")
+    parser.add_argument("--trace-every", type=int, default=50, help="trace: SGD steps between checkpoints")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="8 MiB, bits 3, 3 checkpoints, 1 repeat")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "lossy_codec.json"))
+    args = parser.parse_args()
+    if args.quick:
+        args.mib, args.bits, args.checkpoints, args.repeats = 8, "3", 3, 1
+    bits_list = [int(b) for b in args.bits.split(",")]
+    coders = ("huffman", "zstd")
+    numel = args.mib * (1 << 20) // 4
+    load_before = os.getloadavg()
+    started = time.time()
+    results = {
+        "benchmark": "lossy_codec",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__,
+                    "platform": platform.platform()},
+        "settings": vars(args),
+        "ratios": [],
+    }
+    results["ratios"] += ratios("sgd", sgd_states(numel, args.checkpoints, args.lr), bits_list, coders)
+    results["ratios"] += ratios("sparse", sparse_states(numel, args.checkpoints, 0.01), bits_list, coders)
+    trace = trace_states(max(args.checkpoints, 2) * 2, args.trace_every)
+    if trace is None:
+        print("trace: dlio_ckpt/state/mlp_trace.py is not there; skipped")
+    else:
+        results["ratios"] += ratios("trace", trace, bits_list, coders)
+    results["speed"] = speed(numel, args.time_bits, coders, args.repeats, args.lr)
+    results["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    results["wall_s"] = time.time() - started
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
