@@ -1,0 +1,369 @@
+"""Measured runs -> the costs the simulator needs, with their spread, and scaling curves.
+
+Why from summary.json only: it is what every run leaves (events may be switched off), and issue
+10's contract (docs/summary-schema.md, docs/advisor.md) puts the per-checkpoint, per-level and
+per-restart figures there. Optional fields are optional: what a run lacks is taken from a
+simpler figure and the calibration says so in `notes`, so the advice names its assumptions.
+
+A folder may hold one run, a sweep, or runs below it. Runs are grouped into *variants* (the
+checkpoint strategy and encoding: a choice the advice may make) and, inside a variant, by world
+size: costs at one world size are pooled; across world sizes each cost gets a fitted curve
+(constant, linear, power or logarithmic in the world size; the one with the smallest
+leave-one-out error when there are 3 or more sizes), so `--world-size` can project to a scale
+that was not run, and says how far it extrapolates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from dlio_ckpt.advisor.simulate import Level, System
+from dlio_ckpt.analysis.inputs import is_run_folder, is_sweep_folder
+from dlio_ckpt.analysis.run_folders import read_summary
+from dlio_ckpt.errors import UserError
+
+_LOCAL_PATHS = ("/dev/shm", "/tmp", "/local", "/scratch/local")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A cost measured over `count` checkpoints or restarts: mean and standard deviation."""
+
+    mean: float
+    sd: float = 0.0
+    count: int = 0
+
+    @staticmethod
+    def of(values: list[float]) -> "Measure":
+        values = [float(v) for v in values if v is not None]
+        if not values:
+            return Measure(0.0, 0.0, 0)
+        return Measure(float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0, len(values))
+
+
+@dataclass(frozen=True)
+class LevelCosts:
+    name: str
+    survives: str  # "process" (node-local) or "node" (shared)
+    flushed: bool
+    every: int
+    bytes: float  # per checkpoint, all ranks
+    blocking: Measure
+    flush: Measure
+    restore: Measure
+    restore_assumed: bool = False  # no restore measured on this level: its write time stands in
+
+
+@dataclass(frozen=True)
+class RunCosts:
+    """What one run measured."""
+
+    path: str
+    world_size: int
+    ranks_per_node: int
+    variant: str  # "strategy/encoding"
+    step_s: float
+    steps: int
+    interval_steps: int
+    levels: tuple[LevelCosts, ...]
+    goodput: float | None
+    mtbf_s: float
+    failures: int
+    failure_steps: tuple[int, ...]
+    failure_kinds: tuple[str, ...]
+    restart_overhead_s: float | None  # per restart, besides the restore
+    wall_s: float | None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fit:
+    """y(x) for one cost across world sizes."""
+
+    model: str  # constant | linear | power | log
+    params: tuple[float, ...]
+    rel_error: float | None  # leave-one-out RMS relative error (None: too few points to measure)
+    points: int
+
+    def __call__(self, x: float) -> float:
+        a, b = (self.params + (0.0,))[:2]
+        if self.model == "constant":
+            return a
+        if self.model == "linear":
+            return max(0.0, a + b * x)
+        if self.model == "power":
+            return a * x ** b
+        return max(0.0, a + b * math.log(x))
+
+    def describe(self) -> str:
+        a, b = (self.params + (0.0,))[:2]
+        shape = {"constant": f"{a:.4g}", "linear": f"{a:.4g} + {b:.4g}*N", "power": f"{a:.4g}*N^{b:.3f}",
+                 "log": f"{a:.4g} + {b:.4g}*ln N"}[self.model]
+        error = "exact through 2 points (error not measurable)" if self.rel_error is None else f"loo error {self.rel_error:.1%}"
+        return f"{self.model} {shape} ({error})"
+
+
+def find_runs(folder: Path) -> list[Path]:
+    """The run folders of `folder`: itself, a sweep's jobs, or every run folder below it."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise UserError(f"{folder}: no such folder; give a run folder (summary.json) or a sweep folder")
+    if is_run_folder(folder):
+        return [folder]
+    if not folder.is_dir():
+        raise UserError(f"{folder}: not a folder; give a run folder (summary.json) or a sweep folder")
+    runs = sorted({p.parent for p in folder.rglob("summary.json") if p.is_file()}, key=lambda p: (len(str(p)), str(p)))
+    if not runs:
+        kind = "sweep folder" if is_sweep_folder(folder) else "folder"
+        raise UserError(f"{folder}: {kind} holds no runs (no summary.json below it); give a folder of training runs")
+    return runs
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _survives(level: dict[str, Any], configured: dict[str, Any]) -> str:
+    if level.get("survives") in ("none", "process", "node"):
+        return level["survives"]
+    scope = configured.get("scope", level.get("scope"))
+    if scope in ("node", "shared"):
+        return "process" if scope == "node" else "node"
+    path = str(configured.get("path", level.get("path")) or "")
+    return "process" if path.startswith(_LOCAL_PATHS) else "node"
+
+
+def _level_costs(summary: dict[str, Any], notes: list[str]) -> tuple[LevelCosts, ...]:
+    ckpt = summary.get("checkpoint") or {}
+    rows = [r for r in ckpt.get("per_checkpoint") or [] if isinstance(r, dict)]
+    configured = ((summary.get("config") or {}).get("checkpoint") or {}).get("levels") or []
+    restarts = [r for r in (summary.get("failures") or {}).get("restarts") or [] if isinstance(r, dict)]
+    measured = [lv for lv in ckpt.get("levels") or [] if isinstance(lv, dict)]
+    if not measured:  # one level: the run's checkpoint folder
+        measured = [{"name": "checkpoint", "every": 1}]
+    out = []
+    for number, level in enumerate(measured):
+        name = str(level.get("name", f"level{number}"))
+        conf = next((c for c in configured if isinstance(c, dict) and c.get("name") == name), {})
+        mine = [r for r in rows if r.get("level") in (name, number)] if len(measured) > 1 else rows
+        blocking = Measure.of([r.get("blocking_s_max", r.get("write_s_max")) for r in mine])
+        if not blocking.count and _number(level.get("write_s_mean")) is not None:
+            blocking = Measure(float(level["write_s_mean"]), 0.0, 1)
+        flush = Measure.of([max(0.0, (r.get("persist_s_max") or 0.0) - (r.get("blocking_s_max") or 0.0)) for r in mine
+                            if _number(r.get("persist_s_max")) is not None])
+        if _number(level.get("flush_s_mean")) is not None:
+            flush = Measure(float(level["flush_s_mean"]), flush.sd, max(flush.count, 1))
+        restore = Measure.of([r.get("restore_s") for r in restarts if r.get("level") in (name, number)])
+        if not restore.count and _number(level.get("restore_s_mean")) is not None:
+            restore = Measure(float(level["restore_s_mean"]), 0.0, 1)
+        if not restore.count and len(measured) == 1:
+            single = _number(ckpt.get("restore_s")) or _number(ckpt.get("restore_s_max"))
+            restore = Measure(single, 0.0, 1) if single else restore
+        assumed = not restore.count
+        if assumed:
+            write = _number(level.get("write_s_mean")) or blocking.mean + flush.mean
+            restore = Measure(write, 0.0, 0)
+            notes.append(f"level {name}: no restore measured; its write time ({write:.3g} s) stands in")
+        nbytes = _number(level.get("bytes")) or float(np.mean([r.get("bytes_written", r.get("bytes", 0)) or 0 for r in mine] or [0]))
+        out.append(LevelCosts(name=name, survives=_survives(level, conf), flushed=conf.get("write", level.get("write")) == "flush",
+                              every=int(level.get("every") or conf.get("every") or 1), bytes=nbytes,
+                              blocking=blocking, flush=flush, restore=restore, restore_assumed=assumed))
+    return tuple(out)
+
+
+def run_costs(run_dir: Path) -> RunCosts:
+    """One run folder's costs; UserError naming what is missing when it cannot calibrate."""
+    summary = read_summary(run_dir)
+    ckpt = summary.get("checkpoint") or {}
+    if not ckpt.get("per_checkpoint") and not ckpt.get("levels"):
+        raise UserError(f"{run_dir}: the run wrote no checkpoints (summary.json checkpoint.per_checkpoint is empty); "
+                        "the advisor calibrates from training runs with checkpoint.enabled=true")
+    train = summary.get("train") or {}
+    notes: list[str] = []
+    steps = int(train.get("steps") or 0)
+    step_s = _number(train.get("step_s_mean"))
+    if step_s is None:
+        wall, in_loop = _number(train.get("wall_s")), _number(train.get("checkpoint_s_in_loop")) or 0.0
+        if not steps or wall is None:
+            raise UserError(f"{run_dir}: summary.json has neither train.step_s_mean nor train.wall_s and train.steps; "
+                            "the advisor needs the iteration time of a training run")
+        step_s = max(wall - in_loop, 0.0) / steps
+        notes.append(f"{run_dir.name}: iteration time from (train.wall_s - checkpoint_s_in_loop) / steps = {step_s:.4g} s")
+    config = summary.get("config") or {}
+    ck_conf = config.get("checkpoint") or {}
+    failures = summary.get("failures") or {}
+    fail_conf = config.get("failures") or {}
+    restarts = [r for r in failures.get("restarts") or [] if isinstance(r, dict)]
+    overheads = [(r.get("restart_s") - (r.get("restore_s") or 0.0)) for r in restarts if _number(r.get("restart_s")) is not None]
+    if not overheads and restarts and _number(failures.get("restart_s")) is not None:
+        overheads = [(float(failures["restart_s"]) - sum(r.get("restore_s") or 0.0 for r in restarts)) / len(restarts)]
+    policy = ckpt.get("policy") or {}
+    interval = int(policy.get("interval_steps") or ck_conf.get("steps_between_checkpoints") or 0)
+    if not interval:
+        rows = ckpt.get("per_checkpoint") or []
+        gaps = np.diff([r.get("step", 0) for r in rows]) if len(rows) > 1 else []
+        interval = int(np.median(gaps)) if len(gaps) else max(steps, 1)
+    return RunCosts(
+        path=str(run_dir), world_size=int(summary.get("world_size") or 1),
+        ranks_per_node=int((config.get("world") or {}).get("ranks_per_node") or 0),
+        variant=f"{ckpt.get('strategy') or ck_conf.get('strategy') or '?'}/{ck_conf.get('encoding') or 'full'}",
+        step_s=float(step_s), steps=steps, interval_steps=max(interval, 1), levels=_level_costs(summary, notes),
+        goodput=_number(summary.get("goodput")), mtbf_s=float(fail_conf.get("mtbf_s") or 0.0),
+        failures=int(failures.get("count") or len(restarts)),
+        failure_steps=tuple(int(r["step"]) for r in restarts if _number(r.get("step")) is not None),
+        failure_kinds=tuple(str(r.get("kind", fail_conf.get("kind", "process"))) for r in restarts),
+        restart_overhead_s=float(np.mean(overheads)) if overheads else None,
+        wall_s=_number(train.get("wall_s")) or _number(summary.get("wall_s")), notes=tuple(notes),
+    )
+
+
+def fit_curve(xs: list[float], ys: list[float]) -> Fit:
+    """The best of constant / linear / power / log through (world size, cost) points."""
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    sizes = np.unique(x)
+    if len(sizes) < 2:
+        return Fit("constant", (float(y.mean()),), None, len(x))
+    models: dict[str, Callable[[np.ndarray, np.ndarray], tuple[float, ...]]] = {
+        "constant": lambda a, b: (float(b.mean()),),
+        "linear": lambda a, b: tuple(float(v) for v in np.polyfit(a, b, 1)[::-1]),
+        "log": lambda a, b: tuple(float(v) for v in np.polyfit(np.log(a), b, 1)[::-1]),
+    }
+    if (y > 0).all():
+        models["power"] = lambda a, b: (float(np.exp(np.polyfit(np.log(a), np.log(b), 1)[1])), float(np.polyfit(np.log(a), np.log(b), 1)[0]))
+    if len(sizes) == 2:  # two sizes: every 2-parameter curve is exact; the power law keeps its shape under scaling
+        name = "power" if "power" in models else "linear"
+        return Fit(name, models[name](x, y), None, len(x))
+    best: Fit | None = None
+    for name, fit in models.items():
+        errors = []
+        for left_out in sizes:
+            keep = x != left_out
+            if len(np.unique(x[keep])) < (1 if name == "constant" else 2):
+                continue
+            model = Fit(name, fit(x[keep], y[keep]), None, int(keep.sum()))
+            errors += [(model(xi) - yi) / max(abs(yi), 1e-12) for xi, yi in zip(x[~keep], y[~keep])]
+        error = float(np.sqrt(np.mean(np.square(errors)))) if errors else math.inf
+        if best is None or error < best.rel_error:
+            best = Fit(name, fit(x, y), error, len(x))
+    assert best is not None
+    return best
+
+
+@dataclass
+class Calibration:
+    """All runs of a folder, grouped, with pooled costs and scaling fits."""
+
+    runs: list[RunCosts]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def variants(self) -> list[str]:
+        return sorted({r.variant for r in self.runs})
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return sorted({r.world_size for r in self.runs})
+
+    def _of(self, variant: str) -> list[RunCosts]:
+        return [r for r in self.runs if r.variant == variant]
+
+    def level_names(self, variant: str) -> list[str]:
+        """The levels of the variant's run with the most levels (runs may use fewer)."""
+        return [lv.name for lv in max(self._of(variant), key=lambda r: len(r.levels)).levels]
+
+    def curves(self, variant: str) -> dict[str, Fit]:
+        """Per cost ("step_s", "<level>.blocking_s", ...) its fit over world size."""
+        runs = self._of(variant)
+        points: dict[str, tuple[list[float], list[float]]] = {}
+
+        def add(key: str, x: float, y: float) -> None:
+            points.setdefault(key, ([], []))
+            points[key][0].append(x)
+            points[key][1].append(y)
+
+        for run in runs:
+            add("step_s", run.world_size, run.step_s)
+            for lv in run.levels:
+                add(f"{lv.name}.blocking_s", run.world_size, lv.blocking.mean)
+                add(f"{lv.name}.flush_s", run.world_size, lv.flush.mean)
+                add(f"{lv.name}.restore_s", run.world_size, lv.restore.mean)
+        return {key: fit_curve(*xy) for key, xy in points.items()}
+
+    def system(self, variant: str, world_size: int | None, mtbf_s: float | None, node_fraction: float | None,
+               ) -> tuple[System, dict[str, Any]]:
+        """The simulator's System for `variant` at `world_size` (None: the largest measured), with a
+        report of what was measured, fitted, projected or assumed."""
+        runs = self._of(variant)
+        sizes = sorted({r.world_size for r in runs})
+        target = world_size or sizes[-1]
+        if target not in sizes and len(sizes) < 2:
+            raise UserError(f"--world-size {target}: projecting needs runs at two or more world sizes for the scaling fit; "
+                            f"the folder has {variant} runs at world size {sizes[0]} only (run a sweep over world sizes)")
+        curves = self.curves(variant)
+        pooled = [r for r in runs if r.world_size == target]
+        template = max(runs, key=lambda r: len(r.levels))
+
+        def cost(key: str, measured: list[float]) -> float:
+            return float(np.mean(measured)) if pooled else curves[key](target)
+
+        levels = []
+        for lv in template.levels:
+            same = [x for r in pooled for x in r.levels if x.name == lv.name]
+            levels.append(Level(
+                name=lv.name,
+                blocking_s=cost(f"{lv.name}.blocking_s", [x.blocking.mean for x in same]),
+                flush_s=cost(f"{lv.name}.flush_s", [x.flush.mean for x in same]),
+                restore_s=cost(f"{lv.name}.restore_s", [x.restore.mean for x in same]),
+                survives=lv.survives, flushed=lv.flushed))
+        rank_mtbf = [r.mtbf_s * r.world_size for r in runs if r.mtbf_s > 0]  # independent failures: M(N) = M(1) / N
+        info: dict[str, Any] = {"variant": variant, "world_size": target, "measured_world_sizes": sizes,
+                                "projected": target not in sizes, "assumed": []}
+        if mtbf_s is None:
+            if not rank_mtbf:
+                raise UserError("no MTBF: the runs injected no drawn failures (failures.mtbf_s=0); pass --mtbf-s SECONDS, "
+                                "the mean time between failures of the job at the advised scale")
+            mtbf_s = float(np.mean(rank_mtbf)) / target
+            info["assumed"].append(f"MTBF {mtbf_s:.4g} s: the runs' failures.mtbf_s x world size / {target} ranks")
+        kinds = [k for r in runs for k in r.failure_kinds]
+        if node_fraction is None:
+            if kinds:
+                node_fraction = kinds.count("node") / len(kinds)
+            else:
+                node_fraction = 0.5 if any(lv.survives != "node" for lv in levels) else 0.0
+                info["assumed"].append(f"share of node failures {node_fraction:g} (no failures measured)")
+        overheads = [r.restart_overhead_s for r in runs if r.restart_overhead_s is not None]
+        downtime = max(0.0, float(np.mean(overheads))) if overheads else 0.0
+        if not overheads:
+            info["assumed"].append("restart overhead besides the restore: 0 s (no restarts measured)")
+        if info["projected"]:
+            largest = sizes[-1]
+            info["extrapolation"] = (f"world size {target} is {target / largest:.3g}x the largest measured ({largest})"
+                                     if target > largest else f"world size {target} lies between measured sizes {sizes}")
+            info["fits"] = {key: fit.describe() for key, fit in curves.items()}
+        system = System(step_s=cost("step_s", [r.step_s for r in pooled]), mtbf_s=mtbf_s, levels=tuple(levels),
+                        node_fraction=float(node_fraction), downtime_s=downtime)
+        return system, info
+
+
+def calibrate(folder: Path) -> Calibration:
+    """Every run below `folder`; runs that did not train or checkpoint are skipped with a note,
+    and a folder with none usable is a UserError naming what is missing."""
+    runs, notes, skipped = [], [], []
+    for run_dir in find_runs(Path(folder)):
+        try:
+            costs = run_costs(run_dir)
+        except UserError as exc:
+            skipped.append(str(exc))
+            continue
+        runs.append(costs)
+        notes.extend(costs.notes)
+    if not runs:
+        raise UserError(skipped[0] if len(skipped) == 1 else
+                        f"{folder}: none of its {len(skipped)} runs can calibrate the advisor; first: {skipped[0]}")
+    notes.extend(f"skipped: {s}" for s in skipped)
+    return Calibration(runs=runs, notes=notes)

@@ -1,0 +1,205 @@
+"""`dlio_ckpt-advise RUN_OR_SWEEP_FOLDER`: how to checkpoint on this storage, from measured runs.
+
+Calibrate (advisor/calibrate.py) -> candidates per measured strategy/encoding (search.py) ->
+exhaustive simulation of all of them and, beside it, a surrogate trained on simulator samples
+around the calibrated system that ranks them and confirms its top few (surrogate.py) -> the
+answer, the Young/Daly baseline and both search times, re-scored on a fresh seed so the winner is
+not flattered by the trace it won on. Bad input is one line and exit 2, with nothing written;
+the plot is written only after the advice is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlio_ckpt import __version__
+from dlio_ckpt.advisor.calibrate import Calibration, calibrate
+from dlio_ckpt.advisor.search import Candidate, Settings, candidates, exhaustive, feature_matrix, score, young_daly
+from dlio_ckpt.advisor.simulate import Outcome
+from dlio_ckpt.advisor.surrogate import near, samples, search, train
+from dlio_ckpt.analysis.model import plain
+from dlio_ckpt.errors import USAGE_EXIT_CODE, UserError
+
+PROG = "dlio_ckpt-advise"
+DEFAULT_PLOT = "dlio_ckpt-advice.png"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Advise a checkpoint configuration (levels, interval per "
+                                "level, strategy/encoding) from measured dlio_ckpt runs, by simulation and a learned surrogate.")
+    p.add_argument("folder", type=Path, metavar="RUN_OR_SWEEP_FOLDER", help="a run folder, a sweep folder or a folder of runs")
+    p.add_argument("--mtbf-s", type=float, default=None, help="mean time between failures of the job at the advised scale "
+                   "(default: the runs' failures.mtbf_s, scaled to --world-size)")
+    p.add_argument("--world-size", type=int, default=None, help="advise for this many ranks (default: the largest measured); "
+                   "another size is projected from curves fitted over a sweep of world sizes")
+    p.add_argument("--node-failure-share", type=float, default=None,
+                   help="share of failures that lose a node (default: measured from the runs' restarts, else 0.5)")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument("--plot", type=Path, default=None, help=f"goodput map PNG (default without --json: ./{DEFAULT_PLOT})")
+    p.add_argument("--no-plot", action="store_true", help="no goodput map (no matplotlib needed)")
+    p.add_argument("--samples", type=int, default=2000, help="simulator samples the surrogate trains on (default 2000)")
+    p.add_argument("--top", type=int, default=5, help="surrogate's best configurations confirmed in the simulator (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the failure draws and the training samples")
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name, value, low in (("--mtbf-s", args.mtbf_s, 0.0), ("--world-size", args.world_size, 0)):
+        if value is not None and value <= low:
+            raise UserError(f"{name}: must be positive (got {value})")
+    if args.node_failure_share is not None and not 0.0 <= args.node_failure_share <= 1.0:
+        raise UserError(f"--node-failure-share: a share between 0 and 1 (got {args.node_failure_share})")
+    if args.samples < 50 or args.top < 1:
+        raise UserError(f"--samples needs at least 50 and --top at least 1 (got {args.samples}, {args.top})")
+
+
+def _outcome(o: Outcome) -> dict[str, Any]:
+    return {"goodput": o.goodput, "goodput_sd": o.goodput_sd, "failures": o.failures,
+            "checkpoint_share": o.checkpoint_s / o.wall_s, "lost_work_share": o.lost_work_s / o.wall_s,
+            "restart_share": o.restart_s / o.wall_s, "restores_by_level": o.restores_by_level}
+
+
+def _config(c: Candidate) -> dict[str, Any]:
+    return {"description": c.describe(), "variant": c.variant, "levels": [lv.name for lv in c.system.levels],
+            "interval_steps": c.plan.interval_steps, "interval_s": c.plan.interval_steps * c.system.step_s,
+            "every": dict(zip((lv.name for lv in c.system.levels), c.plan.every))}
+
+
+def advise(args: argparse.Namespace) -> dict[str, Any]:
+    _check(args)
+    calibration = calibrate(args.folder)
+    settings = Settings(seed=args.seed)
+    pool: list[Candidate] = []
+    systems, baselines, infos = [], [], []
+    for variant in calibration.variants:
+        system, info = calibration.system(variant, args.world_size, args.mtbf_s, args.node_failure_share)
+        systems.append(system)
+        infos.append(info)
+        pool += candidates(system, variant=variant)
+        baselines.append(young_daly(system, variant))
+
+    started = time.perf_counter()
+    best, best_outcome, _ = exhaustive(pool, settings)
+    exhaustive_s = time.perf_counter() - started
+
+    rng = np.random.default_rng(args.seed)
+    per_system = 10
+    around = [near(systems[i % len(systems)], rng) for i in range(max(1, args.samples // per_system))]
+    X, y = samples(around, per_system, replace(settings, replicates=16), seed=args.seed)
+    surrogate = train(X, y, seed=args.seed)
+    found = search(surrogate, pool, settings, top=args.top)
+
+    fresh = replace(settings, seed=settings.seed + 1_000_003, replicates=2 * settings.replicates)
+    rows = {"best": best, "surrogate": found.best}
+    rows.update({f"young_daly[{b.variant}]": b for b in baselines})
+    predicted = surrogate.predict(feature_matrix(list(rows.values())))
+    table = {name: {"configuration": _config(c), "predicted_goodput": float(p), "search_goodput":
+                    (best_outcome.goodput if name == "best" else found.outcome.goodput if name == "surrogate" else None),
+                    **_outcome(score(c, fresh))} for (name, c), p in zip(rows.items(), predicted)}
+    return {
+        "tool": PROG, "tool_version": __version__, "folder": str(args.folder),
+        "calibration": _calibration(calibration, systems, infos),
+        "advice": table,
+        "search": {"configurations": len(pool), "exhaustive_s": exhaustive_s, "surrogate_s": found.seconds,
+                   "surrogate_simulated": found.simulated, "speedup": exhaustive_s / found.seconds if found.seconds else None,
+                   "surrogate_over_optimum": found.outcome.goodput / best_outcome.goodput,
+                   "training_samples": surrogate.samples, "training_s": surrogate.train_s,
+                   "sampling": f"{len(around)} systems around the calibrated one x {per_system} configurations",
+                   "models": surrogate.errors, "model_used": surrogate.chosen,
+                   "settings": {"horizon_mtbf": settings.horizon_mtbf, "replicates": settings.replicates, "seed": settings.seed,
+                                "rescored_with": {"seed": fresh.seed, "replicates": fresh.replicates}}},
+        "_best": best, "_settings": settings,
+    }
+
+
+def _calibration(calibration: Calibration, systems: list, infos: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "runs": [{"path": r.path, "world_size": r.world_size, "variant": r.variant, "step_s": r.step_s,
+                  "interval_steps": r.interval_steps, "goodput": r.goodput, "failures": r.failures,
+                  "levels": [{"name": lv.name, "survives": lv.survives, "flushed": lv.flushed, "every": lv.every,
+                              "bytes": lv.bytes, "blocking_s": lv.blocking.mean, "blocking_sd": lv.blocking.sd,
+                              "flush_s": lv.flush.mean, "flush_sd": lv.flush.sd, "restore_s": lv.restore.mean,
+                              "restore_sd": lv.restore.sd, "restore_assumed": lv.restore_assumed} for lv in r.levels]}
+                 for r in calibration.runs],
+        "systems": [{**info, "step_s": s.step_s, "mtbf_s": s.mtbf_s, "node_failure_share": s.node_fraction,
+                     "restart_overhead_s": s.downtime_s,
+                     "levels": [{"name": lv.name, "blocking_s": lv.blocking_s, "flush_s": lv.flush_s,
+                                 "restore_s": lv.restore_s, "survives": lv.survives, "flushed": lv.flushed} for lv in s.levels]}
+                    for s, info in zip(systems, infos)],
+        "notes": calibration.notes,
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f} %"
+
+
+def format_text(doc: dict[str, Any]) -> str:
+    lines = [f"{PROG}: {len(doc['calibration']['runs'])} run(s) in {doc['folder']}"]
+    for s in doc["calibration"]["systems"]:
+        scale = f"world size {s['world_size']}" + (" (projected: " + s["extrapolation"] + ")" if s["projected"] else " (measured)")
+        lines += ["", f"[{s['variant']}] {scale}; iteration {s['step_s']:.4g} s; MTBF {s['mtbf_s']:.4g} s; "
+                      f"node failures {s['node_failure_share']:.0%}; restart overhead {s['restart_overhead_s']:.3g} s",
+                  "| level | survives | flushed | blocking s | flush s | restore s |", "|---|---|---|---|---|---|"]
+        lines += [f"| {lv['name']} | {lv['survives']} | {'yes' if lv['flushed'] else 'no'} | {lv['blocking_s']:.4g} "
+                  f"| {lv['flush_s']:.4g} | {lv['restore_s']:.4g} |" for lv in s["levels"]]
+        lines += [f"  fit {key}: {text}" for key, text in (s.get("fits") or {}).items()]
+        lines += [f"  assumed: {a}" for a in s["assumed"]]
+    lines += ["", "| | configuration | predicted | simulated (fresh seed) | checkpoint | lost work | restart |",
+              "|---|---|---|---|---|---|---|"]
+    for name, row in doc["advice"].items():
+        lines.append(f"| {name} | {row['configuration']['description']} | {_pct(row['predicted_goodput'])} | "
+                     f"{_pct(row['goodput'])} | {_pct(row['checkpoint_share'])} | {_pct(row['lost_work_share'])} | "
+                     f"{_pct(row['restart_share'])} |")
+    sr = doc["search"]
+    models = ", ".join(f"{name} MAE {e['mae']:.4f} R2 {e['r2']:.3f}" for name, e in sr["models"].items())
+    lines += ["", f"search: exhaustive simulation of {sr['configurations']} configurations {sr['exhaustive_s']:.2f} s; "
+                  f"surrogate ({sr['model_used']}) ranked them and simulated {sr['surrogate_simulated']} in "
+                  f"{sr['surrogate_s']:.3f} s ({sr['speedup']:.1f}x faster), reaching {sr['surrogate_over_optimum']:.2%} "
+                  f"of the optimum", f"surrogate training: {sr['training_samples']} samples ({sr['sampling']}) "
+                  f"in {sr['training_s']:.2f} s; held out: {models}"]
+    if doc.get("plot"):
+        lines.append(f"plot: {doc['plot']['path']} (goodput over {doc['plot']['x']} and {doc['plot']['y']})")
+    lines += [f"note: {n}" for n in doc["calibration"]["notes"]]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    plot_path = None if args.no_plot else (args.plot or (None if args.json else Path(DEFAULT_PLOT)))
+    if plot_path is not None:
+        from dlio_ckpt.optional import require
+
+        require("matplotlib")  # fail before the work, not after it
+    doc = advise(args)
+    best, settings = doc.pop("_best"), doc.pop("_settings")
+    if plot_path is not None:
+        from dlio_ckpt.advisor.plot import write_png
+
+        doc["plot"] = write_png(best, settings, plot_path)
+    if args.json:
+        json.dump(plain(doc), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_text(doc))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args)
+    except UserError as exc:
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
