@@ -22,13 +22,20 @@ from dlio_ckpt.errors import USAGE_EXIT_CODE, UserError
 DRY_RUN_FLAG = "--dry-run"
 
 
-def created_paths(config: Any, checkpoint_root: str | None, dataset: dict[str, Any] | None) -> dict[str, str | None]:
+def created_paths(config: Any, checkpoint_root: str | None, dataset: dict[str, Any] | None) -> dict[str, Any]:
     """What this run created under storage.root: its own checkpoint folder (not in mode=restore,
-    which reads an earlier run's) and the dataset folder when it generated rather than reused it."""
+    which reads an earlier run's) and the dataset folder when it generated rather than reused it;
+    and, outside it, its folder in each checkpoint level that has a folder of its own
+    (`checkpoint_levels`: the level's folder, this run's folder in it, the level's backend)."""
+    ours = checkpoint_root if checkpoint_root and config.mode != "restore" else None
     return {
         "storage_root": os.path.abspath(config.storage.root),
-        "checkpoints": checkpoint_root if checkpoint_root and config.mode != "restore" else None,
+        "checkpoints": ours,
         "dataset": dataset["folder"] if dataset and not dataset.get("reused") else None,
+        "checkpoint_levels": [{"folder": os.path.abspath(level.path),
+                               "checkpoints": os.path.join(os.path.abspath(level.path), os.path.basename(ours)),
+                               "backend": level.backend or config.storage.backend}
+                              for level in config.checkpoint.levels if level.path] if ours else [],
     }
 
 
@@ -60,7 +67,7 @@ def run_folders(paths: list[str]) -> list[Path]:
 
 
 def plan_removal(run_dir: Path) -> tuple[Any, list[tuple[str, str]], list[str]]:
-    """(storage config, [(what, path)] to remove, notes about what is kept) for one run folder."""
+    """(storage config, [(what, path, its storage config)] to remove, notes about what is kept) for one run folder."""
     summary = json.loads((run_dir / "summary.json").read_text())
     created = summary.get("created")
     if created is None:
@@ -78,7 +85,14 @@ def plan_removal(run_dir: Path) -> tuple[Any, list[tuple[str, str]], list[str]]:
         if os.path.islink(path) or not inside(path, root):
             notes.append(f"{what} {path} kept: not strictly inside storage.root {root}")
             continue
-        remove.append((what, path))
+        remove.append((what, path, storage))
+    for level in created.get("checkpoint_levels", []):  # each only inside its own level's folder
+        path = level["checkpoints"]
+        if os.path.islink(path) or not inside(path, level["folder"]):
+            notes.append(f"checkpoint level folder {path} kept: not strictly inside its level's folder {level['folder']}")
+            continue
+        options = SimpleNamespace(**{**vars(storage), "backend": level["backend"], "root": level["folder"]})
+        remove.append(("checkpoints", path, options))
     return storage, remove, notes
 
 
@@ -88,9 +102,9 @@ def clean(paths: list[str], dry_run: bool, out: Any = sys.stdout) -> list[str]:
 
     done = []
     for run_dir in run_folders(paths):
-        storage, remove, notes = plan_removal(run_dir)
-        backend = make_backend(storage)
-        for what, path in remove:
+        _, remove, notes = plan_removal(run_dir)
+        for what, path, storage in remove:
+            backend = make_backend(storage)
             if not backend.exists(path) and not backend.isdir(path):
                 print(f"{run_dir}: {what} {path} already gone", file=out)
                 continue

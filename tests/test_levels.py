@@ -239,6 +239,12 @@ def test_summary_reports_every_level(workdir):
     assert shared["bytes"] == sum(c["bytes"] for c in ck["per_checkpoint"][1::2])
     assert local["restores"] == 1 and local["restore_s_mean"] > 0 and shared["flush_s_mean"] > 0
     assert steps_in(shared["path"]) == [c["step"] for c in ck["per_checkpoint"][1::2]]
+    # `dlio_ckpt clean` removes this run's folder in the local level too, and nothing else there
+    (workdir / "local" / "someone-else").mkdir()
+    done = run_cli(["clean", str(run)], workdir / "cwd")
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(local["path"]) and not os.path.exists(shared["path"])
+    assert sorted(os.listdir(workdir / "local")) == ["someone-else"]
 
 
 def test_a_flush_of_an_encoded_checkpoint_takes_its_chain_and_retention_keeps_it(tmp_path):
