@@ -79,10 +79,20 @@ def test_a_flush_copies_the_chain_members_the_target_lacks_oldest_first():
     ("[{name:a},{name:b,every:2}]", "checkpoint.levels[1].path: 'storage.root/checkpoint.folder' is already"),
     ("[{name:a,path:/tmp/a},{name:b,every:2,backend:posx}]", "checkpoint.levels[1].backend: unknown backend 'posx'"),
     ("[{name:a,path:/tmp/a},{name:b,every:0}]", "checkpoint.levels[1].every: an interval in checkpoints"),
+    ("[{name:a,path:/tmp/a},{name:b,every:2,backend:s3}]", "checkpoint.levels[1].backend: a level without a path"),
 ])
 def test_unusable_level_lists_are_refused_naming_the_key(value, words):
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         load_config([f"checkpoint.levels={value}"])
+
+
+def test_a_level_backend_that_cannot_write_the_format_is_refused():
+    from dlio_ckpt.config.load import check_level_paths
+
+    config = load_config(["checkpoint.enabled=true", "checkpoint.format=hdf5", "storage.s3.bucket=b",
+                          "checkpoint.levels=[{name:a,path:/tmp/a},{name:b,path:/pfs,every:2,backend:s3}]"])
+    with pytest.raises(ConfigError, match=r"checkpoint.levels\[1\].backend: checkpoint.format=hdf5 .* needs seekable"):
+        check_level_paths(config)
 
 
 def test_a_level_folder_blocked_by_a_file_is_refused_before_anything_is_written(workdir):
@@ -283,3 +293,25 @@ def test_free_space_is_checked_per_level_folder(tmp_path, monkeypatch):
     monkeypatch.setenv(FREE_BYTES_VARIABLE, str(3 * each))
     with pytest.raises(ConfigError, match="storage.root: the run needs"):
         check_free_space(config, 1, free_bytes=2 * each - 1)
+
+
+def test_a_level_on_s3_receives_flushes_and_restores_after_a_node_failure(tmp_path, s3_server, s3_bucket):
+    s3 = [f"storage.s3.bucket={s3_bucket}", f"storage.s3.endpoint_url={s3_server.endpoint_url}",
+          "storage.s3.prefix=levels", "storage.s3.part_size=5MiB", "world.ranks_per_node=1",
+          f"checkpoint.levels=[{{name:local,path:{tmp_path / 'local'},scope:node,keep_last:0}},"
+          f"{{name:shared,path:/pfs,every:2,write:flush,backend:s3,keep_last:1}}]"]
+    ctx = make_ctx(tmp_path, s3)
+    engine = make_checkpoint_engine(ctx)
+    for step in range(1, 6):
+        engine.save(step, 1)
+    engine.finish()
+    assert [(f.step, f.committed) for f in engine.flushes] == [(2, True), (4, True)]
+    listing = s3_server.client().list_objects_v2(Bucket=s3_bucket, Prefix="levels/")
+    objects = {o["Key"]: o["Size"] for o in listing.get("Contents", [])}  # read by boto3, not the backend
+    local = Path(engine.engines[0].root)
+    expected = {f"levels/{ctx.run_id}/step_00000004/{p.relative_to(local / 'step_00000004')}": p.stat().st_size
+                for p in (local / "step_00000004").rglob("*") if p.is_file()}
+    assert objects == expected  # step 2 deleted by the level's keep_last=1, step 4 whole, manifest included
+    engine.fail("node", 0)
+    restored = engine.restore()
+    assert (restored.level, restored.checkpoint_step, restored.verified) == ("shared", 4, True)

@@ -559,24 +559,42 @@ def check_levels(config: RunConfig) -> None:
                               "another level's folder; give each level its own folder")
         if level.backend:
             dataclasses.replace(BACKENDS, key=f"{key}[{number}].backend").canonical(level.backend)
+            if not level.path and level.backend != config.storage.backend:
+                raise ConfigError(f"{key}[{number}].backend: a level without a path is the run's own folder, on "
+                                  f"storage.backend={config.storage.backend}; give the level a path for backend {level.backend}")
         names.add(level.name)
         folders.add(folder)
 
 
 def check_level_paths(config: RunConfig) -> None:
-    """Each level folder of its own on a local file system can be made and written (nothing written)."""
+    """Each level with a folder or backend of its own can serve the run's checkpoints: a local
+    folder can be made and written, another backend is reachable and offers what the checkpoint
+    format needs (nothing written)."""
+    from dlio_ckpt.config.needs import writes_checkpoints
     from dlio_ckpt.config.paths import _file_in_the_way
+    from dlio_ckpt.plan.checkpoint_formats import format_spec
+    from dlio_ckpt.storage import make_backend
+    from dlio_ckpt.storage.base import CAPABILITY_MEANING
+    from dlio_ckpt.storage.posix import nearest_existing
 
-    for number, level in enumerate(config.checkpoint.levels if config.checkpoint.enabled else ()):
-        if not level.path or (level.backend or config.storage.backend) != "posix":
-            continue  # the run's own folder (check_paths), or an object store's prefix (its backend's check)
+    for number, level in enumerate(config.checkpoint.levels if writes_checkpoints(config) else ()):
+        key = f"checkpoint.levels[{number}]"
+        name = level.backend or config.storage.backend
+        if not level.path:
+            continue  # the run's own folder: check_paths and check_storage
         path = os.path.abspath(level.path)
+        backend = make_backend(dataclasses.replace(config.storage, backend=name, root=path), path)
+        needs = format_spec(config.checkpoint.format).write_needs | ({"direct_io"} if config.storage.direct_io else set())
+        lacking = backend.capabilities.missing(needs)
+        if lacking:
+            raise ConfigError(f"{key}.backend: checkpoint.format={config.checkpoint.format} (or storage.direct_io) needs "
+                              f"{' and '.join(CAPABILITY_MEANING[n] for n in lacking)}, which backend {name} does not offer; "
+                              "choose another backend for the level")
+        if name != "posix":
+            backend.check()  # reachability and credentials, as storage.backend's
+            continue
         blocker = _file_in_the_way(path)
         if blocker is not None:
-            raise ConfigError(f"checkpoint.levels[{number}].path: '{level.path}' cannot be a folder: {blocker} is a file; "
-                              "choose a folder path")
-        from dlio_ckpt.storage.posix import nearest_existing
-
+            raise ConfigError(f"{key}.path: '{level.path}' cannot be a folder: {blocker} is a file; choose a folder path")
         if not os.access(nearest_existing(path), os.W_OK | os.X_OK):
-            raise ConfigError(f"checkpoint.levels[{number}].path: no permission to write in {nearest_existing(path)}; "
-                              "choose a writable folder")
+            raise ConfigError(f"{key}.path: no permission to write in {nearest_existing(path)}; choose a writable folder")
