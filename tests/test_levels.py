@@ -315,3 +315,23 @@ def test_a_level_on_s3_receives_flushes_and_restores_after_a_node_failure(tmp_pa
     engine.fail("node", 0)
     restored = engine.restore()
     assert (restored.level, restored.checkpoint_step, restored.verified) == ("shared", 4, True)
+
+
+def test_a_failure_abandons_the_flush_in_flight_and_leaves_no_torn_copy(tmp_path, monkeypatch):
+    import dlio_ckpt.checkpoint.levels as levels_module
+
+    def slow_copy(*args, **kwargs):  # still copying when the failure strikes
+        time.sleep(0.3)
+        return copy_entries(*args, **kwargs)
+
+    monkeypatch.setattr(levels_module, "copy_entries", slow_copy)
+    ctx = make_ctx(tmp_path, [levels(tmp_path, local_keep=0, shared_keep=0), "world.ranks_per_node=1"])
+    engine = make_checkpoint_engine(ctx)
+    for step in range(1, 5):
+        engine.save(step, 1)  # the flush of 2 commits at save 4 (it waits for it), that of 4 is in flight
+    engine.fail("node", 0)
+    assert [(f.step, f.committed) for f in engine.flushes] == [(2, True), (4, False)]
+    assert engine.flushes[1].error == "abandoned: node failure"
+    assert steps_in(engine.engines[1].root) == [2] and not os.path.exists(Path(engine.engines[1].root) / "step_00000004")
+    restored = engine.restore()
+    assert (restored.level, restored.checkpoint_step) == ("shared", 2)
