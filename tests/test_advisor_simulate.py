@@ -39,6 +39,19 @@ def test_a_flush_still_in_flight_does_not_survive():
     assert out.restores_by_level["scratch"] == 1 and out.wall_s == pytest.approx(25 + 3 + 43)
 
 
+def test_levels_follow_the_write_count_as_dlio_ckpt_numbers_checkpoints():
+    """A redone checkpoint takes the next number (SCR counts writes): after a restart from scratch
+    the checkpoint at step 4 is write 2, so it goes to the shared level, and so does step 12."""
+    system = System(step_s=1.0, mtbf_s=1e9, levels=(Level("local", 0.5, 0.0, 1.0, "process"),
+                                                    Level("shared", 0.5, 1.0, 2.0, "node", flushed=True)))
+    out = simulate(system, Plan(4, (1, 2)), 32, FailureTrace(replicates=1, at_steps=(7, 19), kinds=("node", "node")))
+    # 7.5 s to the first failure (write 1 lost with the node), 21 s to the second (after step 19,
+    # shared step 12 restored in 2 s), then steps 13..32 with four 0.5 s stalls; counting by steps
+    # would restore step 8 and take 57 s
+    assert out.restores_by_level == {"local": 0, "shared": 1, "scratch": 1}
+    assert out.wall_s == pytest.approx(7.5 + 21 + 2 + 22)
+
+
 def test_failure_free_run_and_no_checkpoint_at_the_last_step():
     out = simulate(TWO_LEVELS, PLAN, 40, FailureTrace(replicates=2, seed=1))  # MTBF 1e9 s: no failure
     assert out.failures == 0 and out.wall_s == pytest.approx(43) and out.goodput == pytest.approx(40 / 43)

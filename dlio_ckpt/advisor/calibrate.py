@@ -156,8 +156,9 @@ def _level_costs(summary: dict[str, Any], notes: list[str]) -> tuple[LevelCosts,
             blocking = Measure(float(level["write_s_mean"]), 0.0, 1)
         flush = Measure.of([max(0.0, (r.get("persist_s_max") or 0.0) - (r.get("blocking_s_max") or 0.0)) for r in mine
                             if _number(r.get("persist_s_max")) is not None])
-        if _number(level.get("flush_s_mean")) is not None:
-            flush = Measure(float(level["flush_s_mean"]), flush.sd, max(flush.count, 1))
+        for key in ("flush_s_mean", "flush_latency_s_mean"):  # the latency (checkpoint end to durable) wins
+            if _number(level.get(key)) is not None:
+                flush = Measure(float(level[key]), flush.sd, max(flush.count, 1))
         restore = Measure.of([r.get("restore_s") for r in restarts if r.get("level") in (name, number)])
         if not restore.count and _number(level.get("restore_s_mean")) is not None:
             restore = Measure(float(level["restore_s_mean"]), 0.0, 1)
@@ -199,7 +200,7 @@ def run_costs(run_dir: Path) -> RunCosts:
     failures = summary.get("failures") or {}
     fail_conf = config.get("failures") or {}
     restarts = [r for r in failures.get("restarts") or [] if isinstance(r, dict)]
-    overheads = [(r.get("restart_s") - (r.get("restore_s") or 0.0)) for r in restarts if _number(r.get("restart_s")) is not None]
+    overheads = [float(r["warmup_s"]) for r in restarts if _number(r.get("warmup_s")) is not None]
     if not overheads and restarts and _number(failures.get("restart_s")) is not None:
         overheads = [(float(failures["restart_s"]) - sum(r.get("restore_s") or 0.0 for r in restarts)) / len(restarts)]
     policy = ckpt.get("policy") or {}

@@ -191,7 +191,12 @@ class Timeline:
 
 
 def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -> Outcome:
-    """Run the job `work_steps` steps long under `plan` against the failures of `trace`."""
+    """Run the job `work_steps` steps long under `plan` against the failures of `trace`.
+
+    Levels are chosen by the checkpoint's *write number* (SCR and dlio_ckpt count the checkpoints
+    written, so a checkpoint redone after a restart takes the next number): the timeline runs in
+    write numbers, and `shift` (writes so far minus the restored checkpoint) maps them to steps.
+    """
     line = Timeline(system, plan)
     used = line.used
     flush = np.array([system.levels[i].flush_s for i in used])
@@ -199,13 +204,14 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     survives = np.array([KINDS.index(system.levels[i].survives) for i in used])
     k = plan.interval_steps
     last_checkpoint = (work_steps - 1) // k  # none at the last step
-    v_end = float(line.time_at(last_checkpoint)) + (work_steps - last_checkpoint * k) * system.step_s
+    tail_s = (work_steps - last_checkpoint * k) * system.step_s
     give_up_s = 4.0 * work_steps * system.step_s
     r = trace.replicates
     rows = np.arange(r)
     t = np.zeros(r)  # wall time at which the current attempt starts computing
-    n0 = np.zeros(r, dtype=np.int64)  # the checkpoint it restarted from (0: the start)
-    newest = np.full((r, len(used)), -1, dtype=np.int64)  # per level, the newest durable copy
+    n0 = np.zeros(r, dtype=np.int64)  # the checkpoint (step / interval) it restarted from (0: the start)
+    shift = np.zeros(r, dtype=np.int64)  # write number - checkpoint number in the current attempt
+    newest = np.full((r, len(used)), -1, dtype=np.int64)  # per level, the newest durable copy (checkpoint number)
     fail_at = np.zeros(r)
     restart = np.zeros(r)
     failures = np.zeros(r)
@@ -214,13 +220,15 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     active = np.ones(r, dtype=bool)
     j = 0
     while active.any():
+        start = line.time_at(n0 + shift)
         if trace.at_steps:
-            fail_at = np.where(active, _replayed_failure(line, system, k, trace, j, t, n0), fail_at)
+            fail_at = np.where(active, _replayed_failure(line, system, k, trace, j, t, n0, shift), fail_at)
         else:
             fail_at = fail_at + trace.gaps_s(system, j)
-        v_now = line.time_at(n0) + (fail_at - t)  # how far the attempt got, in failure-free time
+        v_now = start + (fail_at - t)  # how far the attempt got, in failure-free time
+        v_end = line.time_at(last_checkpoint + shift) + tail_s
         finished = active & (v_now >= v_end)
-        wall[finished] = (t + (v_end - line.time_at(n0)))[finished]
+        wall[finished] = (t + (v_end - start))[finished]
         hopeless = active & ~finished & (fail_at > give_up_s)  # goodput under 25 %: censored here
         wall[hopeless] = fail_at[hopeless]
         finished |= hopeless
@@ -231,10 +239,10 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
             break
         failures += active
         # per level, the newest copy written and flushed before the failure
-        reached = line.last_before(v_now[:, None] - flush[None, :])
-        reached = line.newest_held(np.maximum(reached, 0))
+        reached = line.newest_held(np.maximum(line.last_before(v_now[:, None] - flush[None, :]), 0)) - shift[:, None]
         fresh = active[:, None] & (reached > n0[:, None]) & (reached <= last_checkpoint)
         newest = np.where(fresh, np.maximum(newest, reached), newest)
+        written = np.maximum(line.last_before(v_now), n0 + shift)
         kind = np.where(trace.node_failure(system, j), KINDS.index("node"), KINDS.index("process"))
         newest = np.where(active[:, None] & (survives[None, :] < kind[:, None]), -1, newest)
         best = newest.max(axis=1)
@@ -245,10 +253,11 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         restored[rows[active], np.where(from_scratch, len(used), choice)[active]] += 1
         restart = np.where(active, restart + cost, restart)
         n0 = np.where(active, np.where(from_scratch, 0, best), n0)
+        shift = np.where(active, written - n0, shift)
         t = np.where(active, fail_at + cost, t)
         j += 1
     useful = work_steps * system.step_s
-    stalls = float(line.time_at(last_checkpoint)) - last_checkpoint * line.tau
+    stalls = last_checkpoint * (line.span / line.period - line.tau)  # kept checkpoints x mean stall
     total_wall = float(wall.sum())
     per = useful / wall
     names = [system.levels[i].name for i in used] + ["scratch"]
@@ -266,14 +275,15 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
 
 
 def _replayed_failure(line: Timeline, system: System, k: int, trace: FailureTrace, j: int,
-                      t: np.ndarray, n0: np.ndarray) -> np.ndarray:
-    """Wall time of replayed failure j: when the attempt reaches step at_steps[j] (inf: no more)."""
+                      t: np.ndarray, n0: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """Wall time of replayed failure j: right after the attempt computes step at_steps[j], before
+    that step's own checkpoint (inf: no more failures)."""
     if j >= len(trace.at_steps):
         return np.full_like(t, np.inf)
     step = trace.at_steps[j]
     before = (step - 1) // k  # the checkpoints strictly before the step are written first
-    v_step = float(line.time_at(before)) + (step - before * k) * system.step_s
-    return t + np.maximum(0.0, v_step - line.time_at(n0))
+    v_step = line.time_at(before + shift) + (step - before * k) * system.step_s
+    return t + np.maximum(0.0, v_step - line.time_at(n0 + shift))
 
 
 def young_s(cost_s: float, mtbf_s: float) -> float:
