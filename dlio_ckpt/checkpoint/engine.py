@@ -540,6 +540,7 @@ class CheckpointEngineImpl:
         self._state = None
         self._encoder = None
         self._resume.clear()
+        self._last_step = -1  # steps after the restored one are trained (and due) again (helper-policy hook)
 
     def _read_manifest(self, folder: str, step: int, storage: Any = None) -> dict | str:
         """The checkpoint's manifest, validated (see manifest.py), or why the checkpoint is rejected."""

@@ -183,6 +183,7 @@ def encoding_rows(ckpt: dict) -> list[tuple[str, str]]:
     text = (f"{rows[0]['encoding']}: {plural(len(rows), 'checkpoint')} of a {rows[0]['logical_bytes'] / MIB:.1f} MiB "
             f"state wrote {written / MIB:.1f} MiB ({logical / written:.2f}x less than full)" if written else "")
     key = "dedup_ratio" if rows[0]["encoding"] == "incremental" else "compression_ratio"
+    later = [r for r in later if key in r] or [{key: 0.0}]  # a checkpoint abandoned by a failure has no codec figures
     text += f"; after the first: {mean(r[key] for r in later):.1f}x, longest chain {max(r.get('chain_length', 1) for r in rows)}"
     if key == "compression_ratio":
         worst = max(r.get("max_rel_error", 0.0) for r in rows)

@@ -77,15 +77,26 @@ class FailureInjector:
 def fail_and_restore(ctx: Any, checkpoints: Any, event: FailureEvent) -> tuple[Any, float]:
     """Collective: what the failure destroys, then the restore. Returns (RestoreRecord or None, seconds)."""
     start = time.perf_counter()
-    fail = getattr(checkpoints, "fail", None)
-    if fail is not None:
-        fail(event.kind)
+    drop_state(checkpoints, event)
     if ctx.config.storage.drop_caches:
         from dlio_ckpt.engine.phases import drop_page_cache
 
         drop_page_cache()
     ctx.world.barrier()
     return restore_for_restart(ctx, checkpoints), time.perf_counter() - start
+
+
+def drop_state(checkpoints: Any, event: FailureEvent) -> None:
+    """Collective: the checkpoint side of the failure (the engine's `fail`); a node failure names
+    the failed rank's node, whose node-local checkpoint levels are lost (checkpoint/levels.py)."""
+    fail = getattr(checkpoints, "fail", None)
+    if fail is None:
+        return
+    node_of = getattr(checkpoints, "node_of", None)
+    if event.kind == "node" and node_of is not None:
+        fail(event.kind, node=node_of(event.rank))
+    else:
+        fail(event.kind)
 
 
 def restore_for_restart(ctx: Any, checkpoints: Any) -> Any:

@@ -25,9 +25,11 @@ def state_digest(checkpoints: Any) -> str | None:
     without an evolving state (checkpointing off)."""
     plan = getattr(checkpoints, "plan", None)
     world = getattr(checkpoints, "world", None)
-    if plan is None or world is None or not hasattr(checkpoints, "state"):
+    engines = getattr(checkpoints, "engines", None)  # multi-level: the levels share one state
+    holder = engines[0] if engines else checkpoints
+    if plan is None or world is None or not hasattr(holder, "state"):
         return None
-    state = checkpoints.state
+    state = holder.state
     hasher = xxhash.xxh3_128()
     for pf in plan.files_by_rank[world.rank]:
         hasher.update(f"{pf.relpath}:{state.digest(pf)};".encode())

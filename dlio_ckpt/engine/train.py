@@ -7,6 +7,12 @@ With one or two steps per block that figure says little (the steps that waited f
 ones left out), so the loop also keeps where the whole training wall time went: waiting for
 data, computing, and checkpointing (the time training was blocked). Evaluation is timed apart
 and is not part of the training wall time.
+
+Failures (failures.*, docs/failures.md) cut the run into lives: an injected failure unwinds out of
+the reader, every rank restores the newest surviving checkpoint, and the next life starts at the
+data loader position that checkpoint stored (plan/resume.py). The ledger (metrics/goodput.py) keeps
+what counts as useful, lost and restart time; ResumeChecks compares samples and state with an
+uninterrupted run's. When to checkpoint is the policy's call (checkpoint/policy.py).
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from typing import Any, Iterable, Iterator
 from dlio_ckpt.checkpoint.policy import make_policy
 from dlio_ckpt.engine.compute import ComputeModel
 from dlio_ckpt.engine.context import RunContext
-from dlio_ckpt.engine.failures import (FailureInjector, InjectedFailure, RestartExit, fail_and_restore, mark_note_done,
-                                       read_resumed_note, restore_for_restart, restored_step,
+from dlio_ckpt.engine.failures import (FailureInjector, InjectedFailure, RestartExit, drop_state, fail_and_restore,
+                                       mark_note_done, read_resumed_note, restore_for_restart, restored_step,
                                        write_resume_note)
 from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader, TransferReader
 from dlio_ckpt.engine.resume_checks import ResumeChecks, state_digest
@@ -288,7 +294,7 @@ class _Training:
                  "at_s": event.at_s, "restart": self.config.failures.restart}
         self.injector.restarts.append(entry)
         if self.config.failures.restart == "exit":
-            self.exit_for_relaunch()
+            self.exit_for_relaunch(failure)
         record, seconds = fail_and_restore(self.ctx, self.checkpoints, event)
         return self.resume_from(record, seconds, entry)
 
@@ -319,11 +325,9 @@ class _Training:
         epoch, within = divmod(step, per_epoch)
         return ResumePoint(step, epoch + 1, within, self.config.reader.shuffle_seed, within * self.first_plan.batch_size)
 
-    def exit_for_relaunch(self) -> None:
+    def exit_for_relaunch(self, failure: InjectedFailure) -> None:
         """failures.restart=exit: drop what the failure destroys, leave the note, end the job."""
-        fail = getattr(self.checkpoints, "fail", None)
-        if fail is not None:
-            fail(self.injector.restarts[-1]["kind"])
+        drop_state(self.checkpoints, failure.event)
         self.ledger.wall_s = self.elapsed()
         mine = {"ledger": self.ledger.as_dict(), "checks": self.checks.carried()}
         everyone = self.world.gather(mine)
