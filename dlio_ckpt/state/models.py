@@ -21,7 +21,7 @@ from dlio_ckpt.registry import Registry
 from dlio_ckpt.state.filestate import FileState, float_dtype, make_finite
 from dlio_ckpt.state.mlp_trace import MlpTrace
 from dlio_ckpt.state.units import move_units, rewrite_units
-from dlio_ckpt.state.values import CHUNK_VALUES, INIT_STD, ValuePool, decay_sum
+from dlio_ckpt.state.values import CHUNK_VALUES, INIT_STD, ValuePool, decay_rss
 
 UPDATE_MODELS = Registry(
     key="checkpoint.update",
@@ -189,19 +189,18 @@ class SgdModel:
 
     def update(self, fs: FileState, a: int, b: int) -> None:
         rng = fs.rng(a, b, FLOATS)
-        step = np.float32(self._cfg.learning_rate * INIT_STD * decay_sum(a, b))
+        step = np.float32(self._cfg.learning_rate * INIT_STD * decay_rss(a, b))
         for at, _, count, tensor in float_chunks(fs):
-            dtype = float_dtype(tensor.dtype_bytes)
-            weights = np.frombuffer(fs.store.read_at(at, count * tensor.dtype_bytes), dtype=dtype)
-            compute = np.float64 if dtype == np.float64 else np.float32
-            write_floats(fs, at, tensor, weights.astype(compute) + step * ValuePool.window(self._pool.noise, rng, count))
+            weights = np.frombuffer(fs.store.read_at(at, count * tensor.dtype_bytes), dtype=float_dtype(tensor.dtype_bytes))
+            # float16 weights are stepped in float32 (the promoted type), float64 ones in float64
+            write_floats(fs, at, tensor, weights + step * ValuePool.window(self._pool.noise, rng, count))
         change_byte_tensors(fs, self._cfg, self._source, a, b)
 
 
 class TraceModel:
     """`trace`: the float tensors hold the parameters of a tiny MLP after `step` real SGD steps
-    (mlp_trace.py), tiled over each tensor, every tile times its own fixed scale (2^-2..2^2, so
-    no two tiles are the same bytes); uint8 tensors change as under `sparse`."""
+    (mlp_trace.py), tiled over each tensor, every tile times its own fixed scale (2^-0.5..2^0.5,
+    so no two tiles are the same bytes); uint8 tensors change as under `sparse`."""
 
     stored = True
 
@@ -235,8 +234,9 @@ class TraceModel:
 
 
 def _tile_scale(key: int, tile: int) -> float:
-    """A fixed scale in [1/4, 4) per (tensor, tile), from a 64-bit mix of both (splitmix64)."""
+    """A fixed scale in [2^-0.5, 2^0.5) per (tensor, tile), from a 64-bit mix of both (splitmix64):
+    enough for no two tiles to hold the same bytes, too little to widen the deltas' spread."""
     z = (key * 0x9E3779B97F4A7C15 + tile * 0xBF58476D1CE4E5B9 + 1) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return 2.0 ** (4.0 * ((z ^ (z >> 31)) >> 11) / (1 << 53) - 2.0)
+    return 2.0 ** (((z ^ (z >> 31)) >> 11) / (1 << 53) - 0.5)

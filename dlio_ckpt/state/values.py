@@ -23,12 +23,14 @@ def decay(steps: np.ndarray | int) -> np.ndarray:
     return 1.0 / np.sqrt(1.0 + np.asarray(steps, dtype=np.float64) / DECAY_STEPS)
 
 
-def decay_sum(a: int, b: int) -> float:
-    """The sum of the learning-rate factors of the steps in (a, b]: an interval's update, folded."""
+def decay_rss(a: int, b: int) -> float:
+    """The root sum of squares of the learning-rate factors of the steps in (a, b]: the scale of
+    an interval's update, folded (independent per-step steps add up as a random walk, as the
+    trace's do: its deltas over 250 steps are about sqrt(5) times those over 50)."""
     total = 0.0
     for first in range(a + 1, b + 1, 1 << 20):
-        total += float(decay(np.arange(first, min(b + 1, first + (1 << 20)))).sum())
-    return total
+        total += float(np.square(decay(np.arange(first, min(b + 1, first + (1 << 20))))).sum())
+    return float(np.sqrt(total))
 
 
 class ValuePool:
