@@ -261,6 +261,18 @@ def test_update_model_names_come_from_one_registry():
         UPDATE_MODELS.canonical("sprase")
 
 
+def test_many_small_files_share_one_memory_budget(base_cfg, tmp_path):
+    from dlio_ckpt.state.store import MEMORY_LIMIT_BYTES
+
+    files = tuple(PlannedFile(f"layer_{i}/{{step}}.bin", 0, (TensorSpec("w", 5 << 20, 4, "model"),)) for i in range(5))
+    st = state(base_cfg, files, update="sgd", state_dir=str(tmp_path))
+    st.advance(1)
+    stores = [st.view(pf) for pf in files]
+    assert sum(s.size for s in stores if s.in_memory) <= MEMORY_LIMIT_BYTES
+    assert [s.in_memory for s in stores] == [True, True, True, False, False]
+    st.close()
+
+
 MEMORY_SCRIPT = """
 import dataclasses, sys
 from dlio_ckpt.config.load import load_config

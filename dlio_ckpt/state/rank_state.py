@@ -18,7 +18,7 @@ from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.base import FileView
 from dlio_ckpt.state.filestate import FileState
 from dlio_ckpt.state.models import UPDATE_MODELS
-from dlio_ckpt.state.store import ScratchStore
+from dlio_ckpt.state.store import MEMORY_LIMIT_BYTES, ScratchStore
 
 COPY_CHUNK_BYTES = 4 << 20
 
@@ -31,6 +31,7 @@ class RankState:
         self.step = 0
         self.model = UPDATE_MODELS.load(cfg.update)(cfg, seed, source)
         self._files = {(pf.owner, pf.relpath): FileState(pf, seed) for pf in files}
+        self._memory_left = MEMORY_LIMIT_BYTES  # for all files together: many small files must not add up
 
     def _state(self, pf: PlannedFile) -> FileState:
         fs = self._files.get((pf.owner, pf.relpath))
@@ -42,7 +43,7 @@ class RankState:
         """`fs` with its bytes at self.step: a stored model fills a file at step 0 on first use
         (and carries it to self.step in one update if a restore moved the state on without it)."""
         if self.model.stored and fs.store is None:
-            fs.store = ScratchStore(fs.size, self.cfg.state_dir)
+            fs.store = self._new_store(fs.size)
             self.model.fill(fs)
             fs.step = 0
         if self.model.stored and fs.step != self.step:
@@ -61,8 +62,7 @@ class RankState:
                 self._ready(fs)
                 self.model.update(fs, fs.step, step)
             elif fs.store is not None:  # bytes a restore loaded: `random` forgets them at the next step
-                fs.store.close()
-                fs.store = None
+                self._drop_store(fs)
             fs.step = step
         self.step = step
 
@@ -88,7 +88,7 @@ class RankState:
         if view.size != fs.size:
             raise ValueError(f"restoring {pf.relpath}: {view.size} bytes, the state holds {fs.size}")
         if fs.store is None:
-            fs.store = ScratchStore(fs.size, self.cfg.state_dir)
+            fs.store = self._new_store(fs.size)
         at = 0
         for piece in view.stream(COPY_CHUNK_BYTES):
             fs.store.write_at(at, piece)
@@ -108,5 +108,18 @@ class RankState:
     def close(self) -> None:
         for fs in self._files.values():
             if fs.store is not None:
-                fs.store.close()
-                fs.store = None
+                self._drop_store(fs)
+
+    def _new_store(self, size: int) -> ScratchStore:
+        """A store in memory while the rank's stores together stay within MEMORY_LIMIT_BYTES,
+        else an unlinked file in checkpoint.state_dir."""
+        store = ScratchStore(size, self.cfg.state_dir, memory_limit=self._memory_left)
+        if store.in_memory:
+            self._memory_left -= size
+        return store
+
+    def _drop_store(self, fs: FileState) -> None:
+        if fs.store.in_memory:
+            self._memory_left += fs.size
+        fs.store.close()
+        fs.store = None
