@@ -3,8 +3,9 @@
 A model either computes a file's bytes from the step alone (`random`: `stored` is False), or keeps
 them in a ScratchStore that `fill` writes at step 0 and `update` carries from step a to step b
 (`stored` is True). Updates are applied per checkpoint interval: the change from a to b is drawn
-once, with its size folded over the steps of (a, b] (a probability, a sum of learning rates), so a
-run resumed from a checkpoint reproduces the same bytes only if it checkpoints at the same steps.
+once, with its size folded over the steps of (a, b] (a probability, a root sum of squared learning
+rates), so a run resumed from a checkpoint reproduces the same bytes only if it checkpoints at the
+same steps.
 """
 
 from __future__ import annotations
@@ -170,8 +171,9 @@ def change_byte_tensors(fs: FileState, cfg, source: ByteSource, a: int, b: int) 
 
 class SgdModel:
     """`sgd`: float weights start as N(0, 0.02); an update from a to b adds to every element a
-    Student-t (df 3) step of scale learning_rate * 0.02 * (sum of the decayed learning-rate
-    factors of the steps in (a, b]); uint8 tensors change as under `sparse`."""
+    Student-t (df 3) step of scale learning_rate * 0.02 * (root sum of squares of the decayed
+    learning-rate factors of the steps in (a, b]: a random walk); uint8 tensors change as under
+    `sparse`."""
 
     stored = True
 

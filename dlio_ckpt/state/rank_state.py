@@ -46,6 +46,9 @@ class RankState:
             fs.store = self._new_store(fs.size)
             self.model.fill(fs)
             fs.step = 0
+        if self.model.stored and fs.step > self.step:
+            raise ValueError(f"{fs.pf.relpath} was loaded at step {fs.step}, after the state's step {self.step}: "
+                             "load every file of a rank at the same step")
         if self.model.stored and fs.step != self.step:
             self.model.update(fs, fs.step, self.step)
             fs.step = self.step
