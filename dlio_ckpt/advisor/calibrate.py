@@ -78,6 +78,7 @@ class RunCosts:
     failure_kinds: tuple[str, ...]
     restart_overhead_s: float | None  # per restart, besides the restore
     wall_s: float | None
+    compute_share: float = 1.0  # compute / (compute + data wait) of an iteration: measured goodput counts compute only
     notes: tuple[str, ...] = ()
 
 
@@ -146,12 +147,21 @@ def _level_costs(summary: dict[str, Any], notes: list[str]) -> tuple[LevelCosts,
     measured = [lv for lv in ckpt.get("levels") or [] if isinstance(lv, dict)]
     if not measured:  # one level: the run's checkpoint folder
         measured = [{"name": "checkpoint", "every": 1}]
+    flushed = [(next((c for c in configured if isinstance(c, dict) and c.get("name") == lv.get("name")), {})
+                .get("write", lv.get("write")) == "flush") for lv in measured]
+    by_level = any("level" in r for r in rows)
+    # training waited this long per checkpoint, by its own ledger (waits for a flush in flight included)
+    waited = _number((summary.get("time_accounting") or {}).get("checkpoint_s"))
     out = []
     for number, level in enumerate(measured):
         name = str(level.get("name", f"level{number}"))
         conf = next((c for c in configured if isinstance(c, dict) and c.get("name") == name), {})
-        mine = [r for r in rows if r.get("level") in (name, number)] if len(measured) > 1 else rows
+        # rows without a level: every checkpoint is written to the first level when the others are flushed from it
+        everything = len(measured) == 1 or (not by_level and number == 0 and all(flushed[1:]))
+        mine = rows if everything else [r for r in rows if r.get("level") in (name, number)]
         blocking = Measure.of([r.get("blocking_s_max", r.get("write_s_max")) for r in mine])
+        if everything and waited and rows:
+            blocking = Measure(waited / len(rows), blocking.sd, blocking.count)
         if not blocking.count and _number(level.get("write_s_mean")) is not None:
             blocking = Measure(float(level["write_s_mean"]), 0.0, 1)
         flush = Measure.of([max(0.0, (r.get("persist_s_max") or 0.0) - (r.get("blocking_s_max") or 0.0)) for r in mine
@@ -159,7 +169,8 @@ def _level_costs(summary: dict[str, Any], notes: list[str]) -> tuple[LevelCosts,
         for key in ("flush_s_mean", "flush_latency_s_mean"):  # the latency (checkpoint end to durable) wins
             if _number(level.get(key)) is not None:
                 flush = Measure(float(level[key]), flush.sd, max(flush.count, 1))
-        restore = Measure.of([r.get("restore_s") for r in restarts if r.get("level") in (name, number)])
+        restore = Measure.of([r.get("restore_s") for r in restarts  # one level: every restart that restored a step
+                              if r.get("level") in (name, number) or (len(measured) == 1 and r.get("restored_step"))])
         if not restore.count and _number(level.get("restore_s_mean")) is not None:
             restore = Measure(float(level["restore_s_mean"]), 0.0, 1)
         if not restore.count and len(measured) == 1:
@@ -171,7 +182,7 @@ def _level_costs(summary: dict[str, Any], notes: list[str]) -> tuple[LevelCosts,
             restore = Measure(write, 0.0, 0)
             notes.append(f"level {name}: no restore measured; its write time ({write:.3g} s) stands in")
         nbytes = _number(level.get("bytes")) or float(np.mean([r.get("bytes_written", r.get("bytes", 0)) or 0 for r in mine] or [0]))
-        out.append(LevelCosts(name=name, survives=_survives(level, conf), flushed=conf.get("write", level.get("write")) == "flush",
+        out.append(LevelCosts(name=name, survives=_survives(level, conf), flushed=flushed[number],
                               every=int(level.get("every") or conf.get("every") or 1), bytes=nbytes,
                               blocking=blocking, flush=flush, restore=restore, restore_assumed=assumed))
     return tuple(out)
@@ -195,6 +206,13 @@ def run_costs(run_dir: Path) -> RunCosts:
                             "the advisor needs the iteration time of a training run")
         step_s = max(wall - in_loop, 0.0) / steps
         notes.append(f"{run_dir.name}: iteration time from (train.wall_s - checkpoint_s_in_loop) / steps = {step_s:.4g} s")
+    accounting = summary.get("time_accounting") or {}
+    if _number(accounting.get("other_s")) and steps:  # the loop's own time is part of every iteration
+        per_step = max(0.0, accounting["other_s"]) / (steps + int(accounting.get("lost_steps") or 0))
+        step_s += per_step
+        notes.append(f"{run_dir.name}: iteration time includes {per_step:.3g} s of the loop's own time per step")
+    useful_compute = _number(accounting.get("useful_compute_s"))
+    compute_share = min(1.0, useful_compute / (steps * step_s)) if useful_compute and steps and step_s > 0 else 1.0
     config = summary.get("config") or {}
     ck_conf = config.get("checkpoint") or {}
     failures = summary.get("failures") or {}
@@ -219,7 +237,8 @@ def run_costs(run_dir: Path) -> RunCosts:
         failure_steps=tuple(int(r["step"]) for r in restarts if _number(r.get("step")) is not None),
         failure_kinds=tuple(str(r.get("kind", fail_conf.get("kind", "process"))) for r in restarts),
         restart_overhead_s=float(np.mean(overheads)) if overheads else None,
-        wall_s=_number(train.get("wall_s")) or _number(summary.get("wall_s")), notes=tuple(notes),
+        wall_s=_number(train.get("wall_s")) or _number(summary.get("wall_s")), compute_share=compute_share,
+        notes=tuple(notes),
     )
 
 
