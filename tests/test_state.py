@@ -270,6 +270,9 @@ def test_many_small_files_share_one_memory_budget(base_cfg, tmp_path):
     stores = [st.view(pf) for pf in files]
     assert sum(s.size for s in stores if s.in_memory) <= MEMORY_LIMIT_BYTES
     assert [s.in_memory for s in stores] == [True, True, True, False, False]
+    for pf in files:
+        st.digest(pf)
+    assert sum(s.buffer_bytes for s in stores) <= 4 << 20  # one file's read buffer at a time, not one per file
     st.close()
 
 

@@ -32,6 +32,7 @@ class RankState:
         self.model = UPDATE_MODELS.load(cfg.update)(cfg, seed, source)
         self._files = {(pf.owner, pf.relpath): FileState(pf, seed) for pf in files}
         self._memory_left = MEMORY_LIMIT_BYTES  # for all files together: many small files must not add up
+        self._active: FileState | None = None  # the file read last: the only store keeping a read buffer
 
     def _state(self, pf: PlannedFile) -> FileState:
         fs = self._files.get((pf.owner, pf.relpath))
@@ -41,7 +42,11 @@ class RankState:
 
     def _ready(self, fs: FileState) -> FileState:
         """`fs` with its bytes at self.step: a stored model fills a file at step 0 on first use
-        (and carries it to self.step in one update if a restore moved the state on without it)."""
+        (and carries it to self.step in one update if a restore moved the state on without it).
+        The file used before it gives up its read buffer."""
+        if self._active is not fs and self._active is not None and self._active.store is not None:
+            self._active.store.release_buffer()
+        self._active = fs
         if self.model.stored and fs.store is None:
             fs.store = self._new_store(fs.size)
             self.model.fill(fs)

@@ -47,6 +47,11 @@ class ScratchStore:
     def in_memory(self) -> bool:
         return self._memory is not None
 
+    @property
+    def buffer_bytes(self) -> int:
+        """The read buffer's size: the memory a file-backed store holds."""
+        return len(self._buffer)
+
     def read_at(self, offset: int, nbytes: int) -> memoryview:
         """`nbytes` bytes at `offset` (fewer at the end); valid until the next read_at."""
         nbytes = max(0, min(nbytes, self._size - offset))
@@ -77,6 +82,11 @@ class ScratchStore:
         done = 0
         while done < len(data):
             done += os.pwrite(self._fd, data[done:], offset + done)
+
+    def release_buffer(self) -> None:
+        """Drop the read buffer (a rank with many files would keep one per file); views already
+        handed out keep their bytes alive until they are dropped."""
+        self._buffer = bytearray()
 
     def close(self) -> None:
         if self._fd >= 0:
