@@ -101,28 +101,36 @@ def test_an_async_checkpoint_in_flight_is_abandoned_and_the_previous_one_restore
                                                         "step_00000016"]
 
 
-def test_failures_restart_exit_stops_and_the_same_command_resumes(workdir):
+@pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=[pytest.mark.mpi, pytest.mark.slow])])
+def test_failures_restart_exit_stops_and_the_same_command_resumes(workdir, ranks):
     extra = ["checkpoint.steps_between_checkpoints=4", "failures.at_steps=[10]", "failures.restart=exit"]
-    first = run(workdir, "run", extra)
+    steps = 32 // max(ranks, 1)
+    first = run(workdir, "run", extra, ranks)
     assert first.returncode == 75, first.stderr
     assert "Traceback" not in first.stderr and "resume" in first.stderr
     assert not (workdir / "run" / "summary.json").exists()
     assert (workdir / "run" / ".dlio_ckpt_resume").exists()
 
-    second = run(workdir, "run", extra)
+    second = run(workdir, "run", extra, ranks)
     assert second.returncode == 0, second.stderr
     summary = load_summary(workdir / "run")
     (restart,) = summary["failures"]["restarts"]
     assert (restart["step"], restart["restored_step"], restart["restart"]) == (10, 8, "exit")
     assert summary["failures"]["lost_steps"] == 2
-    assert summary["train"]["steps"] == 32
-    assert summary["resume"]["deterministic"] is True
+    assert summary["train"]["steps"] == steps
+    assert summary["resume"]["deterministic"] is True and summary["resume"]["states_checked"] == max(ranks, 1)
     assert summary["time_accounting"]["wall_s"] > summary["train"]["wall_s"]  # the first process's time counts too
-    # one run id over both processes: its checkpoints are in one folder, 4..32
-    assert list(checkpoint_bytes(workdir, summary)) == [f"step_{s:08d}" for s in range(4, 33, 4)]
+    # one run id over both processes: its checkpoints are in one folder
+    assert list(checkpoint_bytes(workdir, summary)) == [f"step_{s:08d}" for s in range(4, steps + 1, 4)]
 
-    third = run(workdir, "run", extra)  # the run is complete: the folder is taken
+    third = run(workdir, "run", extra, ranks)  # the run is complete: the folder is taken
     assert third.returncode == 2 and "already holds another run" in third.stderr
+
+
+def test_failures_faster_than_any_progress_stop_the_run(workdir):
+    done = run(workdir, "run", ["checkpoint.enabled=false", "failures.mtbf_s=0.000001"])
+    assert done.returncode == 1, done.stderr
+    assert "no progress" in done.stderr and "failures.mtbf_s" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_failure_keys_are_checked(workdir):

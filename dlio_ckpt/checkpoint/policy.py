@@ -54,8 +54,8 @@ class AdaptivePolicy:
     def due(self, step: int, epoch: int, epoch_end: bool, trigger_step: int | None = None) -> bool:
         if epoch_end or not self.config.checkpoint.enabled:
             return False
-        if self.interval is None:
-            return step >= PROFILE_STEPS and step > self.last_step
+        if self.interval is None:  # the probe, once the steps before it are measured (a relaunch measures anew)
+            return len(self._step_s) >= PROFILE_STEPS - 1 and step > self.last_step
         return step - self.last_step >= self.interval
 
     def probe(self, step: int) -> bool:

@@ -123,6 +123,9 @@ def in_file_order(config: Any, fmt: DatasetFormat) -> bool:
     return fmt.sequential or config.reader.access == "transfer"
 
 
+STALLED_RESTARTS = 50  # failures in a row that restore the same step: the run stops (it would never end)
+
+
 def run_training(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: FormatOptions, checkpoints: Any) -> TrainResult:
     return _Training(ctx, plan, fmt, options, checkpoints).run()
 
@@ -293,10 +296,19 @@ class _Training:
         entry = {"index": event.index, "step": failure.step, "kind": event.kind, "rank": event.rank,
                  "at_s": event.at_s, "restart": self.config.failures.restart}
         self.injector.restarts.append(entry)
+        self.check_progress()
         if self.config.failures.restart == "exit":
             self.exit_for_relaunch(failure)
         record, seconds = fail_and_restore(self.ctx, self.checkpoints, event)
         return self.resume_from(record, seconds, entry)
+
+    def check_progress(self) -> None:
+        """Failures more frequent than a checkpoint interval's work would restart the job forever."""
+        back = [r.get("restored_step") for r in self.injector.restarts[-STALLED_RESTARTS - 1:-1]]
+        if len(back) == STALLED_RESTARTS and len(set(back)) == 1:
+            raise RunFailure(f"{STALLED_RESTARTS} failures in a row restarted from step {back[0]}: the job makes no "
+                             f"progress; checkpoint more often, or raise failures.mtbf_s "
+                             f"({self.config.failures.mtbf_s} s)", known_everywhere=True)
 
     def resume_from(self, record: Any, seconds: float, entry: dict[str, Any]) -> ResumePoint:
         """After a restore: account for it, check the restored state, and say where to go on from."""
