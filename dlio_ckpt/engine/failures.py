@@ -41,8 +41,8 @@ class RestartExit(Exception):
     """failures.restart=exit: the job ends here (clean shutdown) with RESTART_EXIT_CODE."""
 
     def __init__(self, note: Path) -> None:
-        super().__init__(f"injected failure: the job stops with exit code {RESTART_EXIT_CODE}; "
-                         f"run the same command with the same run folder to resume ({note})")
+        super().__init__(f"injected failure: the job stops with exit code {RESTART_EXIT_CODE}; to resume, run the "
+                         f"same command with hydra.run.dir={note.parent} (the note: {note.name})")
 
 
 @dataclass
