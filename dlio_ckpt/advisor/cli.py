@@ -168,7 +168,8 @@ def format_text(doc: dict[str, Any]) -> str:
                   f"in {sr['training_s']:.2f} s; held out: {models}"]
     if doc.get("plot"):
         lines.append(f"plot: {doc['plot']['path']} (goodput over {doc['plot']['x']} and {doc['plot']['y']})")
-    lines += [f"note: {n}" for n in doc["calibration"]["notes"]]
+    notes = doc["calibration"]["notes"]
+    lines += [f"note: {n}" for n in notes[:3]] + ([f"note: {len(notes) - 3} more in --json"] if len(notes) > 3 else [])
     return "\n".join(lines)
 
 
