@@ -64,6 +64,15 @@ def advise(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "dlio_ckpt-advise"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
+def advise_here(args: list[str], cwd: Path, capsys, monkeypatch) -> tuple[int, str]:
+    """The command in this process (no interpreter start-up): exit code and stderr."""
+    from dlio_ckpt.advisor.cli import main
+
+    monkeypatch.chdir(cwd)
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
 def test_levels_costs_and_restarts_come_from_the_summary(tmp_path):
     costs = run_costs(write_run(tmp_path / "run", local_s=0.2, shared_s=2.0, restore_local_s=0.3, restore_shared_s=2.5))
     local, shared = costs.levels
@@ -115,7 +124,7 @@ def test_projection_scales_costs_and_mtbf(tmp_path):
     ("one_point", "needs runs at two or more world sizes"),
     ("no_mtbf", "pass --mtbf-s"),
 ])
-def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, expected):
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, expected, capsys, monkeypatch):
     folder = tmp_path / "in"
     folder.mkdir()
     extra = []
@@ -128,10 +137,16 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, case, expected):
         write_run(folder / "0", mtbf_s=0.0)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    done = advise(str(folder), *extra, cwd=cwd)
-    assert done.returncode == 2, done.stderr
-    assert expected in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    code, stderr = advise_here([str(folder), *extra], cwd, capsys, monkeypatch)
+    assert code == 2, stderr
+    assert expected in stderr and len(stderr.strip().splitlines()) == 1
     assert list(cwd.iterdir()) == []
+
+
+def test_console_script_answers_bad_input_in_one_line(tmp_path):
+    done = advise(str(tmp_path / "missing"), cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("dlio_ckpt-advise: error: ")
+    assert "no such folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_calibrate_names_the_folder_without_runs(tmp_path):

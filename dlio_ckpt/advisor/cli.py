@@ -46,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, default=None, help=f"goodput map PNG (default without --json: ./{DEFAULT_PLOT})")
     p.add_argument("--no-plot", action="store_true", help="no goodput map (no matplotlib needed)")
     p.add_argument("--samples", type=int, default=2000, help="simulator samples the surrogate trains on (default 2000)")
+    p.add_argument("--intervals", type=int, default=16, help="points of the interval grid per layout (default 16)")
     p.add_argument("--top", type=int, default=5, help="surrogate's best configurations confirmed in the simulator (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the failure draws and the training samples")
     return p
@@ -57,8 +58,9 @@ def _check(args: argparse.Namespace) -> None:
             raise UserError(f"{name}: must be positive (got {value})")
     if args.node_failure_share is not None and not 0.0 <= args.node_failure_share <= 1.0:
         raise UserError(f"--node-failure-share: a share between 0 and 1 (got {args.node_failure_share})")
-    if args.samples < 50 or args.top < 1:
-        raise UserError(f"--samples needs at least 50 and --top at least 1 (got {args.samples}, {args.top})")
+    if args.samples < 50 or args.top < 1 or args.intervals < 2:
+        raise UserError(f"--samples needs at least 50, --top at least 1, --intervals at least 2 "
+                        f"(got {args.samples}, {args.top}, {args.intervals})")
 
 
 def _outcome(o: Outcome) -> dict[str, Any]:
@@ -83,7 +85,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
         system, info = calibration.system(variant, args.world_size, args.mtbf_s, args.node_failure_share)
         systems.append(system)
         infos.append(info)
-        pool += candidates(system, variant=variant)
+        pool += candidates(system, args.intervals, variant)
         baselines.append(young_daly(system, variant))
 
     started = time.perf_counter()
