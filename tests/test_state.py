@@ -151,6 +151,22 @@ def test_sparse_moves_keep_the_multiset_of_units(base_cfg):
     assert sum(x != y for x, y in zip(before, after)) == round(0.25 * len(before))
 
 
+def test_sparse_units_larger_than_a_block_change_and_move_whole(base_cfg):
+    unit = 3 << 20  # larger than units.BLOCK_BYTES: handled a block at a time
+    big = PlannedFile("big/{step}.bin", 0, (TensorSpec("w", (unit * 4 + 4096) // 4, 4, "model"),))
+    st = state(base_cfg, (big,), update="sparse", update_chunk_bytes=unit, update_fraction=1.0)
+    before = units_of(file_bytes(st, big), unit)
+    st.advance(1)
+    after = units_of(file_bytes(st, big), unit)
+    assert all(x[:8] != y[:8] and x[-8:] != y[-8:] for x, y in zip(before, after))  # every unit, end to end
+    assert floats_finite(b"".join(after), big)
+    mover = state(base_cfg, (big,), update="sparse", update_chunk_bytes=unit, update_fraction=0.0, update_moves=0.5)
+    before = units_of(file_bytes(mover, big), unit)
+    mover.advance(1)
+    after = units_of(file_bytes(mover, big), unit)
+    assert Counter(before) == Counter(after) and sum(x != y for x, y in zip(before, after)) == 2
+
+
 def test_sparse_floats_stay_finite_and_change_only_in_chosen_units(base_cfg):
     st = state(base_cfg, (MIXED,), update="sparse", update_chunk_bytes=64, update_fraction=0.3, update_moves=0.2)
     assert floats_finite(file_bytes(st, MIXED), MIXED)

@@ -21,6 +21,7 @@ from dlio_ckpt.state.store import ScratchStore
 BLOCK_BYTES = 1 << 20  # read-modify-write granularity (rounded to whole units)
 _BATCH = 1 << 16  # unit indices drawn at a time
 _MARGIN = 7  # bytes read either side of a block, so float elements cut by its edges are whole
+_FIRST = np.zeros(1, dtype=np.int64)  # "the block's first unit"
 
 
 def changed_units(rng: np.random.Generator, count: int, probability: float) -> Iterator[np.ndarray]:
@@ -60,31 +61,44 @@ def rewrite_units(fs: FileState, lo: int, hi: int, unit: int, probability: float
                   source: ByteSource) -> int:
     """Give each unit of file bytes [lo, hi) (the last one may be partial) fresh contents with
     `probability`; return how many changed."""
-    store = fs.store
-    per_block = max(1, BLOCK_BYTES // unit)
     count = -(-(hi - lo) // unit)
     changed = 0
+    if unit > BLOCK_BYTES:  # a changed unit is rewritten a block at a time: memory stays one block
+        for units in changed_units(rng, count, probability):
+            for index in units.tolist():
+                unit_lo = lo + index * unit
+                unit_hi = min(hi, unit_lo + unit)
+                for at in range(unit_lo, unit_hi, BLOCK_BYTES):
+                    _rewrite_block(fs, at, min(unit_hi, at + BLOCK_BYTES), BLOCK_BYTES, _FIRST, rng, source)
+            changed += len(units)
+        return changed
+    per_block = BLOCK_BYTES // unit
     for block, units in _by_block(changed_units(rng, count, probability), per_block):
         block_lo = lo + block * per_block * unit
-        block_hi = min(hi, block_lo + per_block * unit)
-        read_lo, read_hi = max(0, block_lo - _MARGIN), min(fs.size, block_hi + _MARGIN)
-        raw = np.frombuffer(store.read_at(read_lo, read_hi - read_lo), dtype=np.uint8).copy()
-        touched = np.zeros(len(raw), dtype=bool)
-        fresh = source.array(int(rng.integers(0, 1 << 62)), block_hi - block_lo)
-        local = units - block * per_block
-        whole = (block_hi - block_lo) // unit
-        inner = slice(block_lo - read_lo, block_lo - read_lo + whole * unit)
-        full = local[local < whole]
-        raw[inner].reshape(whole, unit)[full] = fresh[: whole * unit].reshape(whole, unit)[full]
-        touched[inner].reshape(whole, unit)[full] = True
-        if local[-1] == whole:  # the range's last, partial unit
-            tail = slice(inner.stop, block_hi - read_lo)
-            raw[tail] = fresh[whole * unit :]
-            touched[tail] = True
-        fs.make_finite_range(raw, read_lo, touched)
-        store.write_at(read_lo, raw)
+        _rewrite_block(fs, block_lo, min(hi, block_lo + per_block * unit), unit, units - block * per_block, rng, source)
         changed += len(units)
     return changed
+
+
+def _rewrite_block(fs: FileState, block_lo: int, block_hi: int, unit: int, local: np.ndarray,
+                   rng: np.random.Generator, source: ByteSource) -> None:
+    """Replace the units `local` (sorted, counted from block_lo; the last may be partial) of file
+    bytes [block_lo, block_hi) with pool bytes from a seeded position, their floats made finite."""
+    read_lo, read_hi = max(0, block_lo - _MARGIN), min(fs.size, block_hi + _MARGIN)
+    raw = np.frombuffer(fs.store.read_at(read_lo, read_hi - read_lo), dtype=np.uint8).copy()
+    touched = np.zeros(len(raw), dtype=bool)
+    fresh = source.array(int(rng.integers(0, 1 << 62)), block_hi - block_lo)
+    whole = (block_hi - block_lo) // unit
+    inner = slice(block_lo - read_lo, block_lo - read_lo + whole * unit)
+    full = local[local < whole]
+    raw[inner].reshape(whole, unit)[full] = fresh[: whole * unit].reshape(whole, unit)[full]
+    touched[inner].reshape(whole, unit)[full] = True
+    if local[-1] == whole:  # the range's last, partial unit
+        tail = slice(inner.stop, block_hi - read_lo)
+        raw[tail] = fresh[whole * unit :]
+        touched[tail] = True
+    fs.make_finite_range(raw, read_lo, touched)
+    fs.store.write_at(read_lo, raw)
 
 
 def movable_units(fs: FileState, unit: int) -> list[np.ndarray]:
@@ -112,8 +126,14 @@ def move_units(fs: FileState, unit: int, fraction: float, rng: np.random.Generat
         chosen = candidates[rng.choice(len(candidates), count, replace=False)]
         with ScratchStore(count * unit, folder) as held:
             for i, where in enumerate(chosen.tolist()):
-                held.write_at(i * unit, store.read_at(where * unit, unit))
+                _copy(store, where * unit, held, i * unit, unit)
             for i, where in enumerate(np.roll(chosen, 1).tolist()):
-                store.write_at(where * unit, held.read_at(i * unit, unit))
+                _copy(held, i * unit, store, where * unit, unit)
         moved += count
     return moved
+
+
+def _copy(source, source_at: int, target, target_at: int, nbytes: int) -> None:
+    """Copy between stores a block at a time (a unit may be larger than memory should hold)."""
+    for done in range(0, nbytes, BLOCK_BYTES):
+        target.write_at(target_at + done, source.read_at(source_at + done, min(BLOCK_BYTES, nbytes - done)))
