@@ -299,8 +299,8 @@ class _Training:
         self.check_progress()
         if self.config.failures.restart == "exit":
             self.exit_for_relaunch(failure)
-        record, seconds = fail_and_restore(self.ctx, self.checkpoints, event)
-        return self.resume_from(record, seconds, entry)
+        record = fail_and_restore(self.ctx, self.checkpoints, event)
+        return self.resume_from(record, time.perf_counter() - failure.at, entry)
 
     def check_progress(self) -> None:
         """Failures more frequent than a checkpoint interval's work would restart the job forever."""
@@ -366,10 +366,6 @@ class _Training:
         self.injector.next_index = int(note["next_failure"])
         self.injector.restarts = list(note["restarts"])
         start = time.perf_counter()
-        if self.config.storage.drop_caches:
-            from dlio_ckpt.engine.phases import drop_page_cache
-
-            drop_page_cache()
         record = restore_for_restart(self.ctx, self.checkpoints)
         return self.resume_from(record, time.perf_counter() - start, self.injector.restarts[-1])
 
