@@ -64,9 +64,12 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _outcome(o: Outcome) -> dict[str, Any]:
-    return {"goodput": o.goodput, "goodput_sd": o.goodput_sd, "failures": o.failures,
-            "checkpoint_share": o.checkpoint_s / o.wall_s, "lost_work_share": o.lost_work_s / o.wall_s,
-            "restart_share": o.restart_s / o.wall_s, "restores_by_level": o.restores_by_level}
+    """Shares of wall time; none when replicates were stopped unfinished (the goodput is then an upper bound)."""
+    whole = not o.censored
+    return {"goodput": o.goodput, "goodput_sd": o.goodput_sd, "failures": o.failures, "censored": o.censored,
+            "checkpoint_share": o.checkpoint_s / o.wall_s if whole else None,
+            "lost_work_share": o.lost_work_s / o.wall_s if whole else None,
+            "restart_share": o.restart_s / o.wall_s if whole else None, "restores_by_level": o.restores_by_level}
 
 
 def _config(c: Candidate) -> dict[str, Any]:
@@ -161,6 +164,9 @@ def format_text(doc: dict[str, Any]) -> str:
         lines.append(f"| {name} | {row['configuration']['description']} | {_pct(row['predicted_goodput'])} | "
                      f"{_pct(row['goodput'])} | {_pct(row['checkpoint_share'])} | {_pct(row['lost_work_share'])} | "
                      f"{_pct(row['restart_share'])} |")
+    if doc["advice"]["best"]["censored"]:
+        lines.append("warning: even the best configuration loses more than 75 % of the time in some replicates "
+                     "(stopped unfinished; goodput is an upper bound): the MTBF is too short for these checkpoint costs")
     sr = doc["search"]
     models = ", ".join(f"{name} MAE {e['mae']:.4f} R2 {e['r2']:.3f}" for name, e in sr["models"].items())
     lines += ["", f"search: exhaustive simulation of {sr['configurations']} configurations {sr['exhaustive_s']:.2f} s; "

@@ -88,6 +88,7 @@ class Outcome:
     restart_s: float
     failures: float
     restores_by_level: dict[str, float] = field(default_factory=dict)  # mean count per replicate; "scratch": none
+    censored: float = 0.0  # share of replicates stopped at 4x the failure-free time (their work unfinished)
 
 
 @dataclass
@@ -218,6 +219,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     restored = np.zeros((r, len(used) + 1))  # last column: from scratch
     wall = np.full(r, np.nan)
     active = np.ones(r, dtype=bool)
+    censored = np.zeros(r, dtype=bool)
     j = 0
     while active.any():
         start = line.time_at(n0 + shift)
@@ -231,6 +233,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         wall[finished] = (t + (v_end - start))[finished]
         hopeless = active & ~finished & (fail_at > give_up_s)  # goodput under 25 %: censored here
         wall[hopeless] = fail_at[hopeless]
+        censored |= hopeless
         finished |= hopeless
         interrupted_restart = active & (fail_at < t)
         restart[interrupted_restart] -= (t - fail_at)[interrupted_restart]
@@ -271,6 +274,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         restart_s=float(restart.mean()),
         failures=float(failures.mean()),
         restores_by_level={name: float(restored[:, i].mean()) for i, name in enumerate(names)},
+        censored=float(censored.mean()),
     )
 
 

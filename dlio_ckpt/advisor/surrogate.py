@@ -77,10 +77,13 @@ class Surrogate:
     train_s: float = 0.0
     samples: int = 0
 
-    def predict(self, X: np.ndarray, model: str | None = None) -> np.ndarray:
-        from threadpoolctl import threadpool_limits
+    threads: Any = None  # a threadpoolctl controller: found once, its limit is then cheap (~1 ms)
 
-        with threadpool_limits(1):  # one core: OpenMP threads on a busy machine cost more than they give
+    def predict(self, X: np.ndarray, model: str | None = None) -> np.ndarray:
+        from threadpoolctl import ThreadpoolController
+
+        self.threads = self.threads or ThreadpoolController()
+        with self.threads.limit(limits=1):  # one core: OpenMP threads on a busy machine cost 0.4 s a call here
             return self.models[model or self.chosen].predict(X)
 
 
