@@ -23,6 +23,7 @@ time. Results go to
 benchmarks/results/lossy_codec.json.
 
     python benchmarks/lossy_codec.py [--mib 16] [--checkpoints 5] [--bits 1,2,3,4,8] [--repeats 3] [--quick]
+    python benchmarks/lossy_codec.py --rss-gib 4    # peak RSS encoding a 4 GiB shard (results/lossy_rss.json)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -175,6 +177,46 @@ def speed(numel: int, bits: int, coders, repeats: int, lr: float) -> list[dict]:
     return rows
 
 
+def peak_rss(gib: float, coder: str, folder: str) -> dict:
+    """Peak RSS while encoding a `gib` GiB float32 shard that never is in memory whole: the state,
+    xr and the spool are unlinked files (ScratchStore), the state is generated and updated piece by
+    piece, and the containers are streamed out and dropped: a full checkpoint, then one delta."""
+    import resource
+
+    from dlio_ckpt.state.store import ScratchStore
+
+    numel = int(gib * (1 << 30)) // 4
+    piece = 1 << 22  # elements generated at a time
+    tensors = (TensorSpec("weights", numel, 4, "model"),)
+    store = lambda size: ScratchStore(size, folder, memory_limit=0)  # noqa: E731
+    rss_mib = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731
+    baseline = rss_mib()
+    state = store(4 * numel)
+    rng = np.random.default_rng(0)
+    for at in range(0, numel, piece):
+        state.write_at(4 * at, rng.normal(0, 0.02, min(piece, numel - at)).astype(np.float32))
+    encoder = LossyEncoder(3, coder, 0, lambda key: tensors, store)
+    row = {"coder": coder, "logical_bytes": 4 * numel, "rss_baseline_mib": baseline}
+    for index in range(2):
+        if index:
+            for at in range(0, numel, piece):
+                n = min(piece, numel - at)
+                w = np.frombuffer(state.read_at(4 * at, 4 * n), dtype=np.float32)
+                state.write_at(4 * at, w + (2e-5 * rng.standard_t(3, n)).astype(np.float32))
+        start = time.process_time()
+        encoded = encoder.encode(index, "shard", state)
+        for _ in encoded.chunks(8 << 20):
+            pass
+        row[f"{'delta' if index else 'full'}_encode_cpu_s"] = time.process_time() - start
+        row[f"{'delta' if index else 'full'}_bytes"] = encoded.nbytes
+        row[f"rss_after_{'delta' if index else 'full'}_mib"] = rss_mib()
+    encoder.reset()
+    state.close()
+    print(f"rss    {coder:7s} {gib} GiB shard: peak RSS {row['rss_after_delta_mib']:.0f} MiB "
+          f"(baseline {baseline:.0f} MiB), delta {row['delta_bytes'] / 2**20:.1f} MiB", flush=True)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=16, help="float32 state size for sgd/sparse (MiB)")
@@ -184,11 +226,34 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="sgd: step scale relative to the weights' 0.02")
     parser.add_argument("--trace-every", type=int, default=50, help="trace: SGD steps between checkpoints")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rss-gib", type=float, default=0,
+                        help="only measure peak RSS encoding a shard of this many GiB (files in --tmp)")
+    parser.add_argument("--rss-child", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--tmp", default="", help="folder for --rss-gib's scratch files (default: system temp)")
     parser.add_argument("--quick", action="store_true", help="8 MiB, bits 3, 3 checkpoints, 1 repeat")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "lossy_codec.json"))
     args = parser.parse_args()
     if args.quick:
         args.mib, args.bits, args.checkpoints, args.repeats = 8, "3", 3, 1
+    if args.rss_child:  # one coder per process, so that ru_maxrss is that coder's alone
+        Path(args.out).write_text(json.dumps(peak_rss(args.rss_gib, args.rss_child, args.tmp)))
+        return
+    if args.rss_gib:
+        out = Path(args.out)
+        if out.name == "lossy_codec.json":
+            out = out.with_name("lossy_rss.json")
+        rows = []
+        for coder in ("huffman", "zstd"):
+            child = out.with_name(f".lossy_rss_{coder}.json")
+            subprocess.run([sys.executable, __file__, "--rss-gib", str(args.rss_gib), "--rss-child", coder,
+                            "--tmp", args.tmp, "--out", str(child)], check=True)
+            rows.append(json.loads(child.read_text()))
+            child.unlink()
+        out.write_text(json.dumps({"benchmark": "lossy_codec --rss-gib", "gib": args.rss_gib, "rows": rows,
+                                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                   "load_average": os.getloadavg()}, indent=1) + "\n")
+        print(f"wrote {out}")
+        return
     bits_list = [int(b) for b in args.bits.split(",")]
     coders = ("huffman", "zstd")
     numel = args.mib * (1 << 20) // 4
