@@ -226,6 +226,11 @@ def _headline(summary: dict[str, Any], analysis: JobAnalysis) -> dict[str, Any]:
         # a run that restored nothing has no restore rate (summary.json keeps 0.0 there)
         "restore_gib_per_s": ckpt.get("restore_gib_per_s") if ckpt.get("restore_verified") is not None else None,
         "au_overall": train.get("au_overall"),
+        "goodput": summary.get("goodput"),
+        "failures": (summary.get("failures") or {}).get("count"),
+        "lost_work_s": (summary.get("failures") or {}).get("lost_work_s"),
+        "restart_s": (summary.get("failures") or {}).get("restart_s"),
+        "checkpoint_interval_steps": (ckpt.get("policy") or {}).get("interval_steps"),
         "required_read_mib_per_s": (train.get("storage") or {}).get("required_mib_per_s"),
         "storage_bound": (train.get("storage") or {}).get("storage_bound"),
         "train_read_p99_s": ((summary.get("latency") or {}).get("train") or {}).get("read", {}).get("p99_s"),

@@ -33,6 +33,12 @@ HEADLINE_COLUMNS = (
     ("checkpoint_blocking_s_max", ("checkpoint", "blocking_s_max")),
     ("checkpoint_persist_s_max", ("checkpoint", "persist_s_max")),
     ("checkpoint_training_time_lost_fraction", ("checkpoint", "training_time_lost_fraction")),
+    ("checkpoint_interval_steps", ("checkpoint", "policy", "interval_steps")),
+    ("goodput", ("goodput",)),
+    ("failures", ("failures", "count")),
+    ("failures_lost_work_s", ("failures", "lost_work_s")),
+    ("failures_restart_s", ("failures", "restart_s")),
+    ("resume_deterministic", ("resume", "deterministic")),
     ("wall_s", ("wall_s",)),
 )
 
