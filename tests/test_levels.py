@@ -335,3 +335,33 @@ def test_a_failure_abandons_the_flush_in_flight_and_leaves_no_torn_copy(tmp_path
     assert steps_in(engine.engines[1].root) == [2] and not os.path.exists(Path(engine.engines[1].root) / "step_00000004")
     restored = engine.restore()
     assert (restored.level, restored.checkpoint_step) == ("shared", 2)
+
+
+def test_after_a_restart_checkpoints_are_numbered_on_from_the_restored_one(tmp_path):
+    """SCR's numbering: the redone checkpoints go to the levels they went to the first time, also
+    in a relaunched process (the number is in the manifest's resume point)."""
+    ctx = make_ctx(tmp_path, [levels(tmp_path, local_keep=0, shared_keep=0, every=3), "world.ranks_per_node=1"])
+    engine = make_checkpoint_engine(ctx)
+    for step in range(1, 6):
+        engine.save(step, 1, resume={"step": step})
+    engine.finish()
+    engine.fail("node", 0)
+    assert engine.restore().checkpoint_step == 3  # checkpoint 3, from the shared level
+    for step in (4, 5, 6, 7):
+        engine.save(step, 1, resume={"step": step})
+    engine.finish()
+    assert [f.step for f in engine.flushes if f.committed] == [3, 6]  # 4, 5, 6 are numbers 4, 5, 6 again
+    relaunched = make_checkpoint_engine(ctx)  # a new process of the same run (failures.restart=exit)
+    assert relaunched.restore().checkpoint_step == 7
+    for step in (8, 9, 10):
+        relaunched.save(step, 1, resume={"step": step})
+    relaunched.finish()
+    assert [f.step for f in relaunched.flushes] == [9]  # numbers 8, 9 and 10
+    relaunched.fail("node", 0)
+    for name in os.listdir(relaunched.engines[1].root):  # the shared level lost too
+        relaunched.engines[1].storage.remove_tree(os.path.join(relaunched.engines[1].root, name))
+    assert relaunched.restore(warn_if_none=False).checkpoint_step == -1  # nothing left: numbered from 1 again
+    for step in (1, 2, 3):
+        relaunched.save(step, 1)
+    relaunched.finish()
+    assert [f.step for f in relaunched.flushes] == [9, 3]

@@ -36,6 +36,7 @@ from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, build_checkpoint_plan
 from dlio_ckpt.plan.levels import host_indices, node_count, node_of, placement, ranks_on_node, to_copy
 
 FAILURE_KINDS = ("process", "node")
+NUMBER_KEY = "checkpoint_number"  # in the resume point a checkpoint stores: its number, for SCR's rule after a restart
 
 
 @dataclass
@@ -112,8 +113,8 @@ class MultiLevelEngine:
         self.stats = [_LevelStats() for _ in self.levels]
         self.nodes_by_rank = self._node_layout()
         self.nodes = node_count(self.world.size, self.config.world.ranks_per_node, self.nodes_by_rank)
-        self._numbers: dict[int, int] = {}  # step -> checkpoint number (SCR counts checkpoints from 1)
-        self._count = 0
+        self._numbers: dict[int, int] = {}  # step -> checkpoint number, for saves without a resume point
+        self._count = 0  # the number of the last checkpoint (SCR counts from 1; a restart goes on from the restored one)
         self._pending: list[_Pending] = []
         self._flushing: list[_Flush] = []
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -166,6 +167,8 @@ class MultiLevelEngine:
         if where.write == 0:
             self._protect_flushed_source()
         waited = now() - start
+        if resume is not None:  # the number goes into the manifest, so a relaunch numbers on from it
+            resume = {**resume, NUMBER_KEY: number}
         record = self.engines[where.write].save(step, epoch, resume)
         record.index = len(self.records)
         record.level = self.levels[where.write].name
@@ -366,6 +369,7 @@ class MultiLevelEngine:
         else:
             candidates = None
         candidates = self.world.bcast(candidates)
+        self._count = 0  # a restart from scratch numbers from 1 again, as SCR's does
         if not candidates:
             return None
         skipped: list[str] = []
@@ -383,7 +387,7 @@ class MultiLevelEngine:
             record.skipped = skipped + record.skipped
             self.restores.append(record)
             self.stats[number].restores.append({"step": candidate, "bytes": record.bytes, "read_s": record.read_s})
-            self._count = self._numbers.get(candidate, self._count)
+            self._count = int(record.resume.get(NUMBER_KEY, self._numbers.get(candidate, 0)))
             self._last_step = -1
             return record
         message = "no complete checkpoint to restore on any level: " + "; ".join(skipped)
