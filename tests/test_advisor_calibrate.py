@@ -20,7 +20,7 @@ BIN = Path(sys.executable).parent
 def write_run(folder: Path, world_size: int = 2, step_s: float = 0.5, local_s: float = 0.2, shared_s: float = 2.0,
               restore_local_s: float = 0.3, restore_shared_s: float = 2.5, mtbf_s: float = 600.0,
               levels: bool = True, checkpoints: bool = True, strategy: str = "sync", restarts: int = 2,
-              step_s_mean: bool = True) -> Path:
+              step_s_mean: bool = True, nbytes: int = 1 << 20) -> Path:
     """A run folder holding a summary.json with the fields issue 10 adds (docs/summary-schema.md)."""
     folder.mkdir(parents=True, exist_ok=True)
     every = 4
@@ -29,7 +29,7 @@ def write_run(folder: Path, world_size: int = 2, step_s: float = 0.5, local_s: f
         shared = levels and index % every == 0
         blocking = local_s * (1 + 0.1 * (index % 2)) if levels else shared_s
         rows.append({"index": index, "step": 10 * index, "encoding": "full", "level": "shared" if shared else ("local" if levels else None),
-                     "logical_bytes": 1 << 20, "bytes_written": 1 << 20, "metadata_bytes": 0, "encode_s": 0.0,
+                     "logical_bytes": nbytes, "bytes_written": nbytes, "metadata_bytes": 0, "encode_s": 0.0,
                      "write_s_max": blocking, "blocking_s_max": blocking, "persist_s_max": blocking, "chain_length": 1})
     level_conf = ([{"name": "local", "path": "/dev/shm/ckpt", "every": 1, "write": "direct", "scope": "node"},
                    {"name": "shared", "path": "", "every": every, "write": "flush", "scope": "shared"}] if levels else [])
@@ -104,6 +104,19 @@ def test_power_law_recovered_and_flat_costs_stay_constant():
     assert flat.model == "constant" and flat(1000) == pytest.approx(2.0, rel=0.01)
     two = fit_curve([2, 4], [1.0, 2.0])
     assert two.rel_error is None and two(8) == pytest.approx(4.0)
+
+
+def test_checkpoint_size_sweep_gets_a_fit_over_bytes_per_rank(tmp_path):
+    for mib in (1, 2, 4, 8):
+        nbytes = mib << 20
+        write_run(tmp_path / "sweep" / str(mib), world_size=2, nbytes=nbytes, local_s=0.01 + nbytes / 2**30)
+    calibration = calibrate(tmp_path / "sweep")
+    fit = calibration.size_curves("sync/full")["local.blocking_s at N=2"]
+    assert fit.model == "linear" and fit.rel_error < 1e-9 and fit.x_name == "B"
+    slower = 1 + 0.1 * 4 / 6  # the odd checkpoints of write_run are 10 % slower
+    assert fit(3 << 19) == pytest.approx(slower * (0.01 + (3 << 20) / 2**30))  # 1.5 MiB a rank: 3 MiB a checkpoint
+    _, info = calibration.system("sync/full", None, None, None)
+    assert "local.blocking_s at N=2" in info["size_fits"] and "fits" not in info  # one world size: no curve over ranks
 
 
 def test_projection_scales_costs_and_mtbf(tmp_path):

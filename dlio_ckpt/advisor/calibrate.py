@@ -52,7 +52,7 @@ class LevelCosts:
     survives: str  # "process" (node-local) or "node" (shared)
     flushed: bool
     every: int
-    bytes: float  # per checkpoint, all ranks
+    bytes: float  # per checkpoint, all ranks (bytes the write calls moved)
     blocking: Measure
     flush: Measure
     restore: Measure
@@ -90,6 +90,7 @@ class Fit:
     params: tuple[float, ...]
     rel_error: float | None  # leave-one-out RMS relative error (None: too few points to measure)
     points: int
+    x_name: str = "N"  # the variable: N ranks, or B bytes per rank
 
     def __call__(self, x: float) -> float:
         a, b = (self.params + (0.0,))[:2]
@@ -102,9 +103,9 @@ class Fit:
         return max(0.0, a + b * math.log(x))
 
     def describe(self) -> str:
-        a, b = (self.params + (0.0,))[:2]
-        shape = {"constant": f"{a:.4g}", "linear": f"{a:.4g} + {b:.4g}*N", "power": f"{a:.4g}*N^{b:.3f}",
-                 "log": f"{a:.4g} + {b:.4g}*ln N"}[self.model]
+        a, b, x = *(self.params + (0.0,))[:2], self.x_name
+        shape = {"constant": f"{a:.4g}", "linear": f"{a:.4g} + {b:.4g}*{x}", "power": f"{a:.4g}*{x}^{b:.3f}",
+                 "log": f"{a:.4g} + {b:.4g}*ln {x}"}[self.model]
         error = "exact through 2 points (error not measurable)" if self.rel_error is None else f"loo error {self.rel_error:.1%}"
         return f"{self.model} {shape} ({error})"
 
@@ -181,7 +182,8 @@ def _level_costs(summary: dict[str, Any], notes: list[str]) -> tuple[LevelCosts,
             write = _number(level.get("write_s_mean")) or blocking.mean + flush.mean
             restore = Measure(write, 0.0, 0)
             notes.append(f"level {name}: no restore measured; its write time ({write:.3g} s) stands in")
-        nbytes = _number(level.get("bytes")) or float(np.mean([r.get("bytes_written", r.get("bytes", 0)) or 0 for r in mine] or [0]))
+        sizes = [r.get("bytes_written", r.get("bytes")) for r in mine if _number(r.get("bytes_written", r.get("bytes")))]
+        nbytes = float(np.mean(sizes)) if sizes else (_number(level.get("bytes")) or 0.0) / max(1, int(level.get("checkpoints") or 1))
         out.append(LevelCosts(name=name, survives=_survives(level, conf), flushed=flushed[number],
                               every=int(level.get("every") or conf.get("every") or 1), bytes=nbytes,
                               blocking=blocking, flush=flush, restore=restore, restore_assumed=assumed))
@@ -242,12 +244,12 @@ def run_costs(run_dir: Path) -> RunCosts:
     )
 
 
-def fit_curve(xs: list[float], ys: list[float]) -> Fit:
-    """The best of constant / linear / power / log through (world size, cost) points."""
+def fit_curve(xs: list[float], ys: list[float], x_name: str = "N") -> Fit:
+    """The best of constant / linear / power / log through (world size or size, cost) points."""
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     sizes = np.unique(x)
     if len(sizes) < 2:
-        return Fit("constant", (float(y.mean()),), None, len(x))
+        return Fit("constant", (float(y.mean()),), None, len(x), x_name)
     models: dict[str, Callable[[np.ndarray, np.ndarray], tuple[float, ...]]] = {
         "constant": lambda a, b: (float(b.mean()),),
         "linear": lambda a, b: tuple(float(v) for v in np.polyfit(a, b, 1)[::-1]),
@@ -257,7 +259,7 @@ def fit_curve(xs: list[float], ys: list[float]) -> Fit:
         models["power"] = lambda a, b: (float(np.exp(np.polyfit(np.log(a), np.log(b), 1)[1])), float(np.polyfit(np.log(a), np.log(b), 1)[0]))
     if len(sizes) == 2:  # two sizes: every 2-parameter curve is exact; the power law keeps its shape under scaling
         name = "power" if "power" in models else "linear"
-        return Fit(name, models[name](x, y), None, len(x))
+        return Fit(name, models[name](x, y), None, len(x), x_name)
     best: Fit | None = None
     for name, fit in models.items():
         errors = []
@@ -269,7 +271,7 @@ def fit_curve(xs: list[float], ys: list[float]) -> Fit:
             errors += [(model(xi) - yi) / max(abs(yi), 1e-12) for xi, yi in zip(x[~keep], y[~keep])]
         error = float(np.sqrt(np.mean(np.square(errors)))) if errors else math.inf
         if best is None or error < best.rel_error:
-            best = Fit(name, fit(x, y), error, len(x))
+            best = Fit(name, fit(x, y), error, len(x), x_name)
     assert best is not None
     return best
 
@@ -313,6 +315,23 @@ class Calibration:
                 add(f"{lv.name}.flush_s", run.world_size, lv.flush.mean)
                 add(f"{lv.name}.restore_s", run.world_size, lv.restore.mean)
         return {key: fit_curve(*xy) for key, xy in points.items()}
+
+    def size_curves(self, variant: str) -> dict[str, Fit]:
+        """Per level cost, its fit over the checkpoint bytes per rank, from runs of one world size
+        that wrote checkpoints of different sizes (a sweep over model sizes): reported, not projected."""
+        out: dict[str, Fit] = {}
+        for size in sorted({r.world_size for r in self._of(variant)}):
+            points: dict[str, tuple[list[float], list[float]]] = {}
+            for run in (r for r in self._of(variant) if r.world_size == size):
+                for lv in run.levels:
+                    for cost in ("blocking", "flush", "restore"):
+                        xs, ys = points.setdefault(f"{lv.name}.{cost}_s", ([], []))
+                        xs.append(lv.bytes / size)
+                        ys.append(getattr(lv, cost).mean)
+            for key, (xs, ys) in points.items():
+                if len(set(xs)) > 1 and any(ys):
+                    out[f"{key} at N={size}"] = fit_curve(xs, ys, "B")
+        return out
 
     def system(self, variant: str, world_size: int | None, mtbf_s: float | None, node_fraction: float | None,
                ) -> tuple[System, dict[str, Any]]:
@@ -360,11 +379,13 @@ class Calibration:
         downtime = max(0.0, float(np.mean(overheads))) if overheads else 0.0
         if not overheads:
             info["assumed"].append("restart overhead besides the restore: 0 s (no restarts measured)")
+        if len(sizes) > 1:
+            info["fits"] = {key: fit.describe() for key, fit in curves.items()}
+        info["size_fits"] = {key: fit.describe() for key, fit in self.size_curves(variant).items()}
         if info["projected"]:
             largest = sizes[-1]
             info["extrapolation"] = (f"world size {target} is {target / largest:.3g}x the largest measured ({largest})"
                                      if target > largest else f"world size {target} lies between measured sizes {sizes}")
-            info["fits"] = {key: fit.describe() for key, fit in curves.items()}
         system = System(step_s=cost("step_s", [r.step_s for r in pooled]), mtbf_s=mtbf_s, levels=tuple(levels),
                         node_fraction=float(node_fraction), downtime_s=downtime)
         return system, info

@@ -156,7 +156,8 @@ def format_text(doc: dict[str, Any]) -> str:
                   "| level | survives | flushed | blocking s | flush s | restore s |", "|---|---|---|---|---|---|"]
         lines += [f"| {lv['name']} | {lv['survives']} | {'yes' if lv['flushed'] else 'no'} | {lv['blocking_s']:.4g} "
                   f"| {lv['flush_s']:.4g} | {lv['restore_s']:.4g} |" for lv in s["levels"]]
-        lines += [f"  fit {key}: {text}" for key, text in (s.get("fits") or {}).items()]
+        lines += [f"  fit over ranks, {key}: {text}" for key, text in (s.get("fits") or {}).items()]
+        lines += [f"  fit over bytes per rank, {key}: {text}" for key, text in (s.get("size_fits") or {}).items()]
         lines += [f"  assumed: {a}" for a in s["assumed"]]
     lines += ["", "| | configuration | predicted | simulated (fresh seed) | checkpoint | lost work | restart |",
               "|---|---|---|---|---|---|---|"]
