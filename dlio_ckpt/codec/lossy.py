@@ -54,7 +54,8 @@ Container (little-endian; docs/checkpointing.md "Lossy checkpoints"):
       raw         the tensor's bytes
       quantised   representatives (float64 x symbols, index 0 holds -0.0), code lengths
                   (uint8 x symbols, Huffman only), then per segment: payload bytes (uint32),
-                  lane bit lengths (Huffman only, huffman.lane_dtype x lanes), payload
+                  lane bit lengths (huffman.lane_dtype x lanes; Huffman with two or more
+                  symbols only), payload
                   (Huffman bit stream, or a zstd frame of uint8 indices)
 """
 
@@ -426,6 +427,8 @@ class _EncodeRun:
             new = apply_delta(previous, symbols, q.representatives, dtype)
             if huff:
                 lane_bits, payload = huffman.encode(symbols, q.lengths, self.enc.lane)
+                if not q.lengths.any():  # one symbol: no bits, and no lanes to describe
+                    lane_bits = lane_bits[:0]
                 head = SEGMENT_HEADER.pack(len(payload)) + lane_bits.tobytes()
             else:
                 payload = compressor.compress(symbols.tobytes())
@@ -546,10 +549,12 @@ class LossyDecoder:
             lengths = np.frombuffer(bytes(_read_link(link, pos, nsym)), dtype=np.uint8)
             pos += nsym
         lane_type = huffman.lane_dtype(lane)
+        coded = huff and bool(lengths.any())  # a single-symbol code has no bits and no lane lengths
         for start, n in _segments(numel, segment_elems):
             (size,) = SEGMENT_HEADER.unpack(bytes(_read_link(link, pos, SEGMENT_HEADER.size)))
             pos += SEGMENT_HEADER.size
-            if huff:
+            lane_bits = np.zeros(-(-n // lane), dtype=lane_type)
+            if coded:
                 lanes = -(-n // lane)
                 lane_bits = np.frombuffer(bytes(_read_link(link, pos, lanes * lane_type.itemsize)), dtype=lane_type)
                 pos += lanes * lane_type.itemsize
