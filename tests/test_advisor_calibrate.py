@@ -111,11 +111,11 @@ def test_checkpoint_size_sweep_gets_a_fit_over_bytes_per_rank(tmp_path):
         nbytes = mib << 20
         write_run(tmp_path / "sweep" / str(mib), world_size=2, nbytes=nbytes, local_s=0.01 + nbytes / 2**30)
     calibration = calibrate(tmp_path / "sweep")
-    fit = calibration.size_curves("sync/full")["local.blocking_s at N=2"]
+    fit = calibration.size_curves("sync/full:local+shared")["local.blocking_s at N=2"]
     assert fit.model == "linear" and fit.rel_error < 1e-9 and fit.x_name == "B"
     slower = 1 + 0.1 * 4 / 6  # the odd checkpoints of write_run are 10 % slower
     assert fit(3 << 19) == pytest.approx(slower * (0.01 + (3 << 20) / 2**30))  # 1.5 MiB a rank: 3 MiB a checkpoint
-    _, info = calibration.system("sync/full", None, None, None)
+    _, info = calibration.system("sync/full:local+shared", None, None, None)
     assert "local.blocking_s at N=2" in info["size_fits"] and "fits" not in info  # one world size: no curve over ranks
 
 
@@ -123,7 +123,7 @@ def test_projection_scales_costs_and_mtbf(tmp_path):
     for n in (1, 2, 4):
         write_run(tmp_path / "sweep" / str(n), world_size=n, local_s=0.1 * n, shared_s=1.0 * n, mtbf_s=800.0 / n)
     calibration = calibrate(tmp_path / "sweep")
-    system, info = calibration.system("sync/full", 16, None, None)
+    system, info = calibration.system("sync/full:local+shared", 16, None, None)
     assert info["projected"] and "4x the largest measured (4)" in info["extrapolation"]
     shared = system.levels[1]
     assert shared.flush_s == pytest.approx(16.0, rel=1e-6)

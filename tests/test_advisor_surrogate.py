@@ -36,7 +36,7 @@ def test_advise_json_and_plot(tmp_path, capsys):
     plot = tmp_path / "out" / "map.png"
     assert main([str(run), "--json", "--samples", "200", "--intervals", "8", "--plot", str(plot)]) == 0
     doc = json.loads(capsys.readouterr().out)
-    best, surrogate, baseline = doc["advice"]["best"], doc["advice"]["surrogate"], doc["advice"]["young_daly[sync/full]"]
+    best, surrogate, baseline = doc["advice"]["best"], doc["advice"]["surrogate"], doc["advice"]["young_daly[sync/full:local+shared]"]
     assert best["configuration"]["levels"] and best["configuration"]["interval_steps"] >= 1
     assert 0 < baseline["goodput"] <= best["goodput"] + 0.01  # the advice is no worse than Young/Daly's single level
     assert surrogate["search_goodput"] <= best["search_goodput"]

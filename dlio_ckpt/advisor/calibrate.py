@@ -183,11 +183,19 @@ def _level_costs(summary: dict[str, Any], notes: list[str]) -> tuple[LevelCosts,
             restore = Measure(write, 0.0, 0)
             notes.append(f"level {name}: no restore measured; its write time ({write:.3g} s) stands in")
         sizes = [r.get("bytes_written", r.get("bytes")) for r in mine if _number(r.get("bytes_written", r.get("bytes")))]
-        nbytes = float(np.mean(sizes)) if sizes else (_number(level.get("bytes")) or 0.0) / max(1, int(level.get("checkpoints") or 1))
+        copies = int(level.get("checkpoints") or 0) + int(level.get("flushes") or 0)  # issue 10: bytes are the run's total
+        nbytes = float(np.mean(sizes)) if sizes else (_number(level.get("bytes")) or 0.0) / max(1, copies)
         out.append(LevelCosts(name=name, survives=_survives(level, conf), flushed=flushed[number],
                               every=int(level.get("every") or conf.get("every") or 1), bytes=nbytes,
                               blocking=blocking, flush=flush, restore=restore, restore_assumed=assumed))
     return tuple(out)
+
+
+def _variant(ckpt: dict[str, Any], ck_conf: dict[str, Any], levels: tuple[LevelCosts, ...]) -> str:
+    """What the advice may choose between: strategy/encoding, and the level set when there are several
+    (a single-level run keeps its own measured write cost as a layout of its own)."""
+    name = f"{ckpt.get('strategy') or ck_conf.get('strategy') or '?'}/{ck_conf.get('encoding') or 'full'}"
+    return name + (":" + "+".join(lv.name for lv in levels) if len(levels) > 1 else "")
 
 
 def run_costs(run_dir: Path) -> RunCosts:
@@ -229,11 +237,12 @@ def run_costs(run_dir: Path) -> RunCosts:
         rows = ckpt.get("per_checkpoint") or []
         gaps = np.diff([r.get("step", 0) for r in rows]) if len(rows) > 1 else []
         interval = int(np.median(gaps)) if len(gaps) else max(steps, 1)
+    levels = _level_costs(summary, notes)
     return RunCosts(
         path=str(run_dir), world_size=int(summary.get("world_size") or 1),
         ranks_per_node=int((config.get("world") or {}).get("ranks_per_node") or 0),
-        variant=f"{ckpt.get('strategy') or ck_conf.get('strategy') or '?'}/{ck_conf.get('encoding') or 'full'}",
-        step_s=float(step_s), steps=steps, interval_steps=max(interval, 1), levels=_level_costs(summary, notes),
+        variant=_variant(ckpt, ck_conf, levels), step_s=float(step_s), steps=steps, interval_steps=max(interval, 1),
+        levels=levels,
         goodput=_number(summary.get("goodput")), mtbf_s=float(fail_conf.get("mtbf_s") or 0.0),
         failures=int(failures.get("count") or len(restarts)),
         failure_steps=tuple(int(r["step"]) for r in restarts if _number(r.get("step")) is not None),
@@ -329,7 +338,7 @@ class Calibration:
                         xs.append(lv.bytes / size)
                         ys.append(getattr(lv, cost).mean)
             for key, (xs, ys) in points.items():
-                if len(set(xs)) > 1 and any(ys):
+                if min(xs) > 0 and max(xs) >= 1.2 * min(xs) and min(ys) > 0:  # sizes that differ, costs measured
                     out[f"{key} at N={size}"] = fit_curve(xs, ys, "B")
         return out
 
@@ -359,7 +368,8 @@ class Calibration:
                 flush_s=cost(f"{lv.name}.flush_s", [x.flush.mean for x in same]),
                 restore_s=cost(f"{lv.name}.restore_s", [x.restore.mean for x in same]),
                 survives=lv.survives, flushed=lv.flushed))
-        rank_mtbf = [r.mtbf_s * r.world_size for r in runs if r.mtbf_s > 0]  # independent failures: M(N) = M(1) / N
+        # the machine's failures, whatever the runs checkpointed: taken from every run of the folder
+        rank_mtbf = [r.mtbf_s * r.world_size for r in self.runs if r.mtbf_s > 0]  # independent failures: M(N) = M(1) / N
         info: dict[str, Any] = {"variant": variant, "world_size": target, "measured_world_sizes": sizes,
                                 "projected": target not in sizes, "assumed": []}
         if mtbf_s is None:
@@ -368,14 +378,14 @@ class Calibration:
                                 "the mean time between failures of the job at the advised scale")
             mtbf_s = float(np.mean(rank_mtbf)) / target
             info["assumed"].append(f"MTBF {mtbf_s:.4g} s: the runs' failures.mtbf_s x world size / {target} ranks")
-        kinds = [k for r in runs for k in r.failure_kinds]
+        kinds = [k for r in self.runs for k in r.failure_kinds]
         if node_fraction is None:
             if kinds:
                 node_fraction = kinds.count("node") / len(kinds)
             else:
                 node_fraction = 0.5 if any(lv.survives != "node" for lv in levels) else 0.0
                 info["assumed"].append(f"share of node failures {node_fraction:g} (no failures measured)")
-        overheads = [r.restart_overhead_s for r in runs if r.restart_overhead_s is not None]
+        overheads = [r.restart_overhead_s for r in self.runs if r.restart_overhead_s is not None]
         downtime = max(0.0, float(np.mean(overheads))) if overheads else 0.0
         if not overheads:
             info["assumed"].append("restart overhead besides the restore: 0 s (no restarts measured)")

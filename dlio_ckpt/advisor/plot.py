@@ -87,7 +87,7 @@ def write_png(best: Candidate, settings: Settings, path: Path) -> dict:
     ax.set_yticks(np.arange(len(y.values)) + 0.5, [f"{v:.3g}" for v in y.values], fontsize=7)
     ax.set_xlabel(x.name)
     ax.set_ylabel(y.name)
-    ax.set_title(f"goodput around the advice: {best.describe()}", fontsize=8)
+    ax.set_title(f"goodput around the advice\n{best.describe()}", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
