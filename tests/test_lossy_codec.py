@@ -8,7 +8,7 @@ import xxhash
 
 from dlio_ckpt.codec import huffman
 from dlio_ckpt.codec.base import ChainLink
-from dlio_ckpt.codec.lossy import FILE_HEADER, LossyDecoder, LossyEncoder
+from dlio_ckpt.codec.lossy import FILE_HEADER, LossyDecoder, LossyEncoder, index_width, pack_indices, unpack_indices
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.base import BytesView
 from dlio_ckpt.state.store import ScratchStore
@@ -89,6 +89,17 @@ def test_huffman_rejects_corrupt_codes_and_streams():
 
 
 # ---------------------------------------------------------------- LC-Checkpoint
+
+
+@pytest.mark.parametrize("nsym, width", [(1, 1), (2, 1), (3, 2), (4, 2), (8, 4), (16, 4), (17, 8), (256, 8)])
+def test_zstd_indices_are_packed_as_narrow_as_the_table_allows(nsym, width):
+    assert index_width(nsym) == width
+    rng = np.random.default_rng(nsym)
+    for n in (0, 1, 7, 1001):
+        symbols = rng.integers(0, nsym, n).astype(np.uint8)
+        packed = pack_indices(symbols, width)
+        assert len(packed) == -(-n * width // 8)
+        np.testing.assert_array_equal(unpack_indices(packed, n, width), symbols)
 
 TENSORS = (
     TensorSpec("w32", N, 4, "model"),

@@ -56,7 +56,8 @@ Container (little-endian; docs/checkpointing.md "Lossy checkpoints"):
                   (uint8 x symbols, Huffman only), then per segment: payload bytes (uint32),
                   lane bit lengths (huffman.lane_dtype x lanes; Huffman with two or more
                   symbols only), payload
-                  (Huffman bit stream, or a zstd frame of uint8 indices)
+                  (Huffman bit stream, or a zstd frame of the indices packed
+                  `index_width(symbols)` bits each, lowest bits first, into bytes)
 """
 
 from __future__ import annotations
@@ -97,6 +98,39 @@ def apply_delta(previous: np.ndarray, symbols: np.ndarray, representatives: np.n
     formula the encoder and the decoder share, so a restore is bit-identical to what the encoder
     kept."""
     return (previous + representatives[symbols]).astype(dtype)
+
+
+def index_width(symbols: int) -> int:
+    """Bits per index in a zstd payload: 1, 2, 4 or 8, the least that holds `symbols` values.
+    Packing several indices into a byte lets zstd's byte-wise entropy coder go below one bit per
+    index (the trace at 3 bits: 1.05 bits against 1.26 with a byte per index)."""
+    return next(w for w in (1, 2, 4, 8) if symbols <= 1 << w)
+
+
+def pack_indices(symbols: np.ndarray, width: int) -> bytes:
+    """Indices of `width` bits, 8 // width to a byte, the first in the lowest bits."""
+    per = 8 // width
+    pad = -len(symbols) % per
+    if pad:
+        symbols = np.concatenate((symbols, np.zeros(pad, dtype=np.uint8)))
+    groups = symbols.reshape(-1, per)
+    packed = groups[:, 0].copy()
+    for k in range(1, per):
+        packed |= groups[:, k] << np.uint8(width * k)
+    return packed.tobytes()
+
+
+def unpack_indices(data: bytes, n: int, width: int) -> np.ndarray:
+    """The `n` indices `pack_indices` packed (ValueError when `data` is not their size)."""
+    per = 8 // width
+    packed = np.frombuffer(data, dtype=np.uint8)
+    if len(packed) != -(-n // per):
+        raise ValueError(f"{len(packed)} bytes of packed indices for {n} indices")
+    out = np.empty((len(packed), per), dtype=np.uint8)
+    mask = np.uint8((1 << width) - 1)
+    for k in range(per):
+        np.bitwise_and(packed >> np.uint8(width * k), mask, out=out[:, k])
+    return out.reshape(-1)[:n]
 
 
 def rounding_slack(dtype: np.dtype, largest: float) -> float:
@@ -431,7 +465,7 @@ class _EncodeRun:
                     lane_bits = lane_bits[:0]
                 head = SEGMENT_HEADER.pack(len(payload)) + lane_bits.tobytes()
             else:
-                payload = compressor.compress(symbols.tobytes())
+                payload = compressor.compress(pack_indices(symbols, index_width(nsym)))
                 head = SEGMENT_HEADER.pack(len(payload))
             self.spool.append(head)
             self.spool.append(payload)
@@ -566,7 +600,9 @@ class LossyDecoder:
                 if huff:
                     symbols = huffman.decode(payload, lane_bits, n, lengths, lane, fill)
                 else:
-                    symbols = np.frombuffer(decompressor.decompress(bytes(payload), max_output_size=n), dtype=np.uint8)
+                    width = index_width(nsym)
+                    packed = decompressor.decompress(bytes(payload), max_output_size=-(-n * width // 8))
+                    symbols = unpack_indices(packed, n, width)
             except (ValueError, zstandard.ZstdError) as exc:
                 raise ValueError(f"{where}: a segment does not decode: {exc}") from None
             if len(symbols) != n or (n and int(symbols.max()) >= nsym):
