@@ -95,6 +95,17 @@ def test_missing_optional_fields_fall_back_and_say_so(tmp_path):
     assert any("iteration time from" in note for note in costs.notes)
 
 
+def test_asynchronous_persist_becomes_the_flush_of_a_single_level(tmp_path):
+    run = write_run(tmp_path / "run", levels=False, shared_s=0.5, strategy="async")
+    summary = json.loads((run / "summary.json").read_text())
+    for row in summary["checkpoint"]["per_checkpoint"]:
+        row["persist_s_max"] = 2.0  # the background write ends 1.5 s after the stall
+    (run / "summary.json").write_text(json.dumps(summary))
+    (only,) = run_costs(run).levels
+    assert only.blocking.mean == pytest.approx(0.5) and only.flush.mean == pytest.approx(1.5) and not only.flushed
+    assert run_costs(run).variant == "async/full"
+
+
 def test_power_law_recovered_and_flat_costs_stay_constant():
     sizes = [1, 2, 4, 8, 16]
     fit = fit_curve(sizes, [0.5 * n ** 0.7 for n in sizes])

@@ -42,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
                    "another size is projected from curves fitted over a sweep of world sizes")
     p.add_argument("--node-failure-share", type=float, default=None,
                    help="share of failures that lose a node (default: measured from the runs' restarts, else 0.5)")
+    p.add_argument("--weibull-shape", type=float, default=1.0,
+                   help="failure gaps Weibull-distributed with this shape and the MTBF as their mean (default 1: exponential)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("--plot", type=Path, default=None, help=f"goodput map PNG (default without --json: ./{DEFAULT_PLOT})")
     p.add_argument("--no-plot", action="store_true", help="no goodput map (no matplotlib needed)")
@@ -56,6 +58,8 @@ def _check(args: argparse.Namespace) -> None:
     for name, value, low in (("--mtbf-s", args.mtbf_s, 0.0), ("--world-size", args.world_size, 0)):
         if value is not None and value <= low:
             raise UserError(f"{name}: must be positive (got {value})")
+    if args.weibull_shape <= 0:
+        raise UserError(f"--weibull-shape: must be positive (got {args.weibull_shape})")
     if args.node_failure_share is not None and not 0.0 <= args.node_failure_share <= 1.0:
         raise UserError(f"--node-failure-share: a share between 0 and 1 (got {args.node_failure_share})")
     if args.samples < 50 or args.top < 1 or args.intervals < 2:
@@ -86,6 +90,7 @@ def advise(args: argparse.Namespace) -> dict[str, Any]:
     systems, baselines, infos = [], [], []
     for variant in calibration.variants:
         system, info = calibration.system(variant, args.world_size, args.mtbf_s, args.node_failure_share)
+        system = replace(system, weibull_shape=args.weibull_shape)
         systems.append(system)
         infos.append(info)
         pool += candidates(system, args.intervals, variant)
@@ -135,7 +140,7 @@ def _calibration(calibration: Calibration, systems: list, infos: list[dict[str, 
                               "restore_sd": lv.restore.sd, "restore_assumed": lv.restore_assumed} for lv in r.levels]}
                  for r in calibration.runs],
         "systems": [{**info, "step_s": s.step_s, "mtbf_s": s.mtbf_s, "node_failure_share": s.node_fraction,
-                     "restart_overhead_s": s.downtime_s,
+                     "restart_overhead_s": s.downtime_s, "weibull_shape": s.weibull_shape,
                      "levels": [{"name": lv.name, "blocking_s": lv.blocking_s, "flush_s": lv.flush_s,
                                  "restore_s": lv.restore_s, "survives": lv.survives, "flushed": lv.flushed} for lv in s.levels]}
                     for s, info in zip(systems, infos)],
@@ -152,7 +157,8 @@ def format_text(doc: dict[str, Any]) -> str:
     for s in doc["calibration"]["systems"]:
         scale = f"world size {s['world_size']}" + (" (projected: " + s["extrapolation"] + ")" if s["projected"] else " (measured)")
         lines += ["", f"[{s['variant']}] {scale}; iteration {s['step_s']:.4g} s; MTBF {s['mtbf_s']:.4g} s; "
-                      f"node failures {s['node_failure_share']:.0%}; restart overhead {s['restart_overhead_s']:.3g} s",
+                      f"node failures {s['node_failure_share']:.0%}; restart overhead {s['restart_overhead_s']:.3g} s"
+                      + (f"; Weibull failure gaps, shape {s['weibull_shape']:g}" if s["weibull_shape"] != 1.0 else ""),
                   "| level | survives | flushed | blocking s | flush s | restore s |", "|---|---|---|---|---|---|"]
         lines += [f"| {lv['name']} | {lv['survives']} | {'yes' if lv['flushed'] else 'no'} | {lv['blocking_s']:.4g} "
                   f"| {lv['flush_s']:.4g} | {lv['restore_s']:.4g} |" for lv in s["levels"]]
