@@ -32,7 +32,7 @@ two terms cover rounding: the delta, the midpoint and the sum in float64, and th
 back into the tensor's dtype (for float16 tensors that cast dominates: about 1e-3 of M). The first
 term is reached: the extreme elements of the bucket it names are off by exactly that much.
 A kept bucket spans one binade [2^(e-1), 2^e), so its elements are off by less than half their
-own delta; more bits keep more buckets and only lower the second term.
+own delta; more bits keep more buckets and only lower the dropped-bucket term.
 
 Float tensors are those of 2 (float16, the bfloat16 stand-in), 4 (float32) and 8 (float64) bytes
 per element; uint8 tensors, and a float tensor whose delta is not finite at some element, are
@@ -40,9 +40,10 @@ stored raw in that checkpoint (then xr_t = x_t exactly).
 
 Streaming: per tensor, pass 1 reads x and xr_{t-1} segment by segment (`segment_elems` elements)
 and gathers the bucket counts, minima and maxima; pass 2 reads them again, quantises, writes xr_t
-back into the xr store in place and appends the coded segment to a spool (a scratch store, since
-zstd's size is not known up front). Peak memory is a few segments (about 12 float64 arrays of
-`segment_elems`), never a tensor.
+back into the xr store in place, hashes it, and appends the coded segment to a spool (a scratch
+store: zstd's size is not known up front, and the EncodedFile needs xr_t's digest before its first
+byte is written). A full container is not spooled: it streams from xr. Peak memory is a few
+segments (about a dozen float64 arrays of `segment_elems`: 70 MiB at the default), never a tensor.
 
 Container (little-endian; docs/checkpointing.md "Lossy checkpoints"):
 
