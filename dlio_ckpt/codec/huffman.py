@@ -9,8 +9,9 @@ make encoding slower than the storage it saves, so both directions are array ope
 - decode: the stream is cut into *lanes* of `lane` consecutive symbols whose bit lengths are stored
   (16 bits each: 2 bytes per `lane` symbols, ~1.6 % at the default 1024 and 1 bit per symbol).
   All lanes are decoded together, one symbol per lane per step, by a table lookup on a sliding
-  window of `max_len` bits: `lane` numpy steps over arrays of n/lane entries, never a step per
-  element.
+  window as wide as the longest code: `lane` numpy steps over arrays of n/lane entries, never a
+  step per element. Each lane must end exactly where its stored length says, which catches a
+  damaged stream.
 
 Code lengths are limited to `MAX_LEN` (15) bits, so a lane of up to 4369 symbols fits its bit
 length in 16 bits (longer lanes use 32, see `lane_dtype`). A symbol that never occurs has length
