@@ -11,6 +11,11 @@ The issue's target: within 5 percentage points.
     python benchmarks/advisor_vs_measured.py [--make DIR] [RUN_FOLDER ...] [--out FILE]
 
 --make DIR runs the set below into DIR first (two level setups x several intervals; about a minute).
+
+--sweep DIR: the other use of the simulator, prediction: single-level runs at several intervals with
+failures *drawn* (failures.mtbf_s, several seeds), all pooled into one calibration as the advisor
+does; per interval, the mean measured goodput beside the simulator's expectation for the same MTBF
+(exponential failures, many replicates), and the measured best interval beside the simulated one.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, table, tool, write_json  # noqa: E402
 
-from dlio_ckpt.advisor.calibrate import Calibration, run_costs  # noqa: E402
+from dlio_ckpt.advisor.calibrate import Calibration, calibrate, run_costs  # noqa: E402
 from dlio_ckpt.advisor.simulate import FailureTrace, Plan, simulate  # noqa: E402
 
 BASE = ["workload=unet3d", "scale=tiny", "dataset.num_files_train=48", "dataset.num_samples_per_file=1",
@@ -48,12 +54,12 @@ def setups(shm: Path) -> dict[str, list[str]]:
     return out
 
 
-def make_runs(folder: Path) -> list[Path]:
+def make_runs(folder: Path, named: dict[str, list[str]] | None = None) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     runs = []
     store = Path(tempfile.mkdtemp(prefix="advisor-vs-measured-"))
     try:
-        for name, extra in setups(Path("/dev/shm") / f"{store.name}-local").items():
+        for name, extra in (named or setups(Path("/dev/shm") / f"{store.name}-local")).items():
             run_dir = folder / name
             done = subprocess.run([tool("dlio_ckpt"), *BASE, *extra, f"storage.root={store}", f"hydra.run.dir={run_dir}"],
                                   capture_output=True, text=True, cwd=store)
@@ -104,12 +110,64 @@ def compare(run_dir: Path, runs: list[Path]) -> dict:
             "blocking_s": {lv.name: lv.blocking_s for lv in system.levels}}
 
 
+SWEEP_MTBF_S = 1.5
+SWEEP_INTERVALS = (2, 4, 8, 16)
+SWEEP_SEEDS = (1, 2, 3, 4)
+
+
+def sweep_runs(folder: Path) -> list[Path]:
+    return make_runs(folder, {f"k{k}-seed{seed}": [f"checkpoint.steps_between_checkpoints={k}", f"failures.mtbf_s={SWEEP_MTBF_S}",
+                                                   f"failures.seed={seed}", "failures.kind=node"]
+                              for k in SWEEP_INTERVALS for seed in SWEEP_SEEDS})
+
+
+def predict_sweep(folder: Path) -> dict:
+    """Measured mean goodput per interval against the simulator's expectation from the pooled calibration."""
+    calibration = calibrate(folder)
+    (variant,) = calibration.variants
+    system, _ = calibration.system(variant, None, mtbf_s=SWEEP_MTBF_S, node_fraction=1.0)
+    share = statistics.mean(r.compute_share for r in calibration.runs)
+    steps = calibration.runs[0].steps
+    rows = []
+    for k in sorted({r.interval_steps for r in calibration.runs}):
+        mine = [json.loads((Path(r.path) / "summary.json").read_text()) for r in calibration.runs if r.interval_steps == k]
+        measured = [s["goodput"] for s in mine]
+        outcome = simulate(system, Plan(k, (1,)), steps, FailureTrace(replicates=400, seed=9))
+        rows.append({"interval_steps": k, "runs": len(mine), "measured_goodput_mean": statistics.mean(measured),
+                     "measured_goodput_sd": statistics.stdev(measured) if len(measured) > 1 else 0.0,
+                     "measured_failures_mean": statistics.mean(s["failures"]["count"] for s in mine),
+                     "simulated_goodput": outcome.goodput * share, "simulated_failures": outcome.failures,
+                     "difference_points": 100 * (outcome.goodput * share - statistics.mean(measured))})
+    best_measured = max(rows, key=lambda r: r["measured_goodput_mean"])["interval_steps"]
+    best_simulated = max(rows, key=lambda r: r["simulated_goodput"])["interval_steps"]
+    return {"mtbf_s": SWEEP_MTBF_S, "system": {"step_s": system.step_s, "blocking_s": system.levels[0].blocking_s,
+                                                "restore_s": system.levels[0].restore_s, "restart_overhead_s": system.downtime_s},
+            "rows": rows, "best_interval_measured": best_measured, "best_interval_simulated": best_simulated}
+
+
+def show_sweep(result: dict) -> None:
+    print(table([[str(r["interval_steps"]), str(r["runs"]), f"{r['measured_failures_mean']:.1f}", f"{r['simulated_failures']:.1f}",
+                  f"{100 * r['measured_goodput_mean']:.1f} +- {100 * r['measured_goodput_sd']:.1f}",
+                  f"{100 * r['simulated_goodput']:.1f}", f"{r['difference_points']:+.1f}"] for r in result["rows"]],
+                ["interval", "runs", "failures", "simulated failures", "measured % (sd)", "simulated %", "diff (pts)"]))
+    print(f"best interval: measured {result['best_interval_measured']}, simulated {result['best_interval_simulated']}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="*", type=Path)
     p.add_argument("--make", type=Path, default=None, help="run the set of measured runs into this folder first")
+    p.add_argument("--sweep", type=Path, default=None, help="predict a drawn-failure sweep over intervals (made here if empty)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    if args.sweep:
+        if not args.sweep.exists():
+            sweep_runs(args.sweep)
+        result = predict_sweep(args.sweep)
+        show_sweep(result)
+        if args.out:
+            write_json(args.out, {"environment": environment("."), **result})
+        return
     runs = list(args.runs) + (make_runs(args.make) if args.make else [])
     if not runs:
         sys.exit("give run folders with injected failures, or --make DIR")

@@ -41,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=int, default=None, help="advise for this many ranks (default: the largest measured); "
                    "another size is projected from curves fitted over a sweep of world sizes")
     p.add_argument("--node-failure-share", type=float, default=None,
-                   help="share of failures that lose a node (default: measured from the runs' restarts, else 0.5)")
+                   help="share of failures that lose a node (default: measured from the runs' restarts; else 0.5 with a "
+                        "node-local level, 0 without)")
     p.add_argument("--weibull-shape", type=float, default=1.0,
                    help="failure gaps Weibull-distributed with this shape and the MTBF as their mean (default 1: exponential)")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")

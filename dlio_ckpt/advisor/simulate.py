@@ -12,8 +12,9 @@ surviving copy (downtime + that level's restore time) and goes on. A failure dur
 simply restarts again (as in Daly's model).
 
 Model (docs/advisor.md has the whole list), with dlio_ckpt's own level rules (plan/levels.py, SCR):
-- checkpoint n (n = 1, 2, ... at step n * interval_steps) goes to the used level with the largest
-  `every` dividing n. A direct level is written by the ranks: training stalls for its `blocking_s`.
+- a checkpoint is written every `interval_steps` steps; its number n counts the checkpoints written
+  (one redone after a restart takes the next number) and it goes to the used level with the
+  largest `every` dividing n. A direct level is written by the ranks: training stalls for its `blocking_s`.
   A flushed level is filled by a background copy from the first level: training stalls for the
   first level's write, and the copy then lives on both;
 - a copy becomes durable `flush_s` after the checkpoint's stall ends (an asynchronous persist, or
@@ -22,7 +23,7 @@ Model (docs/advisor.md has the whole list), with dlio_ckpt's own level rules (pl
 - a failure kind is "process" (memory lost) or "node" (a node and its node-local tier lost); a
   level survives the kinds up to its `survives` ("none", "process" or "node"). The restart takes
   the newest copy that survives, the cheaper restore on a tie, from scratch when none;
-- no checkpoint is written at the job's last step; goodput = useful compute / wall time.
+- no checkpoint is written at the job's last step; goodput = useful iteration time / wall time.
 
 Failures come from a FailureTrace: exponential (or Weibull) gaps drawn once per seed in units of
 the MTBF, shared by every configuration scored against it (common random numbers, so two
@@ -97,7 +98,7 @@ class FailureTrace:
 
     Gaps are unit exponential draws; a System turns them into seconds (and Weibull gaps, through
     E ** (1 / shape)), so one trace serves every MTBF and every configuration. `at_steps`, when given,
-    replaces the draws: failure j happens when the run first reaches step at_steps[j].
+    replaces the draws: failure j strikes right after the run computes step at_steps[j] (in order).
     """
 
     replicates: int = 16
@@ -156,7 +157,7 @@ class Timeline:
         chosen = np.zeros(self.period, dtype=np.int64)
         for i in sorted(used, key=lambda i: plan.every[i]):  # the largest interval dividing n wins
             chosen = np.where(positions % plan.every[i] == 0, i, chosen)
-        level_of = [system.levels[i] for i in range(len(system.levels))]
+        level_of = system.levels
         writer = np.where([level_of[c].flushed for c in chosen], 0, chosen)
         # holds[u, j]: used level u has a copy of the checkpoint at position j
         self.holds = np.array([(chosen == i) | ((writer == i) & (chosen != i)) for i in used])
