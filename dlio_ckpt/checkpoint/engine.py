@@ -79,7 +79,7 @@ class CheckpointEngineImpl:
         self._last_step = -1
         self._last_time = time.monotonic()
         self.strategy = strategy_cls(self)
-        if self.cfg.enabled or self.config.mode == "checkpoint":
+        if state is None and (self.cfg.enabled or self.config.mode == "checkpoint"):
             self.source  # the pool's random bytes are drawn now, not inside the first checkpoint's timing
 
     # contents ------------------------------------------------------------------------------
@@ -98,6 +98,10 @@ class CheckpointEngineImpl:
 
             self._state = RankState(self.plan.files_by_rank[self.world.rank], self.cfg, self.config.seed, self.source)
         return self._state
+
+    def use_state(self, state: Any) -> None:
+        """Share `state` (another engine's): the levels of a multi-level setup write one state."""
+        self._state = state
 
     @property
     def encoder(self) -> Any:

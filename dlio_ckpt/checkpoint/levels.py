@@ -337,7 +337,7 @@ class MultiLevelEngine:
             engine.fail(kind)
         state = self.engines[0].state  # one state again, shared by every level (fail() dropped it)
         for engine in self.engines[1:]:
-            engine._state = state
+            engine.use_state(state)
         self._last_step = -1
         return self.lose_node(node) if kind == "node" else []
 

@@ -84,6 +84,7 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
             "step": rows[0]["step"],
             "epoch": rows[0]["epoch"],
             "folder": rows[0].get("folder", ""),
+            "level": rows[0].get("level", ""),  # checkpoint.levels: the level it was written to ("": one level)
             "bytes": nbytes,
             "files": sum(r["files"] for r in rows),
             "metadata_bytes": sum(r.get("metadata_bytes", 0) for r in rows),
