@@ -188,8 +188,12 @@ def peak_rss(gib: float, coder: str, folder: str) -> dict:
     numel = int(gib * (1 << 30)) // 4
     piece = 1 << 22  # elements generated at a time
     tensors = (TensorSpec("weights", numel, 4, "model"),)
-    store = lambda size: ScratchStore(size, folder, memory_limit=0)  # noqa: E731
-    rss_mib = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # noqa: E731
+    def store(size: int) -> ScratchStore:
+        return ScratchStore(size, folder, memory_limit=0)
+
+    def rss_mib() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     baseline = rss_mib()
     state = store(4 * numel)
     rng = np.random.default_rng(0)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import xxhash
 
 from dlio_ckpt.codec import huffman
 from dlio_ckpt.codec.base import ChainLink
-from dlio_ckpt.codec.lossy import FILE_HEADER, LossyDecoder, LossyEncoder, index_width, pack_indices, unpack_indices
+from dlio_ckpt.codec.lossy import (
+    FILE_HEADER,
+    LossyDecoder,
+    LossyEncoder,
+    index_width,
+    pack_indices,
+    unpack_indices,
+)
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.base import BytesView
 from dlio_ckpt.state.store import ScratchStore
@@ -212,8 +221,8 @@ def test_more_bits_give_smaller_error():
         rms.append(encoded.stats["rms_rel_error"])
         maxima.append(encoded.stats["max_rel_error"])
         sizes.append(encoded.nbytes)
-    assert all(b < a for a, b in zip(rms[:4], rms[1:4])) and rms[4] <= rms[3], rms
-    assert all(b <= a for a, b in zip(maxima, maxima[1:])), maxima
+    assert all(b < a for a, b in itertools.pairwise(rms[:4])) and rms[4] <= rms[3], rms
+    assert all(b <= a for a, b in itertools.pairwise(maxima)), maxima
     assert sizes[0] < sizes[-1]
 
 
@@ -340,8 +349,7 @@ def test_file_backed_scratch_and_bounded_memory(tmp_path):
         tracemalloc.start()
         encoded = encoder.encode(index, "f", state)
         with open(tmp_path / f"c{index}", "wb") as out:
-            for piece in encoded.chunks(1 << 20):
-                out.write(piece)
+            out.writelines(encoded.chunks(1 << 20))
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert peak < 8 << 20, peak
@@ -407,5 +415,5 @@ def test_a_state_that_stops_changing_comes_back_exact(bits):
         if errors[-1] == 0:
             break
     assert errors[-1] == 0 and len(errors) < 30, errors
-    assert all(b <= a for a, b in zip(errors, errors[1:])), errors
+    assert all(b <= a for a, b in itertools.pairwise(errors)), errors
     assert encoded.state_digest == xxhash.xxh3_128(weights.tobytes()).hexdigest()

@@ -63,10 +63,11 @@ Container (little-endian; docs/checkpointing.md "Lossy checkpoints"):
 
 from __future__ import annotations
 
+import functools
 import struct
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 import xxhash
@@ -327,7 +328,7 @@ class LossyEncoder:
         )
         if full:
             size = FILE_HEADER.size + sum(TENSOR_HEADER.size + t.nbytes for t in tensors)
-            chunks = lambda chunk_bytes: _full_chunks(header, tensors, chain.xr, chunk_bytes)  # noqa: E731
+            chunks = functools.partial(_full_chunks, header, tensors, chain.xr)
         else:
             size = spool.size
             spool.store.write_at(0, header)
