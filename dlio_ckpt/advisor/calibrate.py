@@ -65,7 +65,6 @@ class RunCosts:
 
     path: str
     world_size: int
-    ranks_per_node: int
     variant: str  # "strategy/encoding"
     step_s: float
     steps: int
@@ -77,7 +76,6 @@ class RunCosts:
     failure_steps: tuple[int, ...]
     failure_kinds: tuple[str, ...]
     restart_overhead_s: float | None  # per restart, besides the restore
-    wall_s: float | None
     compute_share: float = 1.0  # compute / (compute + data wait) of an iteration: measured goodput counts compute only
     notes: tuple[str, ...] = ()
 
@@ -202,7 +200,7 @@ def run_costs(run_dir: Path) -> RunCosts:
     """One run folder's costs; UserError naming what is missing when it cannot calibrate."""
     summary = read_summary(run_dir)
     ckpt = summary.get("checkpoint") or {}
-    if not ckpt.get("per_checkpoint") and not ckpt.get("levels"):
+    if not ckpt.get("per_checkpoint"):
         raise UserError(f"{run_dir}: the run wrote no checkpoints (summary.json checkpoint.per_checkpoint is empty); "
                         "the advisor calibrates from training runs with checkpoint.enabled=true")
     train = summary.get("train") or {}
@@ -240,7 +238,6 @@ def run_costs(run_dir: Path) -> RunCosts:
     levels = _level_costs(summary, notes)
     return RunCosts(
         path=str(run_dir), world_size=int(summary.get("world_size") or 1),
-        ranks_per_node=int((config.get("world") or {}).get("ranks_per_node") or 0),
         variant=_variant(ckpt, ck_conf, levels), step_s=float(step_s), steps=steps, interval_steps=max(interval, 1),
         levels=levels,
         goodput=_number(summary.get("goodput")), mtbf_s=float(fail_conf.get("mtbf_s") or 0.0),
@@ -248,8 +245,7 @@ def run_costs(run_dir: Path) -> RunCosts:
         failure_steps=tuple(int(r["step"]) for r in restarts if _number(r.get("step")) is not None),
         failure_kinds=tuple(str(r.get("kind", fail_conf.get("kind", "process"))) for r in restarts),
         restart_overhead_s=float(np.mean(overheads)) if overheads else None,
-        wall_s=_number(train.get("wall_s")) or _number(summary.get("wall_s")), compute_share=compute_share,
-        notes=tuple(notes),
+        compute_share=compute_share, notes=tuple(notes),
     )
 
 
