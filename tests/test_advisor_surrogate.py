@@ -17,7 +17,7 @@ from test_advisor_calibrate import write_run
 def test_surrogate_pick_reaches_98_percent_of_the_exhaustive_optimum_on_held_out_systems():
     base = random_system(np.random.default_rng(3))
     rng = np.random.default_rng(5)
-    X, y = samples([near(base, rng) for _ in range(30)], 10, Settings(replicates=16), seed=1)
+    X, y = samples([near(base, rng) for _ in range(60)], 10, Settings(replicates=16), seed=1)
     surrogate = train(X, y, seed=0)
     assert set(surrogate.errors) == {"gradient_boosting", "neural_network"}
     assert all(e["r2"] > 0.8 for e in surrogate.errors.values()), surrogate.errors
