@@ -149,3 +149,55 @@ def test_o_direct_reads_whole_blocks_straight_into_a_page_aligned_scratch(tmp_pa
         assert handle.last_moved == 8192  # the two blocks around it
     finally:
         handle.close()
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_every_read_of_a_traced_handle_counts_what_the_system_call_moved(tmp_path, direct):
+    """A handle's first read, its second (which sets up the per-handle fast path) and later ones
+    record the same thing: buffered, the bytes returned (short at the end of the file); under
+    O_DIRECT, the whole blocks the kernel moved, which can exceed what was asked."""
+    data = os.urandom(3 * 4096 + 100)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    recorder = EventRecorder(rank=0, clock=JobClock.start())
+    storage = TracedStorage(PosixStorage(direct_io=direct), recorder).with_phase("train")
+    handle = storage.open_read(str(path))
+    if direct and not handle._inner.direct:
+        pytest.skip("no O_DIRECT here")
+    buffer = bytearray(5000)
+    got = []
+    try:
+        for offset in (10, 4000, 0, 3 * 4096):
+            got.append(handle.read_at_into(buffer, offset))
+            assert bytes(buffer[: got[-1]]) == data[offset : offset + got[-1]]
+    except OSError:  # tmpfs and some overlay file systems refuse O_DIRECT
+        pytest.skip("the file system refuses O_DIRECT")
+    finally:
+        handle.close()
+    assert got == [5000, 5000, 5000, 100]
+    reads = recorder.array()
+    reads = reads[reads["op"] == OP_CODE["read"]]
+    assert reads["offset"].tolist() == [10, 4000, 0, 3 * 4096]
+    # O_DIRECT: blocks 0-1, 0-2, 0-1, then the last block, which the kernel ends at the file's end.
+    assert reads["length"].tolist() == ([8192, 12288, 8192, 100] if direct else got)
+    assert recorder.bytes_read == {"train": sum(reads["length"].tolist())}
+
+
+def test_offsets_and_lengths_beyond_float_precision_stay_exact_through_compaction(monkeypatch):
+    """Events are compacted through float64, exact below 2^53; a chunk with a larger offset or
+    length (a sparse file, a huge object) takes the exact path, so no byte count is rounded."""
+    monkeypatch.setattr(events_module, "COMPACT_EVENTS", 4)
+    recorder = EventRecorder(rank=0, clock=JobClock.start())
+    huge = (1 << 53) + 1  # rounds to 2^53 in float64
+    for index in range(10):
+        recorder.record("write", "checkpoint", f"/f{index % 3}", huge + index, huge + 2 * index, 0.5 * index, 0.5 * index + 0.25)
+    recorder.record("read", "restore", "/f1", 7, 4096, 6.0, 6.5)
+    events = recorder.array()
+    assert len(recorder._chunks) == 2 and len(events) == 11
+    assert events["offset"].tolist() == [huge + i for i in range(10)] + [7]
+    assert events["length"].tolist() == [huge + 2 * i for i in range(10)] + [4096]
+    assert events["file"].tolist() == [0, 1, 2] * 3 + [0, 1]
+    assert [events_module.OPS[c] for c in events["op"]] == ["write"] * 10 + ["read"]
+    assert [events_module.PHASES[c] for c in events["phase"]] == ["checkpoint"] * 10 + ["restore"]
+    assert events["start"].tolist() == [0.5 * i for i in range(10)] + [6.0]
+    assert recorder.bytes_written == {"checkpoint": sum(huge + 2 * i for i in range(10))}

@@ -183,14 +183,16 @@ class PosixFile(PositionalReads, io.RawIOBase):
         return data
 
     def read_at_into(self, buffer, offset: int) -> int:
+        if not self.direct:
+            # One system call and nothing around it: readers make one such call per transfer
+            # (a 4 KiB read from the page cache costs ~1 us, so Python work here shows).
+            self.last_moved = moved = os.preadv(self._fd, [buffer], offset)
+            return moved
         view = memoryview(buffer).cast("B")
         size = len(view)
         if size == 0:
             self.last_moved = 0
             return 0
-        if not self.direct:
-            self.last_moved = os.preadv(self._fd, [view], offset)
-            return self.last_moved
         if (offset | size) % DIRECT_ALIGNMENT == 0 and _address(view) % DIRECT_ALIGNMENT == 0:
             # Whole blocks into a page-aligned buffer (the readers' scratch is one): straight in,
             # no bounce buffer and no copy, as fio reads.
@@ -206,6 +208,13 @@ class PosixFile(PositionalReads, io.RawIOBase):
             view[:count] = window[offset - start : offset - start + count]
         self.last_moved = got
         return count
+
+    def pread_call(self) -> tuple | None:
+        """(function, descriptor): `function(descriptor, [buffer], offset)` is the one system call
+        read_at_into makes for a buffered read, returning the bytes it moved, for a caller that
+        times that call alone with nothing around it (the tracer's per-read path); None under
+        O_DIRECT, where a read can be more than one call and move more than it returns."""
+        return None if self.direct else (os.preadv, self._fd)
 
     def write_at(self, data, offset: int) -> int:
         """Write all of `data`: one pwrite may move less (2 GiB cap, signals, network file systems)."""

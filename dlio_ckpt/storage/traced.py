@@ -9,50 +9,81 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, replace
+from functools import cached_property
 from time import perf_counter
 from typing import Any
 
 from dlio_ckpt.storage.base import write_staged
-from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder
+from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, event_code
 
-_OPEN, _CLOSE, _READ, _WRITE = OP_CODE["open"], OP_CODE["close"], OP_CODE["read"], OP_CODE["write"]
+# Op bits of an event code (events.event_code): a handle adds them to its phase and path bits.
+_OPEN, _CLOSE, _READ, _WRITE = (event_code(OP_CODE[op], 0, 0) for op in ("open", "close", "read", "write"))
 
 
 class TracedFile(io.RawIOBase):
     """A file-like wrapper that times and records every call of the file it wraps.
 
-    Everything an event needs but the call's own figures (phase and op codes, the path's index,
-    the clock's offset, the list to append to) is looked up once per handle, so a traced 4 KiB
-    read from the page cache costs little more than the read (benchmarks/tracing_overhead.py)."""
+    Everything an event needs but the call's own figures (the code of phase and path, the
+    clock's offset, the list to extend) is looked up once per handle, and an event is five
+    numbers appended in one call, so a traced 4 KiB read from the page cache costs little more
+    than the read (benchmarks/tracing_overhead.py)."""
 
-    def __init__(self, inner: Any, recorder: EventRecorder, phase: str, path: str) -> None:
-        super().__init__()
+    def __init__(self, inner: Any, path: str, trace: tuple) -> None:
+        """`trace`: (code, extend, shift, recorder): the phase and path bits of every event of
+        this handle (op bits 0), the recorder's extender, its clock shift, and the recorder
+        (TracedStorage looks them up once per view). One attribute, not four, and no
+        io.RawIOBase.__init__ (it does nothing): a handle is made per file opened."""
         self._inner = inner
-        self._recorder = recorder
-        self._phase = phase
         self.path = path
-        self._append = recorder.appender()
-        self._phase_code = PHASE_CODE[phase]
-        self._file = recorder.path_id(path)
-        self._shift = recorder.clock.shift
-        # What the system call moved (whole blocks under O_DIRECT), where the backend says so.
-        self._reports_moved = hasattr(inner, "last_moved")
-        self._inner_read_at_into = inner.read_at_into if hasattr(inner, "read_at_into") else None
-        if self._inner_read_at_into is not None:
-            self.read_at_into = self._fast_read_at_into()
+        self._trace = trace
+
+    def read_at_into(self, buffer, offset: int) -> int:
+        """The first read of a handle, recorded with look-ups by name; from the second on, a
+        closure over what it records takes over (`_second_read_at_into`). Building the closure
+        costs several reads' look-ups, so a file read once (one 1 MiB sample) never pays for it."""
+        start = perf_counter()
+        count = self._inner.read_at_into(buffer, offset)
+        end = perf_counter()
+        code, extend, shift, _ = self._trace
+        extend((code | _READ, offset, getattr(self._inner, "last_moved", count), start - shift, end - shift))
+        self.read_at_into = self._second_read_at_into
+        return count
+
+    def _second_read_at_into(self, buffer, offset: int) -> int:
+        fast = self.read_at_into = self._fast_read_at_into()
+        return fast(buffer, offset)
 
     def _fast_read_at_into(self):
-        """read_at_into as a closure over what it records (no attribute look-ups per call)."""
-        inner, inner_read, append, phase, file, shift = (self._inner, self._inner_read_at_into, self._append,
-                                                         self._phase_code, self._file, self._shift)
-        reports_moved = self._reports_moved
+        """read_at_into as a closure over what it records (no look-ups by name per call).
 
-        def read_at_into(buffer, offset: int) -> int:
-            start = perf_counter()
-            count = inner_read(buffer, offset)
-            end = perf_counter()
-            append((_READ, phase, file, offset, inner.last_moved if reports_moved else count, start - shift, end - shift))
-            return count
+        Where the inner handle names the one system call its read makes (`pread_call`: buffered
+        POSIX), the closure makes that call itself, the same call with the same arguments, and
+        times just it; otherwise it calls the inner read_at_into and records `last_moved`, what
+        the system call moved (whole blocks under O_DIRECT), which can exceed what it returns."""
+        inner = self._inner
+        code, extend, shift, _ = self._trace
+        code |= _READ
+        call = getattr(inner, "pread_call", None)
+        direct_call = call() if call is not None else None
+
+        if direct_call is not None:
+            preadv, fd = direct_call
+
+            def read_at_into(buffer, offset: int) -> int:
+                start = perf_counter()
+                count = preadv(fd, [buffer], offset)
+                end = perf_counter()
+                extend((code, offset, count, start - shift, end - shift))
+                return count
+        else:
+            inner_read = inner.read_at_into
+
+            def read_at_into(buffer, offset: int) -> int:
+                start = perf_counter()
+                count = inner_read(buffer, offset)
+                end = perf_counter()
+                extend((code, offset, inner.last_moved, start - shift, end - shift))
+                return count
 
         return read_at_into
 
@@ -83,10 +114,13 @@ class TracedFile(io.RawIOBase):
         end = perf_counter()
         if op == "read":
             # What the system call moved (whole blocks under O_DIRECT), not just what was asked for.
-            length = self._inner.last_moved if self._reports_moved else len(result) if not isinstance(result, int) else result
+            length = getattr(self._inner, "last_moved", None)
+            if length is None:
+                length = result if isinstance(result, int) else len(result)
         else:
             length = result if isinstance(result, int) else len(result) if result is not None else 0
-        self._append((OP_CODE[op], self._phase_code, self._file, offset, length, start - self._shift, end - self._shift))
+        code, extend, shift, _ = self._trace
+        extend((code | event_code(OP_CODE[op], 0, 0), offset, length, start - shift, end - shift))
         return result
 
     def read(self, size: int = -1) -> bytes:
@@ -101,25 +135,16 @@ class TracedFile(io.RawIOBase):
     def read_at(self, offset: int, size: int) -> bytes:
         return self._timed("read", offset, self._inner.read_at, offset, size)
 
-    # The two calls every reader and writer makes per transfer: _timed written out, no lookups.
-    def read_at_into(self, buffer, offset: int) -> int:
-        start = perf_counter()
-        count = self._inner_read_at_into(buffer, offset)
-        end = perf_counter()
-        shift = self._shift
-        self._append((_READ, self._phase_code, self._file, offset, self._inner.last_moved if self._reports_moved else count,
-                      start - shift, end - shift))
-        return count
-
     def write(self, data) -> int:
         return self._timed("write", self._inner.tell(), self._inner.write, data)
 
+    # The call every writer makes per transfer: _timed written out, no look-ups by name.
     def write_at(self, data, offset: int) -> int:
         start = perf_counter()
         count = self._inner.write_at(data, offset)
         end = perf_counter()
-        shift = self._shift
-        self._append((_WRITE, self._phase_code, self._file, offset, count, start - shift, end - shift))
+        code, extend, shift, _ = self._trace
+        extend((code | _WRITE, offset, count, start - shift, end - shift))
         return count
 
     def truncate(self, size: int | None = None) -> int:
@@ -137,10 +162,11 @@ class TracedFile(io.RawIOBase):
                 start = perf_counter()
                 self._inner.close()
                 end = perf_counter()
-                self._append((_CLOSE, self._phase_code, self._file, -1, 0, start - self._shift, end - self._shift))
-                self._recorder.compact()
+                code, extend, shift, recorder = self._trace
+                extend((code | _CLOSE, -1, 0, start - shift, end - shift))
+                recorder.compact()
             finally:
-                super().close()
+                io.RawIOBase.close(self)
 
     def __del__(self) -> None:
         # Collected unclosed (an exception path): never publish; the inner handle cleans up after itself.
@@ -171,13 +197,21 @@ class TracedStorage:
     def with_phase(self, phase: str) -> "TracedStorage":
         return replace(self, phase=phase)
 
+    @cached_property
+    def _constants(self) -> tuple:
+        """What every handle of this view records with: the phase bits of an event code, the
+        recorder's extender and its clock shift (looked up once per view, not per open)."""
+        return event_code(0, PHASE_CODE[self.phase], 0), self.recorder.extender(), self.recorder.clock.shift
+
     def _open(self, path: str, opener) -> TracedFile:
         start = perf_counter()
         inner = opener(path)
         end = perf_counter()
-        handle = TracedFile(inner, self.recorder, self.phase, path)
-        handle._append((_OPEN, handle._phase_code, handle._file, -1, 0, start - handle._shift, end - handle._shift))
-        return handle
+        phase_bits, extend, shift = self._constants
+        recorder = self.recorder
+        code = phase_bits | recorder.path_id(path)
+        extend((code | _OPEN, -1, 0, start - shift, end - shift))
+        return TracedFile(inner, path, (code, extend, shift, recorder))
 
     def open_read(self, path: str) -> TracedFile:
         return self._open(path, self.inner.open_read)
