@@ -229,6 +229,7 @@ class _Training:
             # what an uninterrupted run reads in this epoch: the samples after a resume must match it
             reference = self.epoch_plan(epoch, config.reader.shuffle_seed) if resumed else None
             epoch_step = point.step_in_epoch if resumed else 0
+            done = False
             result.au_blocks.start_block()
             step_start = time.perf_counter()
             waited = result.data_wait_s
@@ -263,8 +264,8 @@ class _Training:
                                                                  epoch_step * run_plan.batch_size))
                         result.au_blocks.start_block()
                     if not self.dlio and config.train.total_steps and step >= config.train.total_steps:
-                        result.epochs = max(result.epochs, epoch)
-                        return
+                        done = True
+                        break
                     step_start = time.perf_counter()
                     waited = result.data_wait_s
             result.epochs = max(result.epochs, epoch)
@@ -273,6 +274,8 @@ class _Training:
             if self.policy.due(step, epoch, True):
                 # the loader's position is the next epoch's start
                 self.checkpoint(step, epoch, ResumePoint(step, epoch + 1, 0, config.reader.shuffle_seed, 0))
+            if done:
+                return
 
     def checkpoint(self, step: int, epoch: int, point: ResumePoint) -> None:
         if step <= self.last_checkpoint_step:
