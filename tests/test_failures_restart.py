@@ -139,3 +139,13 @@ def test_failure_keys_are_checked(workdir):
     assert not (workdir / "run").exists()
     done = run(workdir, "run", ["checkpoint.policy=young_daly"])
     assert done.returncode == 2 and "failures.mtbf_s" in done.stderr
+
+
+def test_reaching_total_steps_still_takes_the_epoch_end_checkpoint(workdir):
+    done = run(workdir, "run", ["train.step_counting=global", "train.total_steps=10", "failures.at_steps=[7]",
+                                "checkpoint.epochs_between_checkpoints=1", "checkpoint.checkpoint_after_epoch=1"])
+    assert done.returncode == 0, done.stderr
+    summary = load_summary(workdir / "run")
+    assert [c["step"] for c in summary["checkpoint"]["per_checkpoint"]] == [10]
+    assert summary["failures"]["restarts"][0]["restored_step"] == 0  # nothing to restore at step 7
+    assert summary["train"]["steps"] == 10
