@@ -5,7 +5,6 @@ with exit code 75 and the same command resumes the run folder."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

@@ -4,8 +4,6 @@ the uninterrupted one (lossy: it is not, and the run says so)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -27,7 +25,7 @@ def files(count: int) -> tuple[FileSpec, ...]:
 def test_a_resumed_epoch_reads_the_rest_of_the_uninterrupted_order(max_batches):
     reader = load_config(["reader.batch_size=2"]).reader
     whole = plan_epoch(files(10), reader, 1, 2, epoch=3, sequential=False, max_batches=max_batches)
-    for done in range(0, whole.num_batches + 1):
+    for done in range(whole.num_batches + 1):
         rest = resume_plan(whole, ResumePoint(7, 3, done, reader.shuffle_seed, done * 2))
         assert rest.num_batches == whole.num_batches - done
         for index in range(rest.num_batches):
