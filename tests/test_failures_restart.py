@@ -11,6 +11,7 @@ import pytest
 
 from ckpt_util import data_files
 from conftest import load_summary, run_cli
+from dlio_ckpt.plan.failures import failure_time
 
 # 32 one-sample files, batch 2: 16 steps an epoch, 2 epochs; a 2 MiB model with float optimizer state
 # (lossy has floats to quantise) that changes sparsely
@@ -148,3 +149,15 @@ def test_reaching_total_steps_still_takes_the_epoch_end_checkpoint(workdir):
     assert [c["step"] for c in summary["checkpoint"]["per_checkpoint"]] == [10]
     assert summary["failures"]["restarts"][0]["restored_step"] == 0  # nothing to restore at step 7
     assert summary["train"]["steps"] == 10
+
+
+def test_failures_drawn_from_the_mtbf_strike_at_their_seeded_times(workdir):
+    done = run(workdir, "run", ["checkpoint.steps_between_checkpoints=4", "train.computation_time=0.01",
+                                "failures.mtbf_s=0.15", "failures.seed=1"])  # at 0.16, 0.25, 0.35 s, ...
+    assert done.returncode == 0, done.stderr
+    summary = load_summary(workdir / "run")
+    restarts = summary["failures"]["restarts"]
+    assert restarts, "a 0.15 s MTBF over a run of 32 x 10 ms steps and 8 checkpoints meets failures"
+    assert [r["at_s"] for r in restarts] == [pytest.approx(failure_time(0.15, 1, i)) for i in range(len(restarts))]
+    assert restarts[-1]["at_s"] < summary["time_accounting"]["wall_s"]
+    assert summary["train"]["steps"] == 32 and summary["resume"]["deterministic"] is True
