@@ -39,17 +39,19 @@ def test_a_flush_still_in_flight_does_not_survive():
     assert out.restores_by_level["scratch"] == 1 and out.wall_s == pytest.approx(25 + 3 + 43)
 
 
-def test_levels_follow_the_write_count_as_dlio_ckpt_numbers_checkpoints():
-    """A redone checkpoint takes the next number (SCR counts writes): after a restart from scratch
-    the checkpoint at step 4 is write 2, so it goes to the shared level, and so does step 12."""
+def test_levels_follow_the_checkpoint_number_as_dlio_ckpt_numbers_checkpoints():
+    """After a restart the numbering goes on from the restored checkpoint (from 1 after a restart
+    from scratch), as SCR and dlio_ckpt's levels number them: the redone checkpoint at step 4 is
+    number 1 again (local), step 8 number 2 and step 16 number 4 (shared)."""
     system = System(step_s=1.0, mtbf_s=1e9, levels=(Level("local", 0.5, 0.0, 1.0, "process"),
                                                     Level("shared", 0.5, 1.0, 2.0, "node", flushed=True)))
     out = simulate(system, Plan(4, (1, 2)), 32, FailureTrace(replicates=1, at_steps=(7, 19), kinds=("node", "node")))
-    # 7.5 s to the first failure (write 1 lost with the node), 21 s to the second (after step 19,
-    # shared step 12 restored in 2 s), then steps 13..32 with four 0.5 s stalls; counting by steps
-    # would restore step 8 and take 57 s
+    # 7.5 s to the first failure (checkpoint 1, local, lost with the node: restart from scratch);
+    # 19 steps and 4 stalls to the second (shared step 16, flushed by 26.5 s, restored in 2 s);
+    # then steps 17..32 with checkpoints at 20, 24 and 28. Numbering by writes would have put
+    # step 12 on the shared level, restored it, and taken 52.5 s.
     assert out.restores_by_level == {"local": 0, "shared": 1, "scratch": 1}
-    assert out.wall_s == pytest.approx(7.5 + 21 + 2 + 22)
+    assert out.wall_s == pytest.approx(7.5 + 21 + 2 + 17.5)
 
 
 def test_failure_free_run_and_no_checkpoint_at_the_last_step():

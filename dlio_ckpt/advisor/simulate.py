@@ -12,9 +12,9 @@ surviving copy (downtime + that level's restore time) and goes on. A failure dur
 simply restarts again (as in Daly's model).
 
 Model (docs/advisor.md has the whole list), with dlio_ckpt's own level rules (plan/levels.py, SCR):
-- a checkpoint is written every `interval_steps` steps; its number n counts the checkpoints written
-  (one redone after a restart takes the next number) and it goes to the used level with the
-  largest `every` dividing n. A direct level is written by the ranks: training stalls for its `blocking_s`.
+- a checkpoint is written every `interval_steps` steps; its number n is step / interval_steps
+  (dlio_ckpt, like SCR, numbers on from the restored checkpoint after a restart, and from 1 after a
+  restart from scratch) and it goes to the used level with the largest `every` dividing n. A direct level is written by the ranks: training stalls for its `blocking_s`.
   A flushed level is filled by a background copy from the first level: training stalls for the
   first level's write, and the copy then lives on both;
 - a copy becomes durable `flush_s` after the checkpoint's stall ends (an asynchronous persist, or
@@ -195,9 +195,9 @@ class Timeline:
 def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -> Outcome:
     """Run the job `work_steps` steps long under `plan` against the failures of `trace`.
 
-    Levels are chosen by the checkpoint's *write number* (SCR and dlio_ckpt count the checkpoints
-    written, so a checkpoint redone after a restart takes the next number): the timeline runs in
-    write numbers, and `shift` (writes so far minus the restored checkpoint) maps them to steps.
+    Levels are chosen by the checkpoint's number, which after a restart goes on from the restored
+    checkpoint (SCR's fetch sets its id to the fetched one's; dlio_ckpt's levels do the same), so a
+    checkpoint redone after a restart goes to the level it went to before.
     """
     line = Timeline(system, plan)
     used = line.used
@@ -212,7 +212,6 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     rows = np.arange(r)
     t = np.zeros(r)  # wall time at which the current attempt starts computing
     n0 = np.zeros(r, dtype=np.int64)  # the checkpoint (step / interval) it restarted from (0: the start)
-    shift = np.zeros(r, dtype=np.int64)  # write number - checkpoint number in the current attempt
     newest = np.full((r, len(used)), -1, dtype=np.int64)  # per level, the newest durable copy (checkpoint number)
     fail_at = np.zeros(r)
     restart = np.zeros(r)
@@ -223,13 +222,13 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     censored = np.zeros(r, dtype=bool)
     j = 0
     while active.any():
-        start = line.time_at(n0 + shift)
+        start = line.time_at(n0)
         if trace.at_steps:
-            fail_at = np.where(active, _replayed_failure(line, system, k, trace, j, t, n0, shift), fail_at)
+            fail_at = np.where(active, _replayed_failure(line, system, k, trace, j, t, n0), fail_at)
         else:
             fail_at = fail_at + trace.gaps_s(system, j)
         v_now = start + (fail_at - t)  # how far the attempt got, in failure-free time
-        v_end = line.time_at(last_checkpoint + shift) + tail_s
+        v_end = line.time_at(last_checkpoint) + tail_s
         finished = active & (v_now >= v_end)
         wall[finished] = (t + (v_end - start))[finished]
         hopeless = active & ~finished & (fail_at > give_up_s)  # goodput under 25 %: censored here
@@ -243,10 +242,9 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
             break
         failures += active
         # per level, the newest copy written and flushed before the failure
-        reached = line.newest_held(np.maximum(line.last_before(v_now[:, None] - flush[None, :]), 0)) - shift[:, None]
+        reached = line.newest_held(np.maximum(line.last_before(v_now[:, None] - flush[None, :]), 0))
         fresh = active[:, None] & (reached > n0[:, None]) & (reached <= last_checkpoint)
         newest = np.where(fresh, np.maximum(newest, reached), newest)
-        written = np.maximum(line.last_before(v_now), n0 + shift)
         kind = np.where(trace.node_failure(system, j), KINDS.index("node"), KINDS.index("process"))
         newest = np.where(active[:, None] & (survives[None, :] < kind[:, None]), -1, newest)
         best = newest.max(axis=1)
@@ -257,7 +255,6 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         restored[rows[active], np.where(from_scratch, len(used), choice)[active]] += 1
         restart = np.where(active, restart + cost, restart)
         n0 = np.where(active, np.where(from_scratch, 0, best), n0)
-        shift = np.where(active, written - n0, shift)
         t = np.where(active, fail_at + cost, t)
         j += 1
     useful = work_steps * system.step_s
@@ -280,15 +277,15 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
 
 
 def _replayed_failure(line: Timeline, system: System, k: int, trace: FailureTrace, j: int,
-                      t: np.ndarray, n0: np.ndarray, shift: np.ndarray) -> np.ndarray:
+                      t: np.ndarray, n0: np.ndarray) -> np.ndarray:
     """Wall time of replayed failure j: right after the attempt computes step at_steps[j], before
     that step's own checkpoint (inf: no more failures)."""
     if j >= len(trace.at_steps):
         return np.full_like(t, np.inf)
     step = trace.at_steps[j]
     before = (step - 1) // k  # the checkpoints strictly before the step are written first
-    v_step = line.time_at(before + shift) + (step - before * k) * system.step_s
-    return t + np.maximum(0.0, v_step - line.time_at(n0 + shift))
+    v_step = line.time_at(before) + (step - before * k) * system.step_s
+    return t + np.maximum(0.0, v_step - line.time_at(n0))
 
 
 def young_s(cost_s: float, mtbf_s: float) -> float:
