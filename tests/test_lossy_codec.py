@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from dlio_ckpt.codec import huffman
+from dlio_ckpt.codec import huffman, lossy
 from dlio_ckpt.codec.base import ChainLink
 from dlio_ckpt.codec.lossy import (
     FILE_HEADER,
@@ -417,3 +417,149 @@ def test_a_state_that_stops_changing_comes_back_exact(bits):
     assert errors[-1] == 0 and len(errors) < 30, errors
     assert all(b <= a for a, b in itertools.pairwise(errors)), errors
     assert encoded.state_digest == xxhash.xxh3_128(weights.tobytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- mantissa_bits (finer buckets)
+
+SPARSE_N = 1 << 18
+
+
+def _sparse_pair(seed: int = 11, fraction: float = 0.1, chunk: int = 256):
+    """A float32 N(0, 1) state, then the same with `fraction` of its `chunk`-element chunks
+    rewritten with new N(0, 1) values (the `sparse` update model): (before, after, changed)."""
+    rng = np.random.default_rng(seed)
+    before = rng.normal(0, 1, SPARSE_N).astype("<f4")
+    changed = np.repeat(rng.random(SPARSE_N // chunk) < fraction, chunk)
+    after = before.copy()
+    after[changed] = rng.normal(0, 1, int(changed.sum())).astype("<f4")
+    return before, after, changed
+
+
+def _sparse_round_trip(mantissa_bits: int, bits: int = 8, coder: str = "huffman"):
+    """Full checkpoint of `before`, delta checkpoint of `after`, both rebuilt by the decoder:
+    (before, after, changed, restored, the delta's stats, the two containers)."""
+    before, after, changed = _sparse_pair()
+    tensors = (TensorSpec("w", SPARSE_N, 4, "model"),)
+    encoder = LossyEncoder(bits, coder, 0, lambda key: tensors, lambda size: BytesView(bytearray(size)),
+                           segment_elems=SEGMENT, lane=LANE, mantissa_bits=mantissa_bits)
+    containers = []
+    for index, state in enumerate((before, after)):
+        encoded = encoder.encode(index, "f", BytesView(bytearray(state.tobytes())))
+        containers.append(b"".join(bytes(piece) for piece in encoded.chunks(1 << 20)))
+    links = [ChainLink(i, len(c), lambda offset, n, d=c: memoryview(d)[offset : offset + n]) for i, c in enumerate(containers)]
+    out = bytearray(4 * SPARSE_N)
+    LossyDecoder().rebuild(links, BytesView(out))
+    assert xxhash.xxh3_128(bytes(out)).hexdigest() == encoded.state_digest
+    return before, after, changed, np.frombuffer(bytes(out), dtype="<f4"), encoded.stats, containers
+
+
+def test_mantissa_bits_shrink_the_in_bucket_error_on_sparse_until_the_kept_buckets_run_out():
+    """On `sparse` a changed element's delta is as large as the element, so LC's whole-binade
+    buckets leave up to half of it (m=0). m mantissa bits cut a bucket to 1/2^m of a binade: the
+    error falls about twofold per bit while the 255 kept buckets still cover the deltas' binades;
+    at m=6 they cover only about two binades a sign and the dropped deltas dominate."""
+    errors = {}
+    for m in (0, 2, 4, 6):
+        before, after, changed, restored, stats, _ = _sparse_round_trip(m)
+        x = after.astype(np.float64)
+        err = np.abs(x - restored.astype(np.float64))
+        errors[m] = err.max() / np.abs(x).max()
+        assert errors[m] == pytest.approx(stats["max_rel_error"], rel=1e-12)
+        assert errors[m] <= stats["error_bound"] < 1.5 * errors[m]  # within the bound, and it is not vacuous
+        assert stats["bits"] == 8 and stats["mantissa_bits"] == m
+        # unchanged elements come back bit for bit
+        np.testing.assert_array_equal(restored.view("<u4")[~changed], before.view("<u4")[~changed])
+    assert errors[0] > 0.15, errors  # LC as published: half a binade
+    assert errors[0] > errors[2] > errors[4], errors
+    assert errors[4] < 0.05 and errors[4] < errors[0] / 4, errors
+    assert errors[6] > 2 * errors[4], errors  # 255 buckets of 1/64 binade: the dropped term is back
+
+
+@pytest.mark.parametrize("mantissa_bits", [0, 3, 4])
+def test_a_kept_element_is_within_its_sub_bucket_and_a_dropped_one_is_unchanged(mantissa_bits):
+    """Each element either keeps xr_{t-1} exactly (index 0) or is off by at most 2^-(m+1) of its
+    own delta (half its bucket's span), plus the float32 rounding of the sum."""
+    before, after, changed, restored, stats, _ = _sparse_round_trip(mantissa_bits)
+    x, delta = after.astype(np.float64), after.astype(np.float64) - before.astype(np.float64)
+    err = np.abs(x - restored.astype(np.float64))
+    dropped = restored.view("<u4") == before.view("<u4")
+    kept = ~dropped
+    slack = np.spacing(np.abs(x[kept]).astype("<f4")).astype(np.float64)
+    assert np.all(err[kept] <= 2.0 ** -(mantissa_bits + 1) * np.abs(delta[kept]) + slack)
+    assert kept.sum() > changed.sum() // 2  # most changed elements are kept at 8 bits
+    assert np.all(dropped[~changed])
+
+
+def test_sparse_tables_give_the_same_containers_as_dense_ones(monkeypatch):
+    """Beyond DENSE_TABLE_BYTES (m = 9, 10 at 32 MiB) pass 1 gathers only the non-empty buckets:
+    forced at m=2, it must write the very bytes the dense tables write; m=10 round-trips."""
+    dense = _sparse_round_trip(2, coder="zstd")[-1]
+    monkeypatch.setattr(lossy, "DENSE_TABLE_BYTES", 0)
+    assert _sparse_round_trip(2, coder="zstd")[-1] == dense
+    monkeypatch.undo()
+    before, after, changed, restored, stats, containers = _sparse_round_trip(10)
+    err = np.abs(after.astype(np.float64) - restored).max() / np.abs(after).max()
+    assert 0 < err <= stats["error_bound"] and containers[1][13] == 10
+
+
+@pytest.mark.parametrize("coder, digest", [("huffman", "a3354d7c66eedbbb")])
+def test_mantissa_bits_0_writes_the_published_containers(coder, digest):
+    """m=0 is LC-Checkpoint as before the option existed: the containers of three sgd checkpoints
+    hash to what the codec wrote before mantissa_bits (commit a67d66a), and giving 0 explicitly
+    changes nothing (byte 13 of the header, mantissa_bits, was padding and stays 0)."""
+    outputs = []
+    for kwargs in ({}, {"mantissa_bits": 0}):
+        encoder = LossyEncoder(3, coder, 0, lambda key: TENSORS, lambda size: BytesView(bytearray(size)),
+                               segment_elems=SEGMENT, lane=LANE, **kwargs)
+        h = xxhash.xxh3_64()
+        for index, state in enumerate(_sgd_states(3)):
+            for piece in encoder.encode(index, "model_states.pt", BytesView(state)).chunks(4096):
+                h.update(piece)
+        outputs.append(h.hexdigest())
+    assert outputs == [digest, digest]
+
+
+def test_mantissa_bits_out_of_range_is_rejected():
+    from dlio_ckpt.config.load import load_config
+    from dlio_ckpt.errors import ConfigError
+
+    assert load_config([]).checkpoint.lossy.mantissa_bits == 0
+    assert load_config(["checkpoint.lossy.mantissa_bits=10"]).checkpoint.lossy.mantissa_bits == 10
+    for bad in (-1, 11):
+        with pytest.raises(ConfigError) as info:
+            load_config([f"checkpoint.lossy.mantissa_bits={bad}"])
+        assert str(info.value) == f"checkpoint.lossy.mantissa_bits: must be 0 to 10 (got {bad})"
+        with pytest.raises(ValueError, match="mantissa_bits must be 0 to 10"):
+            LossyEncoder(3, "huffman", 0, lambda key: TENSORS, lambda size: BytesView(bytearray(size)), mantissa_bits=bad)
+
+
+def test_bucket_settings_are_not_added_up_over_files():
+    from dlio_ckpt.checkpoint.encoded import merge_stats
+
+    merged = merge_stats([{"bits": 8, "mantissa_bits": 4, "bytes_written": 10, "max_rel_error": 0.1},
+                          {"bits": 8, "mantissa_bits": 4, "bytes_written": 5, "max_rel_error": 0.3}])
+    assert merged == {"bits": 8, "mantissa_bits": 4, "bytes_written": 15, "max_rel_error": 0.3}
+
+
+@pytest.mark.parametrize("mantissa_bits", [0, 4, 10])
+def test_exponent_field_0_is_never_kept_in_any_sub_bucket(mantissa_bits):
+    """float64-subnormal deltas of either sign land in exponent field 0, in a sub-bucket other than
+    0 when their top mantissa bits are set: they still get index 0 (the element is unchanged), and
+    the other buckets are kept."""
+    tensors = (TensorSpec("w", 1000, 8, "model"),)
+    encoder = LossyEncoder(8, "huffman", 0, lambda key: tensors, lambda size: BytesView(bytearray(size)),
+                           mantissa_bits=mantissa_bits)
+    x = np.zeros(1000)
+    x[:10], x[10:20], x[20:30] = 2e-309, -1.5e-309, np.linspace(1.0, 3.0, 10)
+    assert np.frexp(x[:20])[1].max() < -1021  # subnormal
+    containers = []
+    for index, state in enumerate((np.zeros(1000), x)):
+        encoded = encoder.encode(index, "f", BytesView(bytearray(state.tobytes())))
+        containers.append(b"".join(bytes(piece) for piece in encoded.chunks(1 << 20)))
+    links = [ChainLink(i, len(c), lambda offset, n, d=c: memoryview(d)[offset : offset + n]) for i, c in enumerate(containers)]
+    out = bytearray(8000)
+    LossyDecoder().rebuild(links, BytesView(out))
+    restored = np.frombuffer(bytes(out), dtype="<f8")
+    assert np.all(restored[:20] == 0) and np.all(restored[30:] == 0)
+    assert np.all(np.abs(restored[20:30] - x[20:30]) <= 2.0 ** -(mantissa_bits + 1) * x[20:30] + 1e-15)
+    assert encoded.stats["kept_fraction"] == pytest.approx(10 / 1000)

@@ -60,7 +60,7 @@ def make_encoder(cfg: Any, files: tuple[PlannedFile, ...]) -> Any:
 
         lossy = cfg.lossy
         return LossyEncoder(lossy.bits, lossy.coder, lossy.full_every, tensors_of=tensors.__getitem__,
-                            scratch=lambda size: ScratchStore(size, cfg.state_dir))
+                            scratch=lambda size: ScratchStore(size, cfg.state_dir), mantissa_bits=lossy.mantissa_bits)
     return None
 
 
@@ -128,15 +128,19 @@ def tensor_chunks_of(view: Any, pf: PlannedFile, chunk_bytes: int) -> Callable[[
     return chunks
 
 
+SETTING_STATS = ("bits", "mantissa_bits")  # codec stats that echo a setting: never added up
+
+
 def merge_stats(stats: list[dict]) -> dict:
     """One rank's codec figures over its files: sizes and counts add up, errors and chain lengths
-    take the worst file, ratios are left to be recomputed from the sums (docs/metrics.md)."""
+    take the worst file, ratios are left to be recomputed from the sums (docs/metrics.md); settings
+    (lossy `bits`, `mantissa_bits`, like `coder`) are the first file's."""
     merged: dict[str, Any] = {}
     for one in stats:
         for key, value in (one or {}).items():
             if "ratio" in key:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or key in SETTING_STATS:
                 merged.setdefault(key, value)
             elif "error" in key or "bound" in key or key == "chain_length":
                 merged[key] = max(merged.get(key, value), value)

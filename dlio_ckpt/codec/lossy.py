@@ -5,9 +5,12 @@ delta_t = x_t - xr_{t-1}, where xr is the state a restore rebuilds (so quantisat
 corrected by the next delta instead of accumulating), quantised to n bits per element:
 
 1. bucket every delta element by its (sign, binary exponent): the sign and exponent field of the
-   float64 delta, which is frexp's (sign, exponent) for normal numbers; the two buckets of
-   exponent field 0 (exact zeros, and float64-subnormal deltas below 2.3e-308, which float16/32
-   tensors cannot produce) are never kept: index 0;
+   float64 delta (its top 12 bits, 4096 buckets), which is frexp's (sign, exponent) for normal
+   numbers; with `mantissa_bits` m > 0 (an opt-in refinement, not in the paper; 0 is the
+   default) also the top m bits of its mantissa, so that a bucket is 1/2^m of a binade (the top
+   12 + m bits, 4096 << m buckets); the buckets of exponent field 0 (exact zeros, and
+   float64-subnormal deltas below 2.3e-308, which float16/32 tensors cannot produce: both signs,
+   all 2^m sub-buckets) are never kept: index 0;
 2. a bucket's representative is the midpoint of its smallest and largest delta;
 3. priority promotion: the 2^bits - 1 buckets with the largest |representative| keep an index
    1..2^bits-1, every other element gets index 0 (it is not changed);
@@ -31,8 +34,11 @@ where min_b / max_b are the smallest / largest delta of bucket b at checkpoint t
 two terms cover rounding: the delta, the midpoint and the sum in float64, and the cast of the sum
 back into the tensor's dtype (for float16 tensors that cast dominates: about 1e-3 of M). The first
 term is reached: the extreme elements of the bucket it names are off by exactly that much.
-A kept bucket spans one binade [2^(e-1), 2^e), so its elements are off by less than half their
-own delta; more bits keep more buckets and only lower the dropped-bucket term.
+A kept bucket spans one binade [2^(e-1), 2^e) (1/2^m of it with mantissa_bits m), so its elements
+are off by less than half (2^-(m+1)) of their own delta; more bits keep more buckets and only
+lower the dropped-bucket term, more mantissa bits lower the kept-bucket term but split each binade
+into 2^m buckets, so the 2^bits - 1 kept ones cover fewer binades and the dropped term grows (on
+`sparse` at 8 bits the max error is least near m = 4; benchmarks/README.md).
 
 Float tensors are those of 2 (float16, the bfloat16 stand-in), 4 (float32) and 8 (float64) bytes
 per element; uint8 tensors, and a float tensor whose delta is not finite at some element, are
@@ -43,13 +49,20 @@ and gathers the bucket counts, minima and maxima; pass 2 reads them again, quant
 back into the xr store in place, hashes it, and appends the coded segment to a spool (a scratch
 store: zstd's size is not known up front, and the EncodedFile needs xr_t's digest before its first
 byte is written). A full container is not spooled: it streams from xr. Peak memory is a few
-segments (about a dozen float64 arrays of `segment_elems`: 70 MiB at the default), never a tensor.
+segments (about a dozen float64 arrays of `segment_elems`: 70 MiB at the default), never a tensor;
+pass 1's per-bucket tables (count, minimum, maximum) are dense while they fit DENSE_TABLE_BYTES
+(24 bytes x 4096 << m: 96 KiB at m = 0, 24 MiB at m = 8, plus each segment's bincount of 8 bytes
+x 4096 << m), and hold only the non-empty buckets
+beyond (m = 9, 10: np.unique per segment, merged); pass 2 looks indices up in a uint8 table of
+4096 << m entries.
 
 Container (little-endian; docs/checkpointing.md "Lossy checkpoints"):
 
     file header   FILE_HEADER (72 bytes): magic, version, kind (0 full, 1 delta), coder, bits,
-                  index, chain base index, previous index (-1 for a full one), logical size,
-                  tensor count, segment_elems, xxh3_128 of the reconstructed logical bytes
+                  mantissa_bits (a former padding byte: containers without it read as 0; the
+                  decoder needs neither, it applies representatives[index]), index, chain base
+                  index, previous index (-1 for a full one), logical size, tensor count,
+                  segment_elems, xxh3_128 of the reconstructed logical bytes
     per tensor    TENSOR_HEADER (32 bytes): mode (0 raw, 1 quantised), dtype bytes, symbols
                   (kept buckets + 1), fill symbol, lane, element count, body bytes; then the body:
       raw         the tensor's bytes
@@ -80,15 +93,16 @@ from dlio_ckpt.state.base import FileView, MutableFileView
 
 MAGIC = b"DLCKLOSY"
 VERSION = 1
-FILE_HEADER = struct.Struct("<8sHBBB3xqqqQII16s")
+FILE_HEADER = struct.Struct("<8sHBBBB2xqqqQII16s")
 TENSOR_HEADER = struct.Struct("<BBHHHIQQ4x")
 SEGMENT_HEADER = struct.Struct("<I")
 KIND_FULL, KIND_DELTA = 0, 1
 MODE_RAW, MODE_QUANTISED = 0, 1
 CODERS = ("huffman", "zstd")
 FLOAT_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4"), 8: np.dtype("<f8")}
-N_BUCKETS = 4096  # a bucket is the top 12 bits (sign, exponent field) of a float64 delta
-ZERO_EXPONENT = np.array([0, 2048])  # +-0 and float64 subnormals: never kept, always index 0
+N_BUCKETS = 4096  # mantissa_bits 0: a bucket is the top 12 bits (sign, exponent field) of a float64 delta
+MAX_MANTISSA_BITS = 10  # mantissa bits a bucket may add below the exponent (4096 << 10 buckets)
+DENSE_TABLE_BYTES = 32 << 20  # pass 1 keeps dense per-bucket tables up to this; beyond, only the non-empty buckets
 DEFAULT_SEGMENT_ELEMS = 1 << 20
 MAX_SEGMENT_ELEMS = 1 << 26  # what a container may ask a decoder to hold (float64 arrays of it)
 MAX_LANE = 1 << 16
@@ -143,11 +157,24 @@ def rounding_slack(dtype: np.dtype, largest: float) -> float:
     return float(np.spacing(dtype.type(largest))) + 3 * float(np.spacing(np.float64(largest)))
 
 
-def bucket_ids(delta: np.ndarray) -> np.ndarray:
-    """The (sign, exponent) bucket of each float64 delta element: its top 12 bits."""
-    ids = delta.view(np.int64) >> 52
-    ids &= 0xFFF
+def n_buckets(mantissa_bits: int) -> int:
+    """How many buckets `bucket_ids` can name: 2^(12 + mantissa_bits)."""
+    return N_BUCKETS << mantissa_bits
+
+
+def bucket_ids(delta: np.ndarray, mantissa_bits: int = 0) -> np.ndarray:
+    """The bucket of each float64 delta element: its top 12 + mantissa_bits bits, i.e. (sign,
+    exponent field) and, with mantissa_bits m > 0, the top m bits of the mantissa (1/2^m of a
+    binade)."""
+    ids = delta.view(np.int64) >> (52 - mantissa_bits)
+    ids &= n_buckets(mantissa_bits) - 1
     return ids
+
+
+def zero_exponent(ids: np.ndarray, mantissa_bits: int = 0) -> np.ndarray:
+    """Which bucket ids have exponent field 0 (+-0 and float64 subnormals, either sign, any of
+    the 2^m mantissa sub-buckets): never kept, always index 0."""
+    return (ids >> mantissa_bits) & 0x7FF == 0
 
 
 @dataclass
@@ -277,14 +304,18 @@ class LossyEncoder:
         scratch: Callable[[int], MutableFileView],
         segment_elems: int = DEFAULT_SEGMENT_ELEMS,
         lane: int = huffman.DEFAULT_LANE,
+        mantissa_bits: int = 0,
     ) -> None:
         if not 1 <= bits <= 8:
             raise ValueError(f"lossy bits must be 1 to 8 (got {bits})")
+        if not 0 <= mantissa_bits <= MAX_MANTISSA_BITS:
+            raise ValueError(f"lossy mantissa_bits must be 0 to {MAX_MANTISSA_BITS} (got {mantissa_bits})")
         if coder not in CODERS:
             raise ValueError(f"lossy coder must be one of {', '.join(CODERS)} (got {coder!r})")
         if not 1 <= segment_elems <= MAX_SEGMENT_ELEMS or not 1 <= lane <= MAX_LANE:
             raise ValueError(f"lossy segment_elems must be 1 to {MAX_SEGMENT_ELEMS} and lane 1 to {MAX_LANE}")
         self.bits = bits
+        self.mantissa_bits = mantissa_bits
         self.coder = coder
         self.full_every = full_every
         self.tensors_of = tensors_of
@@ -323,7 +354,7 @@ class LossyEncoder:
         kind = KIND_FULL if full else KIND_DELTA
         previous = chain.indices[-2] if len(chain.indices) > 1 else -1
         header = FILE_HEADER.pack(
-            MAGIC, VERSION, kind, CODERS.index(self.coder), self.bits, index, chain.indices[0], previous,
+            MAGIC, VERSION, kind, CODERS.index(self.coder), self.bits, self.mantissa_bits, index, chain.indices[0], previous,
             view.size, len(tensors), self.segment_elems, run.digest.digest(),
         )
         if full:
@@ -346,6 +377,7 @@ class LossyEncoder:
             "chain_length": len(chain.indices),
             "coder": self.coder,
             "bits": self.bits,
+            "mantissa_bits": self.mantissa_bits,
             "full": full,
         }
         return EncodedFile(
@@ -394,32 +426,80 @@ class _EncodeRun:
         previous = np.frombuffer(_read(self.xr, at, n * t.dtype_bytes, what + " (reconstructed state)"), dtype=dtype)
         return at, x, previous.astype(np.float64)
 
-    def _pass1(self, t: TensorSpec, offset: int, dtype: np.dtype) -> _Quantiser | None:
-        counts = np.zeros(N_BUCKETS, dtype=np.int64)
-        lo = np.full(N_BUCKETS, np.inf)
-        hi = np.full(N_BUCKETS, -np.inf)
+    def _deltas(self, t: TensorSpec, offset: int, dtype: np.dtype) -> Iterator[np.ndarray | None]:
+        """Pass 1's reads: each segment's float64 delta, or None (and stop) where one is not finite."""
         for start, n in _segments(t.numel, self.enc.segment_elems):
             _, x, previous = self._segment(t, offset, dtype, start, n)
             delta = x - previous
             if not np.isfinite(delta).all():
+                yield None
+                return
+            yield delta
+
+    def _dense_table(self, t: TensorSpec, offset: int, dtype: np.dtype):
+        """Every bucket's count, minimum and maximum delta in dense tables (n_buckets entries each);
+        then the non-empty ones: (bucket ids ascending, counts, minima, maxima), or None."""
+        m = self.enc.mantissa_bits
+        nb = n_buckets(m)
+        counts = np.zeros(nb, dtype=np.int64)
+        lo = np.full(nb, np.inf)
+        hi = np.full(nb, -np.inf)
+        for delta in self._deltas(t, offset, dtype):
+            if delta is None:
                 return None  # stored raw this time: LC's buckets need finite deltas
-            ids = bucket_ids(delta)
-            counts += np.bincount(ids, minlength=N_BUCKETS)
+            ids = bucket_ids(delta, m)
+            counts += np.bincount(ids, minlength=nb)
             np.minimum.at(lo, ids, delta)
             np.maximum.at(hi, ids, delta)
-        nonempty = np.setdiff1d(np.flatnonzero(counts), ZERO_EXPONENT)
-        mid = (lo[nonempty] + hi[nonempty]) / 2
+        ids = np.flatnonzero(counts)
+        return ids, counts[ids], lo[ids], hi[ids]
+
+    def _sparse_table(self, t: TensorSpec, offset: int, dtype: np.dtype):
+        """`_dense_table`'s result, holding only the non-empty buckets (for mantissa_bits whose
+        dense tables would pass DENSE_TABLE_BYTES): each segment's buckets by np.unique, merged
+        into the running ones."""
+        m = self.enc.mantissa_bits
+        ids, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        lo, hi = np.empty(0), np.empty(0)
+        for delta in self._deltas(t, offset, dtype):
+            if delta is None:
+                return None
+            seg_ids, where = np.unique(bucket_ids(delta, m), return_inverse=True)
+            seg_counts = np.bincount(where, minlength=len(seg_ids))
+            seg_lo, seg_hi = np.full(len(seg_ids), np.inf), np.full(len(seg_ids), -np.inf)
+            np.minimum.at(seg_lo, where, delta)
+            np.maximum.at(seg_hi, where, delta)
+            ids, where = np.unique(np.concatenate((ids, seg_ids)), return_inverse=True)
+            counts_before, lo_before, hi_before = counts, lo, hi
+            counts = np.zeros(len(ids), dtype=np.int64)
+            lo, hi = np.full(len(ids), np.inf), np.full(len(ids), -np.inf)
+            np.add.at(counts, where, np.concatenate((counts_before, seg_counts)))
+            np.minimum.at(lo, where, np.concatenate((lo_before, seg_lo)))
+            np.maximum.at(hi, where, np.concatenate((hi_before, seg_hi)))
+        return ids, counts, lo, hi
+
+    def _pass1(self, t: TensorSpec, offset: int, dtype: np.dtype) -> _Quantiser | None:
+        m = self.enc.mantissa_bits
+        table = self._dense_table if 24 * n_buckets(m) <= DENSE_TABLE_BYTES else self._sparse_table
+        found = table(t, offset, dtype)
+        if found is None:
+            return None
+        ids, counts, lo, hi = found
+        zero = zero_exponent(ids, m)
+        candidates = np.flatnonzero(~zero)  # positions in the table of the buckets that may be kept
+        nonempty = ids[candidates]
+        mid = (lo[candidates] + hi[candidates]) / 2
         order = np.lexsort((nonempty, -np.abs(mid)))
         keep = order[: (1 << self.enc.bits) - 1]
         dropped = order[len(keep):]
-        symbol_of_bucket = np.zeros(N_BUCKETS, dtype=np.uint8)
+        symbol_of_bucket = np.zeros(n_buckets(m), dtype=np.uint8)
         symbol_of_bucket[nonempty[keep]] = np.arange(1, len(keep) + 1)
         representatives = np.concatenate(([-0.0], mid[keep]))
-        symbol_counts = np.bincount(symbol_of_bucket, weights=counts, minlength=len(representatives)).astype(np.int64)
+        symbol_counts = np.bincount(symbol_of_bucket[ids], weights=counts, minlength=len(representatives)).astype(np.int64)
         used = np.flatnonzero(symbol_counts)
-        kept_b = nonempty[keep]
+        kept_b = candidates[keep]
         half = float(((hi[kept_b] - lo[kept_b]) / 2).max()) if len(keep) else 0.0
-        dropped_b = np.concatenate((nonempty[dropped], ZERO_EXPONENT[counts[ZERO_EXPONENT] > 0]))
+        dropped_b = np.concatenate((candidates[dropped], np.flatnonzero(zero)))
         lost = float(np.maximum(np.abs(lo[dropped_b]), np.abs(hi[dropped_b])).max()) if len(dropped_b) else 0.0
         return _Quantiser(
             symbol_of_bucket=symbol_of_bucket,
@@ -459,7 +539,7 @@ class _EncodeRun:
         largest = 0.0  # M of the error bound: max |x_t|, |xr_{t-1}|, |xr_t|
         for start, n in _segments(t.numel, self.enc.segment_elems):
             at, x, previous = self._segment(t, offset, dtype, start, n)
-            symbols = q.symbol_of_bucket[bucket_ids(x - previous)]
+            symbols = q.symbol_of_bucket[bucket_ids(x - previous, self.enc.mantissa_bits)]
             new = apply_delta(previous, symbols, q.representatives, dtype)
             if huff:
                 lane_bits, payload = huffman.encode(symbols, q.lengths, self.enc.lane)
@@ -522,7 +602,7 @@ class LossyDecoder:
         if link.size < FILE_HEADER.size:
             raise ValueError(f"{where}: container of {link.size} bytes is shorter than its header")
         header = FILE_HEADER.unpack(bytes(_read_link(link, 0, FILE_HEADER.size)))
-        magic, version, kind, coder, _bits, index, base, previous, size = header[:9]
+        magic, version, kind, coder, _bits, _mantissa_bits, index, base, previous, size = header[:10]
         if magic != MAGIC or version != VERSION:
             raise ValueError(f"{where}: not a lossy container (magic {magic!r}, version {version})")
         if coder >= len(CODERS):
@@ -544,7 +624,7 @@ class LossyDecoder:
     def _replay(self, link: ChainLink, header: tuple, out: MutableFileView) -> None:
         where = f"lossy checkpoint {link.index}"
         coder = CODERS[header[3]]
-        ntensors, segment_elems = header[9], header[10]
+        ntensors, segment_elems = header[10], header[11]
         if not 1 <= segment_elems <= MAX_SEGMENT_ELEMS:
             raise ValueError(f"{where}: segment size {segment_elems} outside 1 to {MAX_SEGMENT_ELEMS}")
         pos = FILE_HEADER.size

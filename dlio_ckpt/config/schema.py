@@ -212,9 +212,11 @@ class LossyOptions:
     bits: int  # 2^bits - 1 buckets kept by priority promotion
     coder: Literal["huffman", "zstd"]
     full_every: int  # every n-th checkpoint stores the state in full; 0: only the first
+    mantissa_bits: int  # 0: buckets are (sign, exponent) as published; m: also the top m mantissa bits
 
     def validate(self, key: str) -> None:
         require(1 <= self.bits <= 8, f"{key}bits: must be 1 to 8 (got {self.bits})")
+        require(0 <= self.mantissa_bits <= 10, f"{key}mantissa_bits: must be 0 to 10 (got {self.mantissa_bits})")
         require(self.full_every >= 0, f"{key}full_every: cannot be negative (got {self.full_every})")
 
 
