@@ -21,6 +21,9 @@ advances one training step between checkpoints, which is CheckFreq's per-iterati
     .venv/bin/python benchmarks/encodings.py                  # 256 MiB state, 4 checkpoints
     .venv/bin/python benchmarks/encodings.py --params 429496730 --only lossy-sgd-huffman,incremental-sparse \
         --checkpoints 2 --out encodings_4gib.json            # a 4 GiB shard: peak RSS while encoding
+    .venv/bin/python benchmarks/encodings.py --params 4793490 --checkpoints 3 --bits 8 \
+        --mantissa-bits 0,2,4,6,8 --only lossy-sparse-huffman --out lossy_mantissa.json
+                                                             # 64 MiB: checkpoint.lossy.mantissa_bits on sparse
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoints", type=int, default=4)
     p.add_argument("--fraction", type=float, default=0.01, help="sparse: fraction of units changed per step")
     p.add_argument("--bits", type=int, default=3, help="lossy: checkpoint.lossy.bits")
+    p.add_argument("--mantissa-bits", default="0",
+                   help="lossy: checkpoint.lossy.mantissa_bits; several, comma-separated: each lossy configuration once per value")
     p.add_argument("--leaf", default="256KiB", help="incremental: checkpoint.incremental.chunk_bytes")
     p.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
     p.add_argument("--dir", default=None, help="where to write (default: a temporary folder)")
@@ -74,14 +79,16 @@ def mib(nbytes: float) -> str:
     return f"{nbytes / MIB:.1f} MiB"
 
 
-def one_run(name: str, args: argparse.Namespace, work: Path) -> dict:
-    store, run_dir = work / f"store-{name}", work / f"run-{name}"
+def one_run(name: str, args: argparse.Namespace, work: Path, mantissa_bits: int = 0, label: str = "") -> dict:
+    label = label or name
+    store, run_dir = work / f"store-{label}", work / f"run-{label}"
     quarter = args.params // 4
     cmd = [tool("dlio_ckpt"), "mode=checkpoint", "progress=false", "model.kind=explicit", "model.model_size_bytes=0",
            f"model.layer_parameters=[{quarter},{quarter},{quarter},{args.params - 3 * quarter}]",
            f"model.optimization_groups=[{args.params}]", f"checkpoint.num_checkpoints_write={args.checkpoints}",
            f"checkpoint.num_checkpoints_read={args.checkpoints}", "checkpoint.keep_last=0",
            f"checkpoint.update_fraction={args.fraction}", f"checkpoint.lossy.bits={args.bits}",
+           f"checkpoint.lossy.mantissa_bits={mantissa_bits}",
            f"checkpoint.incremental.chunk_bytes={args.leaf}", f"checkpoint.state_dir={work}",
            f"storage.root={store}", f"hydra.run.dir={run_dir}", *CONFIGS[name]]
     _, wall = run(cmd, cwd=str(work), log=work / "commands.log")
@@ -91,7 +98,7 @@ def one_run(name: str, args: argparse.Namespace, work: Path) -> dict:
     later = rows[1:] or rows
     codec = [r.get("codec", {}) for r in later]
     result = {
-        "name": name, "overrides": CONFIGS[name], "wall_s": wall,
+        "name": label, "configuration": name, "overrides": CONFIGS[name], "mantissa_bits": mantissa_bits, "wall_s": wall,
         "logical_bytes": rows[0]["logical_bytes"],
         "bytes_written_total": sum(r["bytes_written"] for r in rows),
         "bytes_written_after_first_mean": sum(r["bytes_written"] for r in later) / len(later),
@@ -119,13 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)}", file=sys.stderr)
         return 2
+    mantissa = [int(m) for m in args.mantissa_bits.split(",")]
+    runs = []  # (configuration, mantissa_bits, label)
+    for name in names:
+        if name.startswith("lossy") and len(mantissa) > 1:
+            runs += [(name, m, f"{name}-m{m}") for m in mantissa]
+        else:
+            runs.append((name, mantissa[0] if name.startswith("lossy") else 0, name))
     results = []
     with Workdir(args.dir, args.keep, "dlio_ckpt_encodings_") as work:
         env = environment(str(work))
-        for name in names:
+        for name, m, label in runs:
             start = time.perf_counter()
-            results.append(one_run(name, args, work))
-            print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+            results.append(one_run(name, args, work, m, label))
+            print(f"{label}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     by_name = {r["name"]: r for r in results}
     rows = []
     for r in results:
@@ -150,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if baselines:
         print("\nincremental against the paper's baselines (mean per checkpoint after the first):")
         print(table(baselines, ["configuration", "tree (written)", "changed chunks only", "per-chunk list"]))
-    write_json(HERE / "results" / args.out, {"environment": env, "args": vars(args), "results": results})
+    write_json(HERE / "results" / args.out, {"environment": env, "command": " ".join(["benchmarks/encodings.py", *(sys.argv[1:] if argv is None else argv)]),
+                                             "args": vars(args), "results": results})
     return 0
 
 
