@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
+
+# Seconds a failing rank waits, its error line flushed, before MPI_Abort (World.abort).
+ABORT_GRACE_S = 0.3
 
 # Environment variables that MPI launchers set in every process they start.
 _LAUNCHER_VARIABLES = (
@@ -101,6 +105,10 @@ class World:
         sys.stdout.flush()
         sys.stderr.flush()
         if self.parallel:
+            # The launcher forwards this rank's stderr through a pipe it reads on its own time, and
+            # MPI_Abort kills the job at once: under load the one line said was lost (seen: exit 1,
+            # empty stderr). A short pause lets it reach the terminal before the job ends.
+            time.sleep(ABORT_GRACE_S)
             # MPICH adds its own "Abort(N) on node 0 ..." line to this rank's, which is out already
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
             self.comm.Abort(code)

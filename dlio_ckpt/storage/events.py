@@ -187,6 +187,11 @@ class EventRecorder:
         whose every read and write lands here). Thread-safe as `record`."""
         return self._events.extend
 
+    def path_table(self) -> dict[str, int]:
+        """The path -> index table, for a caller that looks a path up before calling `path_id`
+        (entries are only ever added, under the lock, so a hit is final)."""
+        return self._path_index
+
     def pending(self) -> int:
         """Numbers appended and not yet compacted (EVENT_FIELDS an event): a caller that appends
         through `extender` compacts when this reaches COMPACT_EVENTS * EVENT_FIELDS."""

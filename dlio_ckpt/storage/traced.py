@@ -14,7 +14,8 @@ from time import perf_counter
 from typing import Any
 
 from dlio_ckpt.storage.base import write_staged
-from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, event_code
+from dlio_ckpt.storage import events as _events
+from dlio_ckpt.storage.events import EVENT_FIELDS, OP_CODE, PHASE_CODE, EventRecorder, event_code
 
 # Op bits of an event code (events.event_code): a handle adds them to its phase and path bits.
 _OPEN, _CLOSE, _READ, _WRITE = (event_code(OP_CODE[op], 0, 0) for op in ("open", "close", "read", "write"))
@@ -164,7 +165,9 @@ class TracedFile(io.RawIOBase):
                 end = perf_counter()
                 code, extend, shift, recorder = self._trace
                 extend((code | _CLOSE, -1, 0, start - shift, end - shift))
-                recorder.compact()
+                # the recorder's list, against the threshold of EventRecorder.compact (which takes a lock)
+                if len(extend.__self__) >= _events.COMPACT_EVENTS * EVENT_FIELDS:
+                    recorder.compact()
             finally:
                 io.RawIOBase.close(self)
 
@@ -200,16 +203,19 @@ class TracedStorage:
     @cached_property
     def _constants(self) -> tuple:
         """What every handle of this view records with: the phase bits of an event code, the
-        recorder's extender and its clock shift (looked up once per view, not per open)."""
-        return event_code(0, PHASE_CODE[self.phase], 0), self.recorder.extender(), self.recorder.clock.shift
+        recorder's extender, its clock shift and its path -> index table, read without the lock
+        (a path not there yet goes through `path_id`, which takes it); looked up once per view."""
+        recorder = self.recorder
+        return event_code(0, PHASE_CODE[self.phase], 0), recorder.extender(), recorder.clock.shift, recorder.path_table()
 
     def _open(self, path: str, opener) -> TracedFile:
         start = perf_counter()
         inner = opener(path)
         end = perf_counter()
-        phase_bits, extend, shift = self._constants
+        phase_bits, extend, shift, paths = self._constants
         recorder = self.recorder
-        code = phase_bits | recorder.path_id(path)
+        index = paths.get(path)
+        code = phase_bits | (recorder.path_id(path) if index is None else index)
         extend((code | _OPEN, -1, 0, start - shift, end - shift))
         return TracedFile(inner, path, (code, extend, shift, recorder))
 
