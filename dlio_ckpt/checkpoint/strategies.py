@@ -146,10 +146,10 @@ class SingleWriterStrategy(SyncStrategy):
             if payload.encoding is not None:
                 self.encoded_here.append((pf.payload_bytes, payload.encode_s, payload.stats))
                 meta = json.dumps({"nbytes": payload.tensors[0].nbytes, "encoding": payload.encoding}).encode()
-                e.world.comm.Send(np.frombuffer(meta, dtype=np.uint8), dest=0, tag=GATHER_META_TAG)
+                e.world.send(np.frombuffer(meta, dtype=np.uint8), dest=0, tag=GATHER_META_TAG)
             for tensor in payload.tensors:
                 for number, piece in enumerate(payload.chunks(tensor)):
-                    e.world.comm.Send(piece, dest=0, tag=GATHER_TAG)
+                    e.world.send(piece, dest=0, tag=GATHER_TAG)
                     if number == 0:
                         fault_point(f"checkpoint-write:{step}", e.world.rank)
             fault_point(f"checkpoint-step:{step}", e.world.rank)
