@@ -18,6 +18,15 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _LAP_SHIFT = 4097  # odd, and not a multiple of any block size
 
 
+def random_bytes(seed: int, nbytes: int) -> np.ndarray:
+    """`default_rng(seed).integers(0, 256, nbytes, dtype=uint8)`, the pool's contents since the
+    first release, taken straight from the generator's 64-bit outputs (little-endian), which is
+    what numpy's full-range uint8 draw returns byte for byte, at about 3x the speed (a test holds
+    the two equal, so a numpy that changed either would be caught)."""
+    words = np.random.default_rng(seed).bit_generator.random_raw(-(-nbytes // 8))
+    return words.astype("<u8", copy=False).view(np.uint8)[:nbytes]
+
+
 @dataclass(frozen=True)
 class ByteSource:
     """Deterministic item contents: `chunks(key, n)` yields n bytes for item `key`."""
@@ -32,8 +41,9 @@ class ByteSource:
             pool = np.zeros(min(self.pool_bytes, 4 << 20), dtype=np.uint8)
         else:
             # Twice the pool, so any window of up to pool_bytes is one contiguous slice.
-            half = np.random.default_rng(self.seed).integers(0, 256, self.pool_bytes, dtype=np.uint8)
-            pool = np.concatenate([half, half])
+            pool = np.empty(2 * self.pool_bytes, dtype=np.uint8)
+            pool[: self.pool_bytes] = random_bytes(self.seed, self.pool_bytes)
+            pool[self.pool_bytes :] = pool[: self.pool_bytes]
         object.__setattr__(self, "_pool", pool)
 
     @property

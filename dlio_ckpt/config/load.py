@@ -490,9 +490,12 @@ def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
         every = max(1, scale.max_steps // max(scale.max_checkpoints, 1))
         ck_changes["steps_between_checkpoints"] = min(ck.steps_between_checkpoints, every)
     checkpoint = dataclasses.replace(ck, **ck_changes)
+    # A tiny run's dataset and checkpoints are a few MiB: a 64 MiB pool of random bytes (filled at
+    # start-up, twice, by the dataset and the checkpoint engine) cost more than the run itself.
+    generate = dataclasses.replace(config.generate, **cap(config.generate, "generate", pool_bytes=scale.max_pool_bytes))
 
     return dataclasses.replace(config, dataset=dataset, train=train, reader=reader, evaluation=evaluation,
-                               model=model, checkpoint=checkpoint)
+                               model=model, checkpoint=checkpoint, generate=generate)
 
 
 def explicit_checkpoint_bytes(model: Any) -> int:

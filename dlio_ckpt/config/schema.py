@@ -349,6 +349,7 @@ class ScaleConfig:
     max_checkpoints: int
     max_batch_size: int
     max_checkpoint_sleep_s: float
+    max_pool_bytes: Bytes  # generate.pool_bytes: the random pool is filled at start-up, ~0.3 s per 64 MiB here
 
 
 @dataclass(frozen=True)
