@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_fork import run_forked
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -22,10 +24,12 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(args: list[str], cwd: Path, mpi_ranks: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `dlio_ckpt ARGS` (under `mpirun -n N` when mpi_ranks > 0) and capture its output."""
+    """Run `dlio_ckpt ARGS` (under `mpirun -n N` when mpi_ranks > 0) and capture its output; a
+    serial run is forked from a process that has the package imported already (cli_fork.py)."""
     command = [str(BIN / "dlio_ckpt"), *args]
-    if mpi_ranks:
-        command = [str(BIN / "mpirun"), "-n", str(mpi_ranks), *command]
+    if not mpi_ranks:
+        return run_forked(command, cwd, cli_env(), timeout)
+    command = [str(BIN / "mpirun"), "-n", str(mpi_ranks), *command]
     return subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_util import SMALL_MODEL
+from cli_fork import run_forked
 from conftest import BIN, cli_env
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.config.space import FREE_BYTES_VARIABLE, check_free_space
@@ -72,8 +73,9 @@ def run(workdir: Path, args: list[str], env_extra: dict[str, str], ranks: int = 
     env.update(env_extra)
     command = [str(BIN / "dlio_ckpt"), "workload=unet3d", *SMALL_MODEL, *DATASET, "progress=false",
                f"storage.root={workdir / 'store'}", f"hydra.run.dir={workdir / 'run'}", *args]
-    if ranks:
-        command = [str(BIN / "mpirun"), "-n", str(ranks), *command]
+    if not ranks:
+        return run_forked(command, workdir / "cwd", env, 120)
+    command = [str(BIN / "mpirun"), "-n", str(ranks), *command]
     return subprocess.run(command, cwd=workdir / "cwd", env=env, capture_output=True, text=True, timeout=120)
 
 

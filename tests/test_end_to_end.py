@@ -302,7 +302,7 @@ def test_every_workload_runs_at_tiny_scale(workdir):
 
     names = [w for w in workload_names() if w != "replay"]
     sweep = workdir / "sweep"
-    run_ok(["-m", f"workload={','.join(names)}", "scale=tiny", "progress=false", "checkpoint.drop_caches=false",
+    run_ok(["-m", f"workload={','.join(names)}", "scale=tiny", "train.epochs=1", "progress=false", "checkpoint.drop_caches=false",
             f"storage.root={workdir / 'store'}", f"hydra.sweep.dir={sweep}"], workdir / "cwd")
     with open(sweep / "sweep_summary.csv") as table:
         rows = list(csv.DictReader(table))

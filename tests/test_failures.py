@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_util import SMALL_MODEL, make_ctx
+from cli_fork import run_forked
 from conftest import BIN, cli_env, run_cli
 from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.errors import RunFailure
@@ -33,8 +34,9 @@ def run_with_fault(workdir: Path, fault: str, extra: list[str], ranks: int = 2) 
     env[VARIABLE] = fault
     command = [str(BIN / "dlio_ckpt"), *CHECKPOINT_RUN, *extra, f"storage.root={workdir / 'store'}",
                f"hydra.run.dir={workdir / 'run'}"]
-    if ranks:
-        command = [str(BIN / "mpirun"), "-n", str(ranks), *command]
+    if not ranks:
+        return run_forked(command, workdir / "cwd", env, HANG)
+    command = [str(BIN / "mpirun"), "-n", str(ranks), *command]
     return subprocess.run(command, cwd=workdir / "cwd", env=env, capture_output=True, text=True, timeout=HANG)
 
 

@@ -1,0 +1,65 @@
+"""Serial CLI runs forked from a process that has already imported dlio_ckpt.
+
+A serial end-to-end test used to start `dlio_ckpt` as a new interpreter, which spent about 0.3 s
+of each run's second importing numpy, Hydra, OmegaConf and the package before doing anything the
+test looks at; with a couple of hundred runs that was a large share of the suite's time. Here a
+multiprocessing forkserver (single-threaded, started once per test worker) imports them once, and
+each run is a fork of it that calls the same `dlio_ckpt.cli.main` the console script calls, with
+the run's own working folder, environment, argv and stdout/stderr files, and ends with its exit
+code. Nothing a run does reaches the test process: it is a separate process, as before.
+
+Runs under mpirun, and tests that need a real executable (signals, the console script itself),
+still start the installed command.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# What the forkserver imports before forking runs: the command's start-up cost.
+PRELOAD = ["numpy", "omegaconf", "hydra.compose", "dlio_ckpt.cli", "dlio_ckpt.config.load", "dlio_ckpt.engine.run"]
+
+
+@functools.lru_cache(maxsize=None)
+def _context() -> multiprocessing.context.ForkServerContext:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
+def _run(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """The forked run: the console script's view of the world, then the command."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.argv = list(argv)
+    from dlio_ckpt.cli import main
+
+    sys.exit(main(argv[1:]))
+
+
+def run_forked(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Run the command `argv` (argv[0] the console script) like subprocess.run(capture_output=True, text=True)."""
+    with tempfile.TemporaryDirectory(prefix="dlio-cli-") as folder:
+        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        for path in (out, err):  # there to read even if the run dies before it opens them
+            open(path, "w").close()
+        process = _context().Process(target=_run, args=(argv, str(cwd), env, out, err))
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(argv, timeout)
+        with open(out, errors="replace") as stdout, open(err, errors="replace") as stderr:
+            return subprocess.CompletedProcess(argv, process.exitcode, stdout.read(), stderr.read())
