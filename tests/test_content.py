@@ -37,3 +37,17 @@ def test_contents_do_not_depend_on_the_chunk_size_and_are_reproducible():
 def test_zeros_for_comparison():
     data = collect(ByteSource(seed=1, pool_bytes=1 << 20, zeros=True), 4, 9 << 20, 8 << 20)
     assert len(data) == 9 << 20 and not data.any()
+
+
+def test_the_pool_holds_the_bytes_of_numpys_full_range_uint8_draw():
+    """The pool's contents since the first release: a faster draw must not change them (datasets
+    and checkpoints written earlier are verified against them)."""
+    from dlio_ckpt.content import random_bytes
+
+    for seed, nbytes in ((0, 1), (7, 13), (12345, (1 << 20) + 5)):
+        expected = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+        assert np.array_equal(random_bytes(seed, nbytes), expected)
+    source = ByteSource(seed=3, pool_bytes=1 << 20)
+    expected = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+    assert np.array_equal(source.array(0, 0), expected[:0])
+    assert np.array_equal(source._pool, np.concatenate([expected, expected]))
