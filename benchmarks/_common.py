@@ -94,6 +94,24 @@ def run(cmd: Sequence[str], *, cwd: str | None = None, env: dict | None = None, 
     return proc, wall
 
 
+# Seconds to wait, after deleting one tool's files and a sync, before the other tool writes.
+# This VM's balloon driver reports freed pages to the host (virtio-balloon free page reporting),
+# which discards them, so a page freed seconds ago costs a host-side fault when it is next written.
+# Measured here (benchmarks/README.md, issue 14): 768 MiB of 4 MiB pwrites with fsync ran at
+# ~1,350 MiB/s right after 1.5 GiB of files were deleted, ~830 after 1 s, 370-600 after 2-8 s.
+# fio starts within ~50 ms of the previous run's clean-up, dlio_ckpt after ~1-2 s of interpreter
+# and mpirun start-up, so without an equal pause fio wrote into warm pages and dlio_ckpt into cold
+# ones, and the ratio measured the balloon, not the emulator.
+SETTLE_S = 10.0
+
+
+def settle(pause_s: float = SETTLE_S) -> None:
+    """Flush what the previous run left (deletions, discards), then wait until freed pages have
+    been reported to the host, so each tool starts writing in the same state (SETTLE_S)."""
+    os.sync()
+    time.sleep(pause_s)
+
+
 def load_json(path: Path) -> Any:
     with open(path) as f:
         return json.load(f)

@@ -29,8 +29,12 @@ How the two are matched:
   write path; `--checksum none` isolates it.
 
 Runs alternate dlio_ckpt and fio (and which goes first) on a shared machine, after one untimed
-warm-up round; the table shows medians over --repeats and the ratio of medians. Files are deleted after each run, then `sync`,
-so one tool's writeback and discards do not land in the other's timing.
+warm-up round; the table shows medians over --repeats and the ratio of medians. Files are deleted
+after each run, then `sync` and a pause of --pause seconds (default 10), the same before every
+run of either tool: one tool's writeback and discards must not land in the other's timing, and on
+this VM pages freed by the clean-up stay cheap to write for about a second (until the balloon
+driver reports them to the host), which favoured fio, starting within milliseconds, over
+dlio_ckpt, starting after a second or two of interpreter and mpirun start-up (_common.SETTLE_S).
 
     .venv/bin/python benchmarks/checkpoint_vs_fio.py --quick
     .venv/bin/python benchmarks/checkpoint_vs_fio.py                 # 2 ranks, 1 GiB, 3 writes x 3 repeats
@@ -40,16 +44,14 @@ so one tool's writeback and discards do not land in the other's timing.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (GIB, MIB, Workdir, environment, fio_size, human, load_json, median, parse_size,  # noqa: E402
-                     ratio, run, table, tool, write_json)
+from _common import (GIB, MIB, SETTLE_S, Workdir, environment, fio_size, human, load_json, median,  # noqa: E402
+                     parse_size, ratio, run, settle, table, tool, write_json)
 
 HERE = Path(__file__).resolve().parent
 
@@ -66,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checksum", default="", help="checkpoint.checksum (default: dlio_ckpt's own, xxh3_128)")
     p.add_argument("--zero-stage", type=int, default=3, help="model.parallelism.zero_stage (3: every rank writes)")
     p.add_argument("--direct", action="store_true", help="O_DIRECT: storage.direct_io=true and fio --direct=1")
+    p.add_argument("--pause", type=float, default=SETTLE_S,
+                   help=f"seconds after each run's clean-up and sync before the next run (default {SETTLE_S:g}; see _common.SETTLE_S)")
     p.add_argument("--tmp", default=None, help="parent folder for the data (default: the system temp folder)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (checkpoints are still deleted after each run)")
     p.add_argument("--out", default=str(HERE / "results" / "checkpoint_vs_fio.json"), help="JSON results path")
@@ -101,12 +105,6 @@ def dlio_cmd(args: argparse.Namespace, o: list[str]) -> list[str]:
     return [tool("dlio_ckpt"), *o]
 
 
-def settle() -> None:
-    """Flush what the previous run left (deletions, discards) before the next one starts."""
-    os.sync()
-    time.sleep(0.5)
-
-
 def run_dlio(args, work: Path, i: int, log: Path) -> dict:
     run_dir = work / "runs" / f"dlio-{i}"
     root = work / "dlio"
@@ -129,7 +127,7 @@ def run_dlio(args, work: Path, i: int, log: Path) -> dict:
     }
     shutil.rmtree(root, ignore_errors=True)
     shutil.rmtree(run_dir, ignore_errors=True)
-    settle()
+    settle(args.pause)
     return result
 
 
@@ -162,7 +160,7 @@ def run_fio(args, work: Path, i: int, sizes: list[int], log: Path) -> dict:
         out.unlink()
     # Kept until all W are written, as dlio_ckpt keeps its W checkpoints (keep_last=0) in one run.
     shutil.rmtree(work / "fio")
-    settle()
+    settle(args.pause)
     mean_runtime = sum(runtimes) / len(runtimes)
     # As dlio_ckpt's write_gib_per_s_min_rank: per job, its bytes / its mean time over the W writes; then the minimum.
     per_job_mean = [sum(r[j] for r in job_runtimes) / len(job_runtimes) for j in range(len(sizes))]
@@ -202,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in range(args.warmup):
             run_fio(args, work, -1 - w, sizes, log)
         dl, fi = [], []
-        settle()
+        settle(args.pause)
         for i in range(args.repeats):
             order = ("dlio", "fio") if i % 2 == 0 else ("fio", "dlio")
             for which in order:

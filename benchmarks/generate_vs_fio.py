@@ -13,7 +13,12 @@ How the two are matched:
   time, without start-up) vs fio's bandwidth (io_bytes / runtime).
 
 Runs alternate (and swap which goes first) so noise on a shared machine falls on both; the table
-shows medians, the ratio of medians and the per-pair ratios (the spread).
+shows medians, the ratio of medians and the per-pair ratios (the spread). Every run, of either
+tool, starts after the previous run's files are deleted, a `sync` and a pause of --pause seconds
+(default 10): on this VM pages freed by a deletion stay cheap to write for about a second, until
+the balloon driver reports them to the host, and fio starts within milliseconds while dlio_ckpt
+takes a second or two to start, so without the pause fio wrote into warm pages and dlio_ckpt into
+cold ones (_common.SETTLE_S).
 
     .venv/bin/python benchmarks/generate_vs_fio.py --quick
     .venv/bin/python benchmarks/generate_vs_fio.py --files 48 --file-size 32MiB --repeats 5
@@ -28,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (MIB, Workdir, environment, fio_size, human, load_json, median, parse_size,  # noqa: E402
-                     ratio, run, table, tool, write_json)
+from _common import (MIB, SETTLE_S, Workdir, environment, fio_size, human, load_json, median,  # noqa: E402
+                     parse_size, ratio, run, settle, table, tool, write_json)
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--file-size", default="32MiB")
     p.add_argument("--bs", default="4MiB", help="generate.write_chunk_bytes and fio --bs (default 4MiB)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--pause", type=float, default=SETTLE_S,
+                   help=f"seconds after each run's clean-up and sync before the next run (default {SETTLE_S:g}; see _common.SETTLE_S)")
     p.add_argument("--tmp", default=None)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--out", default=str(HERE / "results" / "generate_vs_fio.json"))
@@ -63,6 +70,8 @@ def run_dlio(args, work: Path, i: int, log: Path) -> dict:
     dataset = load_json(run_dir / "summary.json")["dataset"]
     written = args.files * args.file_bytes
     shutil.rmtree(root)
+    shutil.rmtree(run_dir)
+    settle(args.pause)
     return {"seconds": dataset["generate_s"], "mib_per_s": written / MIB / dataset["generate_s"], "wall_s": wall,
             "bytes_written": dataset.get("generate_bytes_written")}
 
@@ -79,6 +88,7 @@ def run_fio(args, work: Path, i: int, log: Path) -> dict:
         sys.exit(f"fio failed; see {log}")
     job = load_json(out)["jobs"][0]["write"]
     shutil.rmtree(folder)
+    settle(args.pause)
     return {"seconds": job["runtime"] / 1000, "mib_per_s": job["io_bytes"] / MIB / (job["runtime"] / 1000), "wall_s": wall,
             "bytes_written": job["io_bytes"]}
 
@@ -92,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         log = work / "log.txt"
         env = environment(str(work))
         print(f"{args.files} x {human(args.file_bytes)} raw files, {human(args.bs_bytes)} per write, fsync per file; "
-              f"{args.repeats} alternating rounds", flush=True)
+              f"{args.repeats} alternating rounds, {args.pause:g} s pause before each run", flush=True)
+        settle(args.pause)
         for i in range(args.repeats):
             for who in (("dlio", "fio") if i % 2 == 0 else ("fio", "dlio")):
                 if who == "dlio":
