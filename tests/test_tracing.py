@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -201,3 +202,35 @@ def test_offsets_and_lengths_beyond_float_precision_stay_exact_through_compactio
     assert [events_module.PHASES[c] for c in events["phase"]] == ["checkpoint"] * 10 + ["restore"]
     assert events["start"].tolist() == [0.5 * i for i in range(10)] + [6.0]
     assert recorder.bytes_written == {"checkpoint": sum(huge + 2 * i for i in range(10))}
+
+
+@pytest.mark.parametrize("huge_offset", [False, True])
+def test_traced_handles_times_land_on_the_job_clock_through_compaction(tmp_path, monkeypatch, huge_offset):
+    """Handles append perf_counter readings (RAW_TIMES) and the recorder takes the clock's shift
+    off when it converts them, on the float64 path and on the exact one, next to events that
+    `record` appended on the job clock already."""
+    monkeypatch.setattr(events_module, "COMPACT_EVENTS", 3)
+    clock = JobClock.start(job_start_wall=time.time() - 100.0)  # a job that started 100 s ago
+    recorder = EventRecorder(rank=0, clock=clock)
+    storage = TracedStorage(PosixStorage(), recorder).with_phase("train")
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(4096 * 4))
+    before = clock.now()
+    handle = storage.open_read(str(path))
+    buffer = bytearray(4096)
+    for block in range(4):
+        handle.read_at_into(buffer, block * 4096)
+    handle.close()  # six events: compacted into a chunk
+    again = storage.open_read(str(path))  # one more in the list, beside a `record`ed one
+    after = clock.now()
+    offset = (1 << 53) + 1 if huge_offset else 5
+    recorder.record("write", "checkpoint", "/elsewhere", offset, 10, 1.25, 1.5)
+    events = recorder.array()
+    assert len(recorder._chunks) == 1 and len(events) == 8  # a chunk, and a tail of two
+    again.close()
+    traced, recorded = events[:-1], events[-1]
+    assert [events_module.OPS[c] for c in traced["op"]] == ["open", "read", "read", "read", "read", "close", "open"]
+    assert set(traced["phase"].tolist()) == {events_module.PHASE_CODE["train"]} and set(traced["file"].tolist()) == {0}
+    assert before <= traced["start"].min() and traced["end"].max() <= after and after > 100.0
+    assert (traced["start"] <= traced["end"]).all()
+    assert (recorded["op"], recorded["offset"], recorded["start"], recorded["end"]) == (OP_CODE["write"], offset, 1.25, 1.5)

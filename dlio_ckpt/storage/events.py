@@ -5,7 +5,8 @@ While a rank runs, an event is five numbers appended to one flat list in a singl
 length, start and end. Every COMPACT_EVENTS events they are moved into a numpy chunk (small in
 memory) and joined into one structured array when the run ends. Times are seconds since the job
 started, on a clock that all ranks share (`JobClock`), so events of different ranks can be put on
-one timeline.
+one timeline (traced handles append raw perf_counter readings, flagged RAW_TIMES in the code, and
+the recorder moves them onto that clock as it converts them).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ COMPACT_EVENTS = 1 << 16
 # traced handle computes it once per op and the hot path appends five numbers.
 EVENT_FIELDS = 5
 _OP_SHIFT, _PHASE_SHIFT, _FILE_MASK = 40, 32, 0xFFFFFFFF
+# A code with this bit carries times as time.perf_counter() read them: the traced handles append
+# them so, saving two subtractions per event on the hot path, and the recorder puts them on the
+# job clock (minus JobClock.shift, the same float64 subtraction) when it converts them.
+RAW_TIMES = 1 << 48
 # Below this a float64 holds every integer exactly (8 PiB): offsets and lengths convert through
 # float64 (one fast numpy call for the whole chunk) and fall back to an exact integer path above.
 _EXACT_IN_FLOAT = 1 << 53
@@ -45,23 +50,32 @@ def event_code(op: int, phase: int, file: int) -> int:
     return op << _OP_SHIFT | phase << _PHASE_SHIFT | file
 
 
-def numbers_of(flat: list, count: int) -> np.ndarray:
+def numbers_of(flat: list, count: int, shift: float = 0.0) -> np.ndarray:
     """The first `count` numbers of a flat event list (EVENT_FIELDS per event) as one float64
     array of shape (events, EVENT_FIELDS): what the recorder keeps per chunk (40 bytes an
     event), one C loop over the list (about 5x cheaper than numpy parsing a tuple per event, and
-    no copy of the list). Integers below 2^53 survive float64 exactly; a chunk holding a larger
-    offset or length is converted exactly instead (`events_of` then takes it as it is)."""
+    no copy of the list). Events whose code carries RAW_TIMES get `shift` (the clock's) taken
+    off their times and the flag cleared. Integers below 2^53 survive float64 exactly; a chunk
+    holding a larger offset or length is converted exactly instead (`events_of` then takes it
+    as it is)."""
     values = np.fromiter(flat, dtype=np.float64, count=count).reshape(-1, EVENT_FIELDS)
     integers = values[:, 1:3]
     if len(values) and (integers.max() >= _EXACT_IN_FLOAT or integers.min() <= -_EXACT_IN_FLOAT):
-        return _exact_events(flat[:count])
+        return _exact_events(flat[:count], shift)
+    raw = values[:, 0] >= RAW_TIMES
+    if raw.any():
+        values[raw, 0] -= RAW_TIMES
+        values[raw, 3:5] -= shift
     return values
 
 
-def _exact_events(flat: list) -> np.ndarray:
+def _exact_events(flat: list, shift: float) -> np.ndarray:
     rows = [flat[i : i + EVENT_FIELDS] for i in range(0, len(flat), EVENT_FIELDS)]
     integers = np.array([row[:3] for row in rows], dtype=np.int64).reshape(-1, 3)
     times = np.array([row[3:] for row in rows], dtype=np.float64).reshape(-1, 2)
+    raw = integers[:, 0] >= RAW_TIMES
+    integers[raw, 0] -= RAW_TIMES
+    times[raw] -= shift
     return _structured(integers[:, 0], integers[:, 1], integers[:, 2], times[:, 0], times[:, 1])
 
 
@@ -124,7 +138,8 @@ class JobClock:
 
     @property
     def shift(self) -> float:
-        """now() is time.perf_counter() - shift: hot paths subtract this one number."""
+        """now() is time.perf_counter() - shift: the recorder subtracts this one number from the
+        perf_counter readings that traced handles append (RAW_TIMES)."""
         return self.perf_origin - (self.wall_origin - self.job_start_wall)
 
     def from_wall(self, wall: float) -> float:
@@ -178,13 +193,14 @@ class EventRecorder:
         with self._chunk_lock:
             count = len(self._events)  # whole events: each is one atomic extend of EVENT_FIELDS
             if count >= COMPACT_EVENTS * EVENT_FIELDS:
-                self._chunks.append(numbers_of(self._events, count))
+                self._chunks.append(numbers_of(self._events, count, self.clock.shift))
                 del self._events[:count]
 
     def extender(self):
-        """Append one event as `extend((event_code(op, phase, path id), offset, length, start, end))`:
-        what `record` does, for a caller that computed the code once (the traced file handle,
-        whose every read and write lands here). Thread-safe as `record`."""
+        """Append one event as `extend((event_code(op, phase, path id) | RAW_TIMES, offset, length,
+        start, end))` with start and end as time.perf_counter() read them: what `record` does,
+        for a caller that computed the code once (the traced file handle, whose every read and
+        write lands here). Thread-safe as `record`."""
         return self._events.extend
 
     def path_table(self) -> dict[str, int]:
@@ -216,7 +232,7 @@ class EventRecorder:
         with self._chunk_lock:
             chunks = list(self._chunks)
             events = list(self._events)  # a snapshot: other threads may still be appending
-        tail = events_of(numbers_of(events, len(events)))
+        tail = events_of(numbers_of(events, len(events), self.clock.shift))
         return np.concatenate([*map(events_of, chunks), tail]) if chunks else tail
 
     def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dlio_ckpt.storage.base import write_staged
 from dlio_ckpt.storage import events as _events
-from dlio_ckpt.storage.events import EVENT_FIELDS, OP_CODE, PHASE_CODE, EventRecorder, event_code
+from dlio_ckpt.storage.events import EVENT_FIELDS, OP_CODE, PHASE_CODE, RAW_TIMES, EventRecorder, event_code
 
 # Op bits of an event code (events.event_code): a handle adds them to its phase and path bits.
 _OPEN, _CLOSE, _READ, _WRITE = (event_code(OP_CODE[op], 0, 0) for op in ("open", "close", "read", "write"))
@@ -30,8 +30,9 @@ class TracedFile(io.RawIOBase):
     than the read (benchmarks/tracing_overhead.py)."""
 
     def __init__(self, inner: Any, path: str, trace: tuple) -> None:
-        """`trace`: (code, extend, shift, recorder): the phase and path bits of every event of
-        this handle (op bits 0), the recorder's extender, its clock shift, and the recorder
+        """`trace`: (code, extend, recorder): the phase and path bits of every event of this handle
+        (op bits 0, and RAW_TIMES: its times are perf_counter readings, put on the job clock when
+        the recorder compacts them), the recorder's extender, and the recorder
         (TracedStorage looks them up once per view). One attribute, not four, and no
         io.RawIOBase.__init__ (it does nothing): a handle is made per file opened."""
         self._inner = inner
@@ -45,8 +46,8 @@ class TracedFile(io.RawIOBase):
         start = perf_counter()
         count = self._inner.read_at_into(buffer, offset)
         end = perf_counter()
-        code, extend, shift, _ = self._trace
-        extend((code | _READ, offset, getattr(self._inner, "last_moved", count), start - shift, end - shift))
+        code, extend, _ = self._trace
+        extend((code | _READ, offset, getattr(self._inner, "last_moved", count), start, end))
         self.read_at_into = self._second_read_at_into
         return count
 
@@ -62,7 +63,7 @@ class TracedFile(io.RawIOBase):
         times just it; otherwise it calls the inner read_at_into and records `last_moved`, what
         the system call moved (whole blocks under O_DIRECT), which can exceed what it returns."""
         inner = self._inner
-        code, extend, shift, _ = self._trace
+        code, extend, _ = self._trace
         code |= _READ
         call = getattr(inner, "pread_call", None)
         direct_call = call() if call is not None else None
@@ -74,7 +75,7 @@ class TracedFile(io.RawIOBase):
                 start = perf_counter()
                 count = preadv(fd, [buffer], offset)
                 end = perf_counter()
-                extend((code, offset, count, start - shift, end - shift))
+                extend((code, offset, count, start, end))
                 return count
         else:
             inner_read = inner.read_at_into
@@ -83,7 +84,7 @@ class TracedFile(io.RawIOBase):
                 start = perf_counter()
                 count = inner_read(buffer, offset)
                 end = perf_counter()
-                extend((code, offset, inner.last_moved, start - shift, end - shift))
+                extend((code, offset, inner.last_moved, start, end))
                 return count
 
         return read_at_into
@@ -120,8 +121,8 @@ class TracedFile(io.RawIOBase):
                 length = result if isinstance(result, int) else len(result)
         else:
             length = result if isinstance(result, int) else len(result) if result is not None else 0
-        code, extend, shift, _ = self._trace
-        extend((code | event_code(OP_CODE[op], 0, 0), offset, length, start - shift, end - shift))
+        code, extend, _ = self._trace
+        extend((code | event_code(OP_CODE[op], 0, 0), offset, length, start, end))
         return result
 
     def read(self, size: int = -1) -> bytes:
@@ -144,8 +145,8 @@ class TracedFile(io.RawIOBase):
         start = perf_counter()
         count = self._inner.write_at(data, offset)
         end = perf_counter()
-        code, extend, shift, _ = self._trace
-        extend((code | _WRITE, offset, count, start - shift, end - shift))
+        code, extend, _ = self._trace
+        extend((code | _WRITE, offset, count, start, end))
         return count
 
     def truncate(self, size: int | None = None) -> int:
@@ -163,8 +164,8 @@ class TracedFile(io.RawIOBase):
                 start = perf_counter()
                 self._inner.close()
                 end = perf_counter()
-                code, extend, shift, recorder = self._trace
-                extend((code | _CLOSE, -1, 0, start - shift, end - shift))
+                code, extend, recorder = self._trace
+                extend((code | _CLOSE, -1, 0, start, end))
                 # the recorder's list, against the threshold of EventRecorder.compact (which takes a lock)
                 if len(extend.__self__) >= _events.COMPACT_EVENTS * EVENT_FIELDS:
                     recorder.compact()
@@ -203,21 +204,22 @@ class TracedStorage:
     @cached_property
     def _constants(self) -> tuple:
         """What every handle of this view records with: the phase bits of an event code, the
-        recorder's extender, its clock shift and its path -> index table, read without the lock
-        (a path not there yet goes through `path_id`, which takes it); looked up once per view."""
+        recorder's extender and its path -> index table, read without the lock (a path not there
+        yet goes through `path_id`, which takes it); looked up once per view. The phase bits carry
+        RAW_TIMES: handles append perf_counter readings as they are (no subtraction per event)."""
         recorder = self.recorder
-        return event_code(0, PHASE_CODE[self.phase], 0), recorder.extender(), recorder.clock.shift, recorder.path_table()
+        return event_code(0, PHASE_CODE[self.phase], 0) | RAW_TIMES, recorder.extender(), recorder.path_table()
 
     def _open(self, path: str, opener) -> TracedFile:
         start = perf_counter()
         inner = opener(path)
         end = perf_counter()
-        phase_bits, extend, shift, paths = self._constants
+        phase_bits, extend, paths = self._constants
         recorder = self.recorder
         index = paths.get(path)
         code = phase_bits | (recorder.path_id(path) if index is None else index)
-        extend((code | _OPEN, -1, 0, start - shift, end - shift))
-        return TracedFile(inner, path, (code, extend, shift, recorder))
+        extend((code | _OPEN, -1, 0, start, end))
+        return TracedFile(inner, path, (code, extend, recorder))
 
     def open_read(self, path: str) -> TracedFile:
         return self._open(path, self.inner.open_read)
