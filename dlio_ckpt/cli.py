@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from dlio_ckpt.errors import (INTERRUPTED_EXIT_CODE, RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, RunFailure, UserError,
                               report_failure, storage_failure)
@@ -435,6 +435,28 @@ def _run_hydra(arguments: list[str], task) -> None:
     saved = sys.argv
     sys.argv = [saved[0] if saved else "dlio_ckpt"] + arguments
     try:
-        hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)()
+        with _mode_unset_unless_given(arguments):
+            hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)()
     finally:
         sys.argv = saved
+
+
+@contextlib.contextmanager
+def _mode_unset_unless_given(arguments: list[str]) -> Iterator[None]:
+    """Before a run or sweep, Hydra composes the whole config once only to read `hydra.mode`
+    (Hydra.get_mode), then composes it again for the run: about 0.1 s of every process's start,
+    on every rank. dlio_ckpt's config never sets hydra.mode, so that first compose always finds
+    None, and Hydra then picks the mode from -m as usual. While Hydra runs, get_mode answers None
+    without composing; the same answer, so the same run. A hydra.mode given on the command line
+    is left to Hydra's own get_mode."""
+    from hydra._internal.hydra import Hydra
+
+    if any(a.lstrip("+~").startswith("hydra.mode") for a in arguments) or not hasattr(Hydra, "get_mode"):
+        yield
+        return
+    original = Hydra.get_mode
+    Hydra.get_mode = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Hydra.get_mode = original  # type: ignore[method-assign]
