@@ -295,3 +295,22 @@ def test_torch_format_without_torch_gives_an_install_hint(tmp_path):
         ctx = make_ctx(tmp_path, ["checkpoint.format=torch"])
         with pytest.raises(MissingDependency, match="pip install torch"):
             make_checkpoint_engine(ctx)
+
+
+def test_trigger_rules_together_and_the_clock_rule_decided_once_for_all_ranks():
+    from dlio_ckpt.checkpoint.triggers import Triggers
+
+    asked: list[bool] = []
+
+    def rank0_says_no(mine: bool) -> bool:  # as World.bcast from a rank 0 whose clock disagrees
+        asked.append(mine)
+        return False
+
+    triggers = Triggers(steps_between=4, epochs_between=2, after_epoch=0, seconds_between=10.0)
+    assert triggers.due(8, 1, False, 0.0, rank0_says_no) and asked == []  # the step rule, no clock asked
+    assert not triggers.due(8, 2, True, 99.0, rank0_says_no) and asked == []  # epoch end: the epoch rule alone
+    assert triggers.due(3, 3, True, 0.0, rank0_says_no) and not triggers.due(3, 2, True, 0.0, rank0_says_no)
+    assert not triggers.due(5, 1, False, 11.0, rank0_says_no) and asked == [True]  # rank 0's answer wins
+    assert triggers.due(5, 1, False, 11.0, lambda mine: mine)
+    assert not triggers.due(5, 1, False, 9.9, lambda mine: mine)
+    assert not Triggers(4, 0, 0).due(5, 1, False, 1e9, lambda mine: True)  # no seconds rule: never by the clock

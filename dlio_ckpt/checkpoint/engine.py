@@ -132,15 +132,8 @@ class CheckpointEngineImpl:
         `step` stays the run's global step."""
         if not self.cfg.enabled or step == self._last_step:
             return False
-        if epoch_end:
-            return self.triggers.at_epoch_end(epoch)
-        if self.triggers.at_step(step if trigger_step is None else trigger_step):
-            return True
-        if self.cfg.seconds_between_checkpoints > 0:
-            # Clocks differ between ranks: rank 0 decides and every rank follows.
-            elapsed = time.monotonic() - self._last_time
-            return bool(self.world.bcast(elapsed >= self.cfg.seconds_between_checkpoints))
-        return False
+        return self.triggers.due(step if trigger_step is None else trigger_step, epoch, epoch_end,
+                                 time.monotonic() - self._last_time, self.world.bcast)
 
     def save(self, step: int, epoch: int, resume: dict | None = None) -> CheckpointRecord:
         """Checkpoint the state as of `step`; `resume` (the data loader's position) goes in the manifest."""

@@ -149,13 +149,8 @@ class MultiLevelEngine:
         """The first level's triggers; a step saved once is not saved again (until a restart)."""
         if not self.cfg.enabled or step == self._last_step:
             return False
-        if epoch_end:
-            return self.triggers.at_epoch_end(epoch)
-        if self.triggers.at_step(step if trigger_step is None else trigger_step):
-            return True
-        if self.cfg.seconds_between_checkpoints > 0:
-            return bool(self.world.bcast(now() - self._last_time >= self.cfg.seconds_between_checkpoints))
-        return False
+        return self.triggers.due(step if trigger_step is None else trigger_step, epoch, epoch_end,
+                                 now() - self._last_time, self.world.bcast)
 
     def save(self, step: int, epoch: int, resume: dict | None = None) -> CheckpointRecord:
         """Checkpoint `step` on the level SCR's rule picks; queue its flush, if its level is flushed."""

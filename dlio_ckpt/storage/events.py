@@ -200,18 +200,14 @@ class EventRecorder:
         """Append one event as `extend((event_code(op, phase, path id) | RAW_TIMES, offset, length,
         start, end))` with start and end as time.perf_counter() read them: what `record` does,
         for a caller that computed the code once (the traced file handle, whose every read and
-        write lands here). Thread-safe as `record`."""
+        write lands here). Thread-safe as `record`. Such a caller calls `compact` once the list
+        (the extender's `__self__`) holds COMPACT_EVENTS * EVENT_FIELDS numbers."""
         return self._events.extend
 
     def path_table(self) -> dict[str, int]:
         """The path -> index table, for a caller that looks a path up before calling `path_id`
         (entries are only ever added, under the lock, so a hit is final)."""
         return self._path_index
-
-    def pending(self) -> int:
-        """Numbers appended and not yet compacted (EVENT_FIELDS an event): a caller that appends
-        through `extender` compacts when this reaches COMPACT_EVENTS * EVENT_FIELDS."""
-        return len(self._events)
 
     @property
     def bytes_read(self) -> dict[str, int]:
