@@ -241,16 +241,17 @@ def _main(argv: Sequence[str] | None) -> None:
     dry_run = DRY_RUN_FLAG in arguments
     arguments = [a for a in arguments if a != DRY_RUN_FLAG]
     flags, overrides, multirun, info = split_command_line(arguments)
-    from dlio_ckpt.config.load import register_workloads
+    from dlio_ckpt.config.load import register_workloads, workloads_named
 
     from dlio_ckpt.config.workload_files import config_dirs_in, resolve
 
     try:
-        register_workloads()
         # workload=PATH, --config-dir DIR and dlio_config=PATH join the workload group; the
         # command line then names them as it names a shipped workload.
         config_dirs, flags = config_dirs_in(flags)
         overrides, warnings = resolve(overrides, config_dirs)
+        # A run needs only the workloads it names; --help, --info and --cfg list every option.
+        register_workloads(None if info else workloads_named(overrides))
     except UserError as exc:
         if launcher_rank() == 0:
             print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)

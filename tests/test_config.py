@@ -117,3 +117,25 @@ def test_a_sweep_composes_each_job_as_hydra_would():
     for job, fast in zip(jobs, swept):
         exact = to_run_config(compose(job), explicit_keys(job))
         assert dataclasses.asdict(to_run_config(fast, explicit_keys(job))) == dataclasses.asdict(exact)
+
+
+def test_a_command_line_registers_only_the_workloads_it_composes_and_the_default():
+    from dlio_ckpt.config.load import default_workload, workloads_named
+
+    assert workloads_named(["scale=tiny"]) == [default_workload()]
+    assert workloads_named(["workload=bert,unet3d", "reader.batch_size=2,4"]) == sorted({"bert", "unet3d", default_workload()})
+    assert workloads_named(["workload=glob(llama3_*)"]) == sorted(
+        {n for n in workload_names() if n.startswith("llama3_")} | {default_workload()})
+    # the default read from conf/config.yaml is the one Hydra composes when none is named
+    assert compose(["scale=tiny"]).workload == default_workload()
+
+
+def test_a_glob_sweep_of_workloads_expands_over_the_shipped_workloads():
+    from dlio_ckpt.config.load import check_override_keys
+
+    overrides = ["workload=glob(llama3_*,exclude=llama3_1t)", "scale=tiny"]
+    check_override_keys(overrides)  # Hydra's parser alone cannot list a glob's options: it raised
+    jobs = expand_sweep(overrides)
+    expected = sorted(n for n in workload_names() if n.startswith("llama3_") and n != "llama3_1t")
+    assert [job[0] for job in jobs] == [f"workload={name}" for name in expected] and len(expected) == 3
+    assert [cfg.workload for cfg in compose_each(jobs)] == expected

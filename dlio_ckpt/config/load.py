@@ -59,26 +59,56 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
-def register_workloads() -> None:
-    """Make workloads/*.yaml the Hydra group `workload` (package _global_).
+def register_workloads(names: Iterable[str] | None = None) -> None:
+    """Make workloads/*.yaml the Hydra group `workload` (package _global_): all of them, or only
+    `names` (a run composes one workload, and parsing a file costs ~6 ms: the whole library was
+    ~0.1 s of every process's start, on every rank).
 
     The library lives in its own top-level folder rather than under conf/, so it is registered
     through Hydra's ConfigStore instead of the folder search; repeated calls are harmless and
-    cheap: a file already registered in this process is not parsed again (every command and
-    every compose calls this, and parsing the whole library costs about 0.1 s).
+    cheap: a file already registered in this process is not parsed again. A name that is not a
+    shipped file is left alone (a user's file registers itself; an unknown name is refused by
+    check_override_keys with the list of choices).
     """
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     registered = store.repo.get("workload", {})
-    for path in sorted(workloads_dir().glob("*.yaml")):
-        if f"{path.stem}.yaml" in registered:
+    folder = workloads_dir()
+    paths = sorted(folder.glob("*.yaml")) if names is None else [folder / f"{name}.yaml" for name in sorted(set(names))]
+    for path in paths:
+        if f"{path.stem}.yaml" in registered or not path.is_file():
             continue
         try:
             node = OmegaConf.load(path)
         except Exception as exc:
             raise ConfigError(f"workload file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
         store.store(group="workload", name=path.stem, node=node, package="_global_")
+
+
+def default_workload() -> str:
+    """The workload conf/config.yaml's defaults list picks when the command line names none."""
+    import re
+
+    found = re.search(r"^\s*-\s*workload:\s*([A-Za-z0-9_]+)\s*$", (conf_dir() / "config.yaml").read_text(), re.MULTILINE)
+    if found is None:
+        raise ConfigError(f"{conf_dir() / 'config.yaml'}: its defaults list names no workload")
+    return found.group(1)
+
+
+def workloads_named(overrides: Sequence[str]) -> list[str] | None:
+    """The workloads a command line composes: those its `workload=` overrides name (every value of
+    a sweep, a glob's matches) and the default (Hydra composes the defaults once before a sweep's
+    jobs); None (all of them) when a value is not a plain name."""
+    names = {default_workload()}
+    for override in _parse(overrides):
+        if override.key_or_group != "workload":
+            continue
+        values = override_values(override)
+        if not all(isinstance(value, str) for value in values):
+            return None
+        names.update(values)
+    return sorted(names)
 
 
 def _parse(overrides: Sequence[str]):
@@ -88,6 +118,16 @@ def _parse(overrides: Sequence[str]):
         return OverridesParser.create().parse_overrides(list(overrides))
     except Exception as exc:  # Hydra's grammar errors are several lines; keep the first
         raise ConfigError(f"cannot parse command-line override: {str(exc).splitlines()[0]}") from None
+
+
+def override_values(override) -> list:
+    """Every value an override gives, a sweep's each: `a,b`, `range(...)`, and `glob(...)`
+    over a group's options (which Hydra's parser can only list with a config loader at hand)."""
+    from hydra.core.override_parser.types import ValueType
+
+    if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
+        return override.value().filter(group_options(override.key_or_group))
+    return list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
 
 
 def _override_key(override) -> str:
@@ -103,8 +143,7 @@ def check_override_keys(overrides: Sequence[str]) -> None:
             continue
         if key in GROUPS:
             options = group_options(key)
-            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-            for value in values:
+            for value in override_values(override):
                 if str(value) not in options:
                     raise ConfigError(
                         f"{key}: unknown {key} '{value}'{close_match(str(value), options)}; "
@@ -128,7 +167,7 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
     for override in _parse(overrides):
         key = override.get_key_element()
         if override.is_sweep_override():
-            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+            choices.append([f"{key}={value}" for value in override_values(override)])
         else:
             choices.append([override.input_line])
     return [list(job) for job in itertools.product(*choices)]
@@ -172,7 +211,7 @@ def compose_each(jobs: Sequence[Sequence[str]]) -> Iterator[DictConfig]:
             message = " ".join(str(exc).split()) or type(exc).__name__
             raise ConfigError(f"invalid configuration: {message}") from None
 
-    register_workloads()
+    register_workloads(itertools.chain.from_iterable(workloads_named(job) or workload_names() for job in jobs))
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     bases: dict[tuple[str, ...], DictConfig] = {}
@@ -226,8 +265,8 @@ def load_config(overrides: Sequence[str] = (), run_dir: str | None = None) -> Ru
     """The RunConfig for a list of command-line overrides, as the CLI would build it."""
     from dlio_ckpt.config.workload_files import resolve
 
-    register_workloads()
     overrides, _ = resolve(overrides)
+    register_workloads(workloads_named(overrides))
     check_override_keys(overrides)
     return to_run_config(compose(overrides), explicit_keys(overrides), run_dir)
 

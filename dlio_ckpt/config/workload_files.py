@@ -148,7 +148,7 @@ def _is_path(value: str) -> bool:
 
 def resolve(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """Register the files the command line names and return (overrides naming them, warning lines)."""
-    from dlio_ckpt.config.load import _parse
+    from dlio_ckpt.config.load import _parse, override_values
 
     register_config_dirs(config_dirs)
     parsed = _parse(overrides)
@@ -161,7 +161,7 @@ def resolve(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> tuple[
         if key not in (GROUP, DLIO_KEY):
             out.append(text)
             continue
-        values = [str(v) for v in (override.sweep_string_iterator() if override.is_sweep_override() else [override.value()])]
+        values = [str(v) for v in override_values(override)]
         if key == DLIO_KEY:
             for value in values:
                 name, warning = register_dlio(value)

@@ -72,12 +72,12 @@ def host_memory_bytes() -> int:
 
 def datasize_requested(overrides: Sequence[str]) -> bool:
     """True when the command line asks for mode=datasize (a sweep may not mix it with other modes)."""
-    from dlio_ckpt.config.load import _parse
+    from dlio_ckpt.config.load import _parse, override_values
 
     for override in _parse(overrides):
         if override.key_or_group != "mode":
             continue
-        values = [str(v) for v in override.sweep_string_iterator()] if override.is_sweep_override() else [str(override.value())]
+        values = [str(v) for v in override_values(override)]
         if "datasize" in values and len(set(values)) > 1:
             raise ConfigError("mode: datasize prints a size and runs nothing, so it cannot share a sweep with other modes; "
                               "run it on its own")
