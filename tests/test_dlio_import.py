@@ -281,7 +281,7 @@ def test_accelerator_errors_and_explicit_keys_win():
     with pytest.raises(ConfigError, match="workload llama3_8b has no figures for 'a100'"):
         load_config(["workload=llama3_8b", "accelerator=a100"])
     config = load_config(["workload=unet3d", "accelerator=v100", "reader.batch_size=3", "scale=tiny"])
-    assert config.reader.batch_size == 3 and config.train.computation_time == 0.01  # tiny caps compute after it
+    assert config.reader.batch_size == 3 and config.train.computation_time == 0.002  # tiny caps compute after it
 
 
 def test_own_workload_files_run_like_shipped_ones(workdir: Path):
