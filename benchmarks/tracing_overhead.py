@@ -13,7 +13,9 @@ per file: open and close weigh as much as the read), and 1 MiB reads of 32 MiB f
 benchmark's dataset shape). Reported per case: traced / untraced wall time and CPU time
 (user + sys of this process, which other work on the machine distorts less), as the ratio of the
 medians and the range of the per-pass ratios, and the tracer's CPU cost per event; plus a bare
-`os.preadv` loop (no Python file object at all) as the floor of a read call.
+`os.preadv` loop (no Python file object at all) as the floor of a read call, and an A/A control:
+the untraced pass run a second time as a contender of its own (`aa_*`), the ratio an unchanged
+pass shows on this machine, to read the traced ratio against.
 
     python benchmarks/tracing_overhead.py [--files 256] [--passes 15] [--out results/tracing_overhead.json]
 """
@@ -82,7 +84,7 @@ def timed(call) -> tuple[float, float, int]:
 def measure(paths: list[str], size: int, transfer: int, passes: int) -> dict:
     plain = PosixStorage()
     expected = len(paths) * size
-    runs: dict[str, list[tuple[float, float]]] = {"untraced": [], "traced": [], "bare": []}
+    runs: dict[str, list[tuple[float, float]]] = {"untraced": [], "traced": [], "bare": [], "again": []}
     read_all(plain, paths, size, transfer)  # warm the page cache
     events = 0
     for index in range(passes):
@@ -96,7 +98,8 @@ def measure(paths: list[str], size: int, transfer: int, passes: int) -> dict:
             return moved
 
         contenders = [("untraced", lambda: read_all(plain, paths, size, transfer)), ("traced", traced_pass),
-                      ("bare", lambda: read_bare(paths, size, transfer))]
+                      ("bare", lambda: read_bare(paths, size, transfer)),
+                      ("again", lambda: read_all(plain, paths, size, transfer))]
         for name, call in (contenders if index % 2 == 0 else contenders[::-1]):
             wall, cpu, moved = timed(call)
             assert moved == expected, (name, moved, expected)
@@ -106,6 +109,7 @@ def measure(paths: list[str], size: int, transfer: int, passes: int) -> dict:
     med = {name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for name, r in runs.items()}
     per_pass_wall = [t[0] / u[0] for t, u in zip(runs["traced"], runs["untraced"])]
     per_pass_cpu = [t[1] / u[1] for t, u in zip(runs["traced"], runs["untraced"])]
+    per_pass_aa = [a[1] / u[1] for a, u in zip(runs["again"], runs["untraced"])]
     return {
         "transfer_bytes": transfer, "file_bytes": size, "files": len(paths), "events_per_pass": events,
         "untraced_s": round(med["untraced"][0], 6), "traced_s": round(med["traced"][0], 6), "bare_s": round(med["bare"][0], 6),
@@ -116,6 +120,9 @@ def measure(paths: list[str], size: int, transfer: int, passes: int) -> dict:
         "ratio_range": [round(min(per_pass_wall), 4), round(max(per_pass_wall), 4)],
         "ratio_cpu_range": [round(min(per_pass_cpu), 4), round(max(per_pass_cpu), 4)],
         "ratio_traced_to_bare_cpu": round(med["traced"][1] / med["bare"][1], 4),
+        "aa_ratio": round(med["again"][0] / med["untraced"][0], 4),
+        "aa_ratio_cpu": round(med["again"][1] / med["untraced"][1], 4),
+        "aa_ratio_cpu_range": [round(min(per_pass_aa), 4), round(max(per_pass_aa), 4)],
         "overhead_cpu_us_per_event": round((med["traced"][1] - med["untraced"][1]) / max(events, 1) * 1e6, 3),
     }
 
@@ -138,7 +145,8 @@ def main() -> None:
         print(f"{r['transfer_bytes'] // 1024} KiB reads of {r['file_bytes'] // MIB} MiB files: traced/untraced wall "
               f"{r['ratio']:.3f} ({r['ratio_range'][0]:.2f}..{r['ratio_range'][1]:.2f}), CPU {r['ratio_cpu']:.3f} "
               f"({r['ratio_cpu_range'][0]:.2f}..{r['ratio_cpu_range'][1]:.2f}); {r['overhead_cpu_us_per_event']:.3f} us CPU "
-              f"an event; traced / bare preadv CPU {r['ratio_traced_to_bare_cpu']:.2f}")
+              f"an event; traced / bare preadv CPU {r['ratio_traced_to_bare_cpu']:.2f}; A/A control CPU {r['aa_ratio_cpu']:.3f} "
+              f"({r['aa_ratio_cpu_range'][0]:.2f}..{r['aa_ratio_cpu_range'][1]:.2f})")
     if args.out:
         import sys
 
