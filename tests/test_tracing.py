@@ -163,7 +163,7 @@ def test_every_read_of_a_traced_handle_counts_what_the_system_call_moved(tmp_pat
     recorder = EventRecorder(rank=0, clock=JobClock.start())
     storage = TracedStorage(PosixStorage(direct_io=direct), recorder).with_phase("train")
     handle = storage.open_read(str(path))
-    if direct and not handle._inner.direct:
+    if direct and not handle.direct:
         pytest.skip("no O_DIRECT here")
     buffer = bytearray(5000)
     got = []
@@ -185,8 +185,8 @@ def test_every_read_of_a_traced_handle_counts_what_the_system_call_moved(tmp_pat
 
 
 def test_offsets_and_lengths_beyond_float_precision_stay_exact_through_compaction(monkeypatch):
-    """Events are compacted through float64, exact below 2^53; a chunk with a larger offset or
-    length (a sparse file, a huge object) takes the exact path, so no byte count is rounded."""
+    """Offsets and lengths are kept as int64, so one past float64's exact 2^53 (a sparse file, a
+    huge object) goes through compaction unrounded."""
     monkeypatch.setattr(events_module, "COMPACT_EVENTS", 4)
     recorder = EventRecorder(rank=0, clock=JobClock.start())
     huge = (1 << 53) + 1  # rounds to 2^53 in float64
@@ -207,8 +207,8 @@ def test_offsets_and_lengths_beyond_float_precision_stay_exact_through_compactio
 @pytest.mark.parametrize("huge_offset", [False, True])
 def test_traced_handles_times_land_on_the_job_clock_through_compaction(tmp_path, monkeypatch, huge_offset):
     """Handles append perf_counter readings (RAW_TIMES) and the recorder takes the clock's shift
-    off when it converts them, on the float64 path and on the exact one, next to events that
-    `record` appended on the job clock already."""
+    off when it converts them, in a chunk and in the tail, next to events that `record` appended
+    on the job clock already (with an offset past 2^53 too)."""
     monkeypatch.setattr(events_module, "COMPACT_EVENTS", 3)
     clock = JobClock.start(job_start_wall=time.time() - 100.0)  # a job that started 100 s ago
     recorder = EventRecorder(rank=0, clock=clock)

@@ -1,18 +1,19 @@
 """One event per storage operation: what the metrics, the Darshan writer and the Chrome trace read.
 
-While a rank runs, an event is five numbers appended to one flat list in a single `list.extend`
-(cheap, and atomic between threads): a code packing op, phase and path index, then offset,
-length, start and end. Every COMPACT_EVENTS events they are moved into a numpy chunk (small in
-memory) and joined into one structured array when the run ends. Times are seconds since the job
-started, on a clock that all ranks share (`JobClock`), so events of different ranks can be put on
-one timeline (traced handles append raw perf_counter readings, flagged RAW_TIMES in the code, and
-the recorder moves them onto that clock as it converts them).
+While a rank runs, an event (op, phase, path index, offset, length, start, end) is packed as the
+38 bytes of an EVENT_DTYPE row (`pack_event`) and appended to one bytearray in a single `extend`
+(cheap, and atomic between threads). Every COMPACT_EVENTS events they are moved into a numpy
+chunk and joined into one array when the run ends. Times are seconds since the job started, on a
+clock that all ranks share (`JobClock`), so events of different ranks can be put on one timeline
+(traced handles append raw perf_counter readings, flagged RAW_TIMES in the phase, and the
+recorder moves them onto that clock as it converts them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,79 +27,6 @@ PHASES = ("generate", "train", "eval", "checkpoint", "restore", "other")
 OP_CODE = {name: code for code, name in enumerate(OPS)}
 PHASE_CODE = {name: code for code, name in enumerate(PHASES)}
 
-# Appended numbers cost ~150 bytes an event, a chunk row 40 (EVENT_FIELDS float64; EVENT_DTYPE
-# rows are 38): past this many, the recorder moves them into a numpy chunk (a million small files
-# are millions of events).
-COMPACT_EVENTS = 1 << 16
-
-# An event in the recorder's flat list: code, offset, length, start, end. The code packs the op,
-# the phase and the path index into one integer (op << 40 | phase << 32 | path index), so a
-# traced handle computes it once per op and the hot path appends five numbers.
-EVENT_FIELDS = 5
-_OP_SHIFT, _PHASE_SHIFT, _FILE_MASK = 40, 32, 0xFFFFFFFF
-# A code with this bit carries times as time.perf_counter() read them: the traced handles append
-# them so, saving two subtractions per event on the hot path, and the recorder puts them on the
-# job clock (minus JobClock.shift, the same float64 subtraction) when it converts them.
-RAW_TIMES = 1 << 48
-# Below this a float64 holds every integer exactly (8 PiB): offsets and lengths convert through
-# float64 (one fast numpy call for the whole chunk) and fall back to an exact integer path above.
-_EXACT_IN_FLOAT = 1 << 53
-
-
-def event_code(op: int, phase: int, file: int) -> int:
-    """The first number of an event: op, phase and path index in one integer."""
-    return op << _OP_SHIFT | phase << _PHASE_SHIFT | file
-
-
-def numbers_of(flat: list, count: int, shift: float = 0.0) -> np.ndarray:
-    """The first `count` numbers of a flat event list (EVENT_FIELDS per event) as one float64
-    array of shape (events, EVENT_FIELDS): what the recorder keeps per chunk (40 bytes an
-    event), one C loop over the list (about 5x cheaper than numpy parsing a tuple per event, and
-    no copy of the list). Events whose code carries RAW_TIMES get `shift` (the clock's) taken
-    off their times and the flag cleared. Integers below 2^53 survive float64 exactly; a chunk
-    holding a larger offset or length is converted exactly instead (`events_of` then takes it
-    as it is)."""
-    values = np.fromiter(flat, dtype=np.float64, count=count).reshape(-1, EVENT_FIELDS)
-    integers = values[:, 1:3]
-    if len(values) and (integers.max() >= _EXACT_IN_FLOAT or integers.min() <= -_EXACT_IN_FLOAT):
-        return _exact_events(flat[:count], shift)
-    raw = values[:, 0] >= RAW_TIMES
-    if raw.any():
-        values[raw, 0] -= RAW_TIMES
-        values[raw, 3:5] -= shift
-    return values
-
-
-def _exact_events(flat: list, shift: float) -> np.ndarray:
-    rows = [flat[i : i + EVENT_FIELDS] for i in range(0, len(flat), EVENT_FIELDS)]
-    integers = np.array([row[:3] for row in rows], dtype=np.int64).reshape(-1, 3)
-    times = np.array([row[3:] for row in rows], dtype=np.float64).reshape(-1, 2)
-    raw = integers[:, 0] >= RAW_TIMES
-    integers[raw, 0] -= RAW_TIMES
-    times[raw] -= shift
-    return _structured(integers[:, 0], integers[:, 1], integers[:, 2], times[:, 0], times[:, 1])
-
-
-def _structured(code, offset, length, start, end) -> np.ndarray:
-    code = np.asarray(code, dtype=np.int64)
-    out = np.empty(len(code), EVENT_DTYPE)
-    out["op"] = code >> _OP_SHIFT
-    out["phase"] = (code >> _PHASE_SHIFT) & 0xFF
-    out["file"] = code & _FILE_MASK
-    out["offset"] = offset
-    out["length"] = length
-    out["start"] = start
-    out["end"] = end
-    return out
-
-
-def events_of(chunk: np.ndarray) -> np.ndarray:
-    """A recorder chunk (numbers_of) as rows of EVENT_DTYPE."""
-    if chunk.dtype == EVENT_DTYPE:
-        return chunk
-    return _structured(chunk[:, 0], chunk[:, 1], chunk[:, 2], chunk[:, 3], chunk[:, 4])
-
-
 EVENT_DTYPE = np.dtype(
     [
         ("op", "u1"),
@@ -110,6 +38,43 @@ EVENT_DTYPE = np.dtype(
         ("end", "f8"),
     ]
 )
+
+# pack_event(op, phase, file, offset, length, start, end): one event as the bytes of one
+# EVENT_DTYPE row (38 bytes, native order, no padding), so the recorder's events become a numpy
+# array without parsing, every offset and length below 2^63 and every time exact. A list of five
+# Python numbers per event, which the recorder kept before, took ~150 bytes an event and cost
+# ~150 ns more an event to convert and free than packing costs (benchmarks/README.md, "Emulator
+# overhead").
+pack_event = struct.Struct("=BBIqqdd").pack
+EVENT_BYTES = EVENT_DTYPE.itemsize
+assert struct.calcsize("=BBIqqdd") == EVENT_BYTES
+
+# Past this many events the recorder moves its bytearray into a numpy chunk: the bytearray's
+# events cannot be read while threads append to it (a view would stop it growing), a chunk can.
+COMPACT_EVENTS = 1 << 16
+
+# A phase with this bit carries times as time.perf_counter() read them: the traced handles append
+# them so, saving two subtractions per event on the hot path, and the recorder puts them on the
+# job clock (minus JobClock.shift, the same float64 subtraction) when it converts them.
+RAW_TIMES = 0x80
+OP_OPEN, OP_CLOSE, OP_READ, OP_WRITE, OP_FSYNC = (OP_CODE[op] for op in ("open", "close", "read", "write", "fsync"))
+
+
+def events_of(packed: bytearray, shift: float = 0.0) -> np.ndarray:
+    """Packed events (`pack_event`, back to back) as EVENT_DTYPE rows, in place: `packed` must be
+    a copy the recorder no longer appends to. Events whose phase carries RAW_TIMES get `shift`
+    (the clock's) taken off their times: the float64 subtraction JobClock.now() makes."""
+    rows = np.frombuffer(packed, EVENT_DTYPE)
+    phase = rows["phase"]
+    raw = phase >= RAW_TIMES
+    for name in ("start", "end"):
+        times = rows[name]
+        if raw.all():
+            times -= shift
+        elif raw.any():
+            np.subtract(times, shift, out=times, where=raw)
+    phase &= RAW_TIMES - 1
+    return rows
 
 
 @dataclass(frozen=True)
@@ -153,8 +118,8 @@ class EventRecorder:
 
     `record` is called at once from reader threads, the async persist thread and the training
     thread. It keeps no running totals, because an unlocked read-modify-write of a shared
-    counter loses updates between threads; it only appends one event's five numbers (a single
-    atomic `list.extend` of a tuple in CPython, so events never interleave) and looks up the
+    counter loses updates between threads; it only appends one event's packed bytes (a single
+    `bytearray.extend`, atomic in CPython, so events never interleave) and looks up the
     file's index, taking a lock only the first time a path is seen, so the common call stays
     cheap and nothing is ever lost.
     """
@@ -164,7 +129,7 @@ class EventRecorder:
     paths: list[str] = field(default_factory=list)
     _path_index: dict[str, int] = field(default_factory=dict)
     _path_lock: threading.Lock = field(default_factory=threading.Lock)
-    _events: list = field(default_factory=list)  # EVENT_FIELDS numbers per event, flat
+    _events: bytearray = field(default_factory=bytearray)  # EVENT_BYTES per event (pack_event)
     _chunks: list[np.ndarray] = field(default_factory=list)
     _chunk_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -180,28 +145,29 @@ class EventRecorder:
         return index
 
     def record(self, op: str, phase: str, path: str, offset: int, length: int, start: float, end: float) -> None:
-        self._events.extend((event_code(OP_CODE[op], PHASE_CODE[phase], self.path_id(path)), offset, length, start, end))
-        if len(self._events) >= COMPACT_EVENTS * EVENT_FIELDS:
+        self._events.extend(pack_event(OP_CODE[op], PHASE_CODE[phase], self.path_id(path), offset, length, start, end))
+        if len(self._events) >= COMPACT_EVENTS * EVENT_BYTES:
             self.compact()
 
     def compact(self) -> None:
         """Move the appended events into a numpy chunk once there are COMPACT_EVENTS of them
         (callers: `record`, and traced handles as they close). Appends by other threads meanwhile
         land after the slice taken, so deleting that slice loses none; `array` takes the lock."""
-        if len(self._events) < COMPACT_EVENTS * EVENT_FIELDS:
+        if len(self._events) < COMPACT_EVENTS * EVENT_BYTES:
             return
         with self._chunk_lock:
-            count = len(self._events)  # whole events: each is one atomic extend of EVENT_FIELDS
-            if count >= COMPACT_EVENTS * EVENT_FIELDS:
-                self._chunks.append(numbers_of(self._events, count, self.clock.shift))
+            count = len(self._events)  # whole events: each is one atomic extend of EVENT_BYTES
+            if count >= COMPACT_EVENTS * EVENT_BYTES:
+                # a slice is a copy, taken in one step; a view would stop the appending threads
+                self._chunks.append(events_of(self._events[:count], self.clock.shift))
                 del self._events[:count]
 
     def extender(self):
-        """Append one event as `extend((event_code(op, phase, path id) | RAW_TIMES, offset, length,
-        start, end))` with start and end as time.perf_counter() read them: what `record` does,
-        for a caller that computed the code once (the traced file handle, whose every read and
-        write lands here). Thread-safe as `record`. Such a caller calls `compact` once the list
-        (the extender's `__self__`) holds COMPACT_EVENTS * EVENT_FIELDS numbers."""
+        """Append one event as `extend(pack_event(op, phase | RAW_TIMES, path id, offset, length,
+        start, end))` with start and end as time.perf_counter() read them: what `record` does, for
+        a caller that looked up the phase and path once (a traced file handle, whose every read and
+        write lands here). Thread-safe as `record`. Such a caller calls `compact` once the
+        bytearray (the extender's `__self__`) holds COMPACT_EVENTS * EVENT_BYTES bytes."""
         return self._events.extend
 
     def path_table(self) -> dict[str, int]:
@@ -227,9 +193,9 @@ class EventRecorder:
     def array(self) -> np.ndarray:
         with self._chunk_lock:
             chunks = list(self._chunks)
-            events = list(self._events)  # a snapshot: other threads may still be appending
-        tail = events_of(numbers_of(events, len(events), self.clock.shift))
-        return np.concatenate([*map(events_of, chunks), tail]) if chunks else tail
+            packed = self._events[:]  # a snapshot (a copy): other threads may still be appending
+        tail = events_of(packed, self.clock.shift)
+        return np.concatenate([*chunks, tail]) if chunks else tail
 
     def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:
         """Write this rank's events as `events/rank-NNNNN.npz` (array + path table + metadata).

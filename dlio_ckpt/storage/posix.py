@@ -4,7 +4,7 @@ Implements the StorageBackend protocol of storage/base.py with every capability.
 file-like objects (read, readinto, write, seek, tell, truncate, flush) so that numpy, h5py and
 the TFRecord code can work through them, plus `read_at` for explicit-offset reads. Every
 operation goes through os.pread / os.pwrite on a descriptor, so the bytes counted are the bytes
-the kernel returned, and a tracing wrapper sees one call per system call.
+the kernel returned, and the tracer (traced.TracedPosixFile) sees one call per system call.
 """
 
 from __future__ import annotations
@@ -176,7 +176,8 @@ class PosixFile(PositionalReads, io.RawIOBase):
             return b""
         if self.direct:
             buffer = bytearray(size)
-            count = self.read_at_into(buffer, offset)
+            # PosixFile's own, not an override's: a traced handle records this read_at as one read
+            count = PosixFile.read_at_into(self, buffer, offset)
             return bytes(buffer[:count])
         data = os.pread(self._fd, size, offset)
         self.last_moved = len(data)
@@ -208,13 +209,6 @@ class PosixFile(PositionalReads, io.RawIOBase):
             view[:count] = window[offset - start : offset - start + count]
         self.last_moved = got
         return count
-
-    def pread_call(self) -> tuple | None:
-        """(function, descriptor): `function(descriptor, [buffer], offset)` is the one system call
-        read_at_into makes for a buffered read, returning the bytes it moved, for a caller that
-        times that call alone with nothing around it (the tracer's per-read path); None under
-        O_DIRECT, where a read can be more than one call and move more than it returns."""
-        return None if self.direct else (os.preadv, self._fd)
 
     def write_at(self, data, offset: int) -> int:
         """Write all of `data`: one pwrite may move less (2 GiB cap, signals, network file systems)."""
@@ -272,14 +266,22 @@ class PosixStorage:
         """The backend for StorageConfig `config` (POSIX has no options of its own)."""
         return cls(direct_io=config.direct_io, root=root)
 
-    def open_read(self, path: str) -> PosixFile:
-        return PosixFile(path, writable=False, direct=self.direct_io)
+    @property
+    def traced_handle(self) -> type[PosixFile]:
+        """TracedStorage's hook (storage/traced.py): the PosixFile subclass that records its own
+        events, which the openers below build when given it, so a traced file is one object."""
+        from dlio_ckpt.storage.traced import TracedPosixFile  # the tracer imports this module
 
-    def open_write(self, path: str) -> PosixFile:
-        return PosixFile(path, writable=True, direct=self.direct_io)
+        return TracedPosixFile
 
-    def open_staged(self, path: str) -> PosixFile:
-        return PosixFile(staging_name(path), writable=True, direct=self.direct_io, publish_as=path)
+    def open_read(self, path: str, handle_class: type[PosixFile] = PosixFile) -> PosixFile:
+        return handle_class(path, writable=False, direct=self.direct_io)
+
+    def open_write(self, path: str, handle_class: type[PosixFile] = PosixFile) -> PosixFile:
+        return handle_class(path, writable=True, direct=self.direct_io)
+
+    def open_staged(self, path: str, handle_class: type[PosixFile] = PosixFile) -> PosixFile:
+        return handle_class(staging_name(path), writable=True, direct=self.direct_io, publish_as=path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         write_staged(self, path, data)

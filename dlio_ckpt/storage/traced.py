@@ -3,91 +3,50 @@
 All byte counts in summary.json come from here, so they are the bytes the backend actually
 moved, not nominal sample sizes. The phase (generate, train, eval, checkpoint, restore) is part
 of the view: `storage.with_phase("train")` returns a wrapper that tags its events so.
+
+A handle of any backend is wrapped in a TracedFile. A backend may instead offer handles that
+record their own events (`traced_handle`, below): POSIX does (TracedPosixFile), so a traced POSIX
+file is one object, not a handle plus a wrapper, which cost about as much per file as the file's
+three events.
 """
 
 from __future__ import annotations
 
 import io
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from functools import cached_property
+from os import preadv
 from time import perf_counter
 from typing import Any
 
-from dlio_ckpt.storage.base import write_staged
 from dlio_ckpt.storage import events as _events
-from dlio_ckpt.storage.events import EVENT_FIELDS, OP_CODE, PHASE_CODE, RAW_TIMES, EventRecorder, event_code
+from dlio_ckpt.storage.base import write_staged
+from dlio_ckpt.storage.events import (EVENT_BYTES, OP_CLOSE, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, PHASE_CODE,
+                                      RAW_TIMES, EventRecorder, pack_event)
+from dlio_ckpt.storage.posix import PosixFile
 
-# Op bits of an event code (events.event_code): a handle adds them to its phase and path bits.
-_OPEN, _CLOSE, _READ, _WRITE = (event_code(OP_CODE[op], 0, 0) for op in ("open", "close", "read", "write"))
+
+def _record_close(trace: tuple, start: float, end: float) -> None:
+    """A traced handle's close, after which the recorder compacts if its bytearray is full: checked
+    here (EventRecorder.compact takes a lock) rather than per read."""
+    phase, file, extend, recorder = trace
+    extend(pack_event(OP_CLOSE, phase, file, -1, 0, start, end))
+    if len(extend.__self__) >= _events.COMPACT_EVENTS * EVENT_BYTES:
+        recorder.compact()
 
 
 class TracedFile(io.RawIOBase):
-    """A file-like wrapper that times and records every call of the file it wraps.
-
-    Everything an event needs but the call's own figures (the code of phase and path, the
-    clock's offset, the list to extend) is looked up once per handle, and an event is five
-    numbers appended in one call, so a traced 4 KiB read from the page cache costs little more
-    than the read (benchmarks/tracing_overhead.py)."""
+    """A file-like wrapper that times and records every call of the file it wraps: what any
+    backend's handle gets (S3's, whose calls are network requests: nothing here needs to be fast)."""
 
     def __init__(self, inner: Any, path: str, trace: tuple) -> None:
-        """`trace`: (code, extend, recorder): the phase and path bits of every event of this handle
-        (op bits 0, and RAW_TIMES: its times are perf_counter readings, put on the job clock when
-        the recorder compacts them), the recorder's extender, and the recorder
-        (TracedStorage looks them up once per view). One attribute, not four, and no
-        io.RawIOBase.__init__ (it does nothing): a handle is made per file opened."""
+        """`trace`: (phase, path index, extend, recorder), as TracedStorage looks them up once per
+        view (phase with RAW_TIMES: times are perf_counter readings, put on the job clock when the
+        recorder converts them). No io.RawIOBase.__init__ (it does nothing)."""
         self._inner = inner
         self.path = path
         self._trace = trace
-
-    def read_at_into(self, buffer, offset: int) -> int:
-        """The first read of a handle, recorded with look-ups by name; from the second on, a
-        closure over what it records takes over (`_second_read_at_into`). Building the closure
-        costs several reads' look-ups, so a file read once (one 1 MiB sample) never pays for it."""
-        start = perf_counter()
-        count = self._inner.read_at_into(buffer, offset)
-        end = perf_counter()
-        code, extend, _ = self._trace
-        extend((code | _READ, offset, getattr(self._inner, "last_moved", count), start, end))
-        self.read_at_into = self._second_read_at_into
-        return count
-
-    def _second_read_at_into(self, buffer, offset: int) -> int:
-        fast = self.read_at_into = self._fast_read_at_into()
-        return fast(buffer, offset)
-
-    def _fast_read_at_into(self):
-        """read_at_into as a closure over what it records (no look-ups by name per call).
-
-        Where the inner handle names the one system call its read makes (`pread_call`: buffered
-        POSIX), the closure makes that call itself, the same call with the same arguments, and
-        times just it; otherwise it calls the inner read_at_into and records `last_moved`, what
-        the system call moved (whole blocks under O_DIRECT), which can exceed what it returns."""
-        inner = self._inner
-        code, extend, _ = self._trace
-        code |= _READ
-        call = getattr(inner, "pread_call", None)
-        direct_call = call() if call is not None else None
-
-        if direct_call is not None:
-            preadv, fd = direct_call
-
-            def read_at_into(buffer, offset: int) -> int:
-                start = perf_counter()
-                count = preadv(fd, [buffer], offset)
-                end = perf_counter()
-                extend((code, offset, count, start, end))
-                return count
-        else:
-            inner_read = inner.read_at_into
-
-            def read_at_into(buffer, offset: int) -> int:
-                start = perf_counter()
-                count = inner_read(buffer, offset)
-                end = perf_counter()
-                extend((code, offset, inner.last_moved, start, end))
-                return count
-
-        return read_at_into
 
     def readable(self) -> bool:
         return True
@@ -110,44 +69,41 @@ class TracedFile(io.RawIOBase):
     def size(self) -> int:
         return self._inner.size()
 
-    def _timed(self, op: str, offset: int, call, *args):
+    def _timed(self, op: int, offset: int, call, *args):
         start = perf_counter()
         result = call(*args)
         end = perf_counter()
-        if op == "read":
+        if op == OP_READ:
             # What the system call moved (whole blocks under O_DIRECT), not just what was asked for.
             length = getattr(self._inner, "last_moved", None)
             if length is None:
                 length = result if isinstance(result, int) else len(result)
         else:
             length = result if isinstance(result, int) else len(result) if result is not None else 0
-        code, extend, _ = self._trace
-        extend((code | event_code(OP_CODE[op], 0, 0), offset, length, start, end))
+        phase, file, extend, _ = self._trace
+        extend(pack_event(op, phase, file, offset, length, start, end))
         return result
 
+    def read_at_into(self, buffer, offset: int) -> int:
+        return self._timed(OP_READ, offset, self._inner.read_at_into, buffer, offset)
+
     def read(self, size: int = -1) -> bytes:
-        return self._timed("read", self._inner.tell(), self._inner.read, size)
+        return self._timed(OP_READ, self._inner.tell(), self._inner.read, size)
 
     def readall(self) -> bytes:
         return self.read(-1)
 
     def readinto(self, buffer) -> int:
-        return self._timed("read", self._inner.tell(), self._inner.readinto, buffer)
+        return self._timed(OP_READ, self._inner.tell(), self._inner.readinto, buffer)
 
     def read_at(self, offset: int, size: int) -> bytes:
-        return self._timed("read", offset, self._inner.read_at, offset, size)
+        return self._timed(OP_READ, offset, self._inner.read_at, offset, size)
 
     def write(self, data) -> int:
-        return self._timed("write", self._inner.tell(), self._inner.write, data)
+        return self._timed(OP_WRITE, self._inner.tell(), self._inner.write, data)
 
-    # The call every writer makes per transfer: _timed written out, no look-ups by name.
     def write_at(self, data, offset: int) -> int:
-        start = perf_counter()
-        count = self._inner.write_at(data, offset)
-        end = perf_counter()
-        code, extend, _ = self._trace
-        extend((code | _WRITE, offset, count, start, end))
-        return count
+        return self._timed(OP_WRITE, offset, self._inner.write_at, data, offset)
 
     def truncate(self, size: int | None = None) -> int:
         return self._inner.truncate(size)
@@ -156,7 +112,7 @@ class TracedFile(io.RawIOBase):
         self._inner.flush()
 
     def fsync(self) -> None:
-        self._timed("fsync", -1, lambda: (self._inner.fsync(), 0)[1])
+        self._timed(OP_FSYNC, -1, lambda: (self._inner.fsync(), 0)[1])
 
     def close(self) -> None:
         if not self.closed:
@@ -164,11 +120,7 @@ class TracedFile(io.RawIOBase):
                 start = perf_counter()
                 self._inner.close()
                 end = perf_counter()
-                code, extend, recorder = self._trace
-                extend((code | _CLOSE, -1, 0, start, end))
-                # the recorder's list, against the threshold of EventRecorder.compact (which takes a lock)
-                if len(extend.__self__) >= _events.COMPACT_EVENTS * EVENT_FIELDS:
-                    recorder.compact()
+                _record_close(self._trace, start, end)
             finally:
                 io.RawIOBase.close(self)
 
@@ -184,6 +136,102 @@ class TracedFile(io.RawIOBase):
                 self._inner.abort()
             finally:
                 super().close()
+
+
+class TracedPosixFile(PosixFile):
+    """A POSIX handle that records its own events: exactly what a TracedFile around a PosixFile
+    records (tests/test_traced_posix.py), without a second object per file.
+
+    Every call that moves data is recorded once: `readinto`, `read` and `write` reach the traced
+    `read_at_into`, `read_at` and `write_at` (PositionalReads, PosixFile.write), and PosixFile's
+    own `read_at` reads through PosixFile.read_at_into, not this class's. `abort`, `truncate`,
+    `seek` and the like are not data I/O and are not recorded, as with the wrapper.
+    """
+
+    # (phase, path index, extend, recorder): set by TracedStorage right after opening, before any call.
+    _trace: tuple
+    _read_before = False
+
+    def read_at_into(self, buffer, offset: int) -> int:
+        """The first read of a handle is recorded with look-ups by name; the second, if buffered,
+        puts a closure over what it records in its place (`_fast_read_at_into`). Building the
+        closure costs several reads' look-ups, so a file read once (one 1 MiB sample) never pays
+        for it; an O_DIRECT read is a device read, which a few look-ups do not weigh on."""
+        if self._read_before and not self.direct:
+            fast = self.read_at_into = self._fast_read_at_into()
+            return fast(buffer, offset)
+        start = perf_counter()
+        count = PosixFile.read_at_into(self, buffer, offset)
+        end = perf_counter()
+        phase, file, extend, _ = self._trace
+        extend(pack_event(OP_READ, phase, file, offset, self.last_moved, start, end))
+        self._read_before = True
+        return count
+
+    def _fast_read_at_into(self):
+        """A buffered read_at_into as a closure over what it records: an attribute of an
+        io.RawIOBase subclass costs ~15 ns more to look up than one of a plain object, and a read
+        looks up several. It makes the one preadv PosixFile.read_at_into makes and times just
+        that. It keeps `last_moved` current through the handle's __dict__, not the handle (which
+        would then live until the garbage collector finds it); close() drops the closure."""
+        phase, file, extend, _ = self._trace
+        pack, fd, state = pack_event, self._fd, self.__dict__
+
+        def read_at_into(buffer, offset: int) -> int:
+            start = perf_counter()
+            state["last_moved"] = count = preadv(fd, [buffer], offset)
+            end = perf_counter()
+            extend(pack(OP_READ, phase, file, offset, count, start, end))
+            return count
+
+        return read_at_into
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        start = perf_counter()
+        data = PosixFile.read_at(self, offset, size)
+        end = perf_counter()
+        phase, file, extend, _ = self._trace
+        extend(pack_event(OP_READ, phase, file, offset, self.last_moved, start, end))
+        return data
+
+    def write_at(self, data, offset: int) -> int:
+        start = perf_counter()
+        count = PosixFile.write_at(self, data, offset)
+        end = perf_counter()
+        phase, file, extend, _ = self._trace
+        extend(pack_event(OP_WRITE, phase, file, offset, count, start, end))
+        return count
+
+    def fsync(self) -> None:
+        start = perf_counter()
+        PosixFile.fsync(self)
+        end = perf_counter()
+        phase, file, extend, _ = self._trace
+        extend(pack_event(OP_FSYNC, phase, file, -1, 0, start, end))
+
+    def close(self) -> None:
+        """PosixFile.close (a staged handle publishes), recorded as the close; nothing is recorded
+        when it raises (the handle is closed all the same)."""
+        if self.closed:
+            return
+        self.__dict__.pop("read_at_into", None)
+        start = perf_counter()
+        PosixFile.close(self)
+        end = perf_counter()
+        _record_close(self._trace, start, end)
+
+    def __del__(self) -> None:
+        """Collected unclosed (an exception path): what PosixFile does (a staged file is
+        discarded, never published), but without a close event, as with the wrapper; silent, as
+        io's own finalizer is, about what fails here (a handle that never finished opening)."""
+        if getattr(self, "closed", True):
+            return
+        self.__dict__.pop("read_at_into", None)
+        with suppress(Exception):
+            if self._publish_as is not None:
+                PosixFile.abort(self)
+            else:
+                PosixFile.close(self)
 
 
 @dataclass(frozen=True)
@@ -203,31 +251,42 @@ class TracedStorage:
 
     @cached_property
     def _constants(self) -> tuple:
-        """What every handle of this view records with: the phase bits of an event code, the
-        recorder's extender and its path -> index table, read without the lock (a path not there
-        yet goes through `path_id`, which takes it); looked up once per view. The phase bits carry
-        RAW_TIMES: handles append perf_counter readings as they are (no subtraction per event)."""
-        recorder = self.recorder
-        return event_code(0, PHASE_CODE[self.phase], 0) | RAW_TIMES, recorder.extender(), recorder.path_table()
+        """What every handle of this view records with, looked up once per view: the phase, with
+        RAW_TIMES (handles append perf_counter readings as they are, no subtraction per event),
+        the recorder's extender, its path -> index table, read without the lock (a path not there
+        yet goes through `path_id`, which takes it), and the backend's `traced_handle`.
 
-    def _open(self, path: str, opener) -> TracedFile:
+        `traced_handle`, the hook a backend may offer: a handle class whose instances record their
+        own events, which the backend's open_read / open_write / open_staged build when given it
+        as their second argument (`handle_class`), and which gets the trace tuple as `_trace`
+        right after opening. Its events must be exactly a TracedFile's; without the hook (S3),
+        handles are wrapped. A backend subclass that overrides an opener overrides this too."""
+        recorder = self.recorder
+        return (PHASE_CODE[self.phase] | RAW_TIMES, recorder.extender(), recorder.path_table(),
+                getattr(self.inner, "traced_handle", None))
+
+    def _open(self, path: str, opener):
+        phase, extend, paths, traced_handle = self._constants
         start = perf_counter()
-        inner = opener(path)
+        handle = opener(path) if traced_handle is None else opener(path, traced_handle)
         end = perf_counter()
-        phase_bits, extend, paths = self._constants
         recorder = self.recorder
         index = paths.get(path)
-        code = phase_bits | (recorder.path_id(path) if index is None else index)
-        extend((code | _OPEN, -1, 0, start, end))
-        return TracedFile(inner, path, (code, extend, recorder))
+        if index is None:
+            index = recorder.path_id(path)
+        extend(pack_event(OP_OPEN, phase, index, -1, 0, start, end))
+        if traced_handle is None:
+            return TracedFile(handle, path, (phase, index, extend, recorder))
+        handle._trace = (phase, index, extend, recorder)
+        return handle
 
-    def open_read(self, path: str) -> TracedFile:
+    def open_read(self, path: str):
         return self._open(path, self.inner.open_read)
 
-    def open_write(self, path: str) -> TracedFile:
+    def open_write(self, path: str):
         return self._open(path, self.inner.open_write)
 
-    def open_staged(self, path: str) -> TracedFile:
+    def open_staged(self, path: str):
         """The backend's commit primitive; its publish step is traced as the handle's close."""
         return self._open(path, self.inner.open_staged)
 
