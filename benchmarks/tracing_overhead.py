@@ -1,8 +1,8 @@
 """Tracing overhead: the same read workload through PosixStorage and through TracedStorage.
 
-Every storage call of a run goes through the tracing wrapper, so its cost per call is what
-matters. The workload reads page-cached files with explicit offsets (no device time to hide
-behind, the worst case for a wrapper), alternating untraced and traced passes so drift on a
+Every storage call of a run is traced (TracedStorage; a POSIX handle records its own events), so
+the tracer's cost per call is what matters. The workload reads page-cached files with explicit
+offsets (no device time to hide behind, the worst case for a tracer), alternating untraced and traced passes so drift on a
 shared machine hits both. Each pass opens every file, reads it in transfer-sized calls at their
 offsets into one buffer, and closes it, so a traced pass records an open, the reads and a close
 per file (a 1 MiB file read in one call is three events); the traced pass ends with the
