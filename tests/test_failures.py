@@ -113,6 +113,13 @@ def test_a_full_disk_serially_exits_1_with_one_line(workdir):
     assert_failed_cleanly(done, workdir, "No space left on device")
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT's default action, as a terminal's job has it. A suite
+    started in the background by a non-interactive shell (`.ci/run &`) inherits SIGINT ignored,
+    and Python then never raises KeyboardInterrupt: the run would sleep through the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(workdir: Path, ranks: int) -> subprocess.CompletedProcess:
     """Start a run that checkpoints slowly, wait until its first checkpoint is on disk, then Ctrl-C
     (SIGINT to the whole process group, as a terminal does)."""
@@ -121,7 +128,8 @@ def _interrupt(workdir: Path, ranks: int) -> subprocess.CompletedProcess:
     if ranks:
         command = [str(BIN / "mpirun"), "-n", str(ranks), *command]
     process = subprocess.Popen(command, cwd=workdir / "cwd", env=cli_env(), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         deadline = time.monotonic() + HANG
         while not list((workdir / "store").glob("checkpoints/*/step_00000001/" + MANIFEST_NAME)):
