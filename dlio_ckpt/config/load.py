@@ -211,7 +211,8 @@ def compose_each(jobs: Sequence[Sequence[str]]) -> Iterator[DictConfig]:
             message = " ".join(str(exc).split()) or type(exc).__name__
             raise ConfigError(f"invalid configuration: {message}") from None
 
-    register_workloads(itertools.chain.from_iterable(workloads_named(job) or workload_names() for job in jobs))
+    # one parse of the distinct workload overrides, not one per job (a sweep may have thousands)
+    register_workloads(workloads_named(sorted({o for job in jobs for o in job if o.startswith("workload")})))
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     bases: dict[tuple[str, ...], DictConfig] = {}
