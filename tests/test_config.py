@@ -128,6 +128,17 @@ def test_a_command_line_registers_only_the_workloads_it_composes_and_the_default
         {n for n in workload_names() if n.startswith("llama3_")} | {default_workload()})
     # the default read from conf/config.yaml is the one Hydra composes when none is named
     assert compose(["scale=tiny"]).workload == default_workload()
+    # and a fresh process checking a sweep parses and registers just those (this one has all)
+    import subprocess
+    import sys
+
+    script = ("from dlio_ckpt.config.load import validate_for_display; "
+              "from dlio_ckpt.config.workload_files import registered_names; "
+              "validate_for_display(['workload=bert,unet3d', 'scale=tiny'], multirun=True); "
+              "print(','.join(registered_names()))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().split(",") == sorted({"bert", "unet3d", default_workload()})
 
 
 def test_a_glob_sweep_of_workloads_expands_over_the_shipped_workloads():
