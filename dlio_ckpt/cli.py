@@ -37,6 +37,8 @@ CLEAN_COMMAND = "clean"
 SCALED_FLAG = "--scaled"
 # Left in a run folder that a run has claimed, so a second run given the same folder is refused.
 RUN_CLAIM = ".dlio_ckpt_run"
+# Ranks other than 0 write no `.hydra/` folder and no log file of their own.
+_QUIET_RANK_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled")
 _RUN_OUTPUTS = (RUN_CLAIM, "summary.json", "plan.json", "sweep_summary.csv", "events")
 
 
@@ -275,11 +277,14 @@ def _main(argv: Sequence[str] | None) -> None:
         return
     if print_datasize(overrides, multirun):
         return
-    from dlio_ckpt.trace.runtime import prepare_darshan_init, prepare_darshan_runtime
+    from dlio_ckpt.trace.runtime import prepare_darshan_init
 
     darshan_preloaded = prepare_darshan_init(os.environ, job_name="dlio_ckpt")
     world = World.from_environment()
     fault_point("start", world.rank)
+    if not (multirun or dry_run or _sets_hydra_mode(overrides)):
+        run_single(world, flags, overrides, darshan_preloaded)
+        return
     try:
         from dlio_ckpt.config.load import validate_command_line
 
@@ -297,15 +302,10 @@ def _main(argv: Sequence[str] | None) -> None:
     except UserError as exc:
         fail(world, str(exc))
         return
-    darshan_runtime = None
-    if darshan_preloaded:
-        darshan_runtime = prepare_darshan_runtime(os.environ, folder, world.size, folder.name, rank=world.rank,
-                                                  mpi=world.comm is not None)
-        if darshan_runtime is not None and world.is_root:
-            print(f"dlio_ckpt: {darshan_runtime.message}", file=sys.stderr, flush=True)
+    darshan_runtime = start_darshan_runtime(world, folder, darshan_preloaded)
     injected = [o for o in overrides if not o.startswith(key + "=")] + [f"{key}={folder}"]
     if not world.is_root:
-        injected += ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+        injected += list(_QUIET_RANK_OVERRIDES)
     # The run's own checkpoint folder is named after it and rank 0's token: unique even when two
     # run folders share a name or one path is used again.
     run_id = f"{folder.name}-{token}"
@@ -319,6 +319,78 @@ def _main(argv: Sequence[str] | None) -> None:
 
         table = combine_sweep(folder)
         print(f"sweep summary: {table}")
+
+
+def run_single(world: World, flags: list[str], overrides: list[str], darshan_preloaded: bool) -> None:
+    """One run (no -m), composed once on each rank: by Hydra, for the run. That config is checked,
+    and rank 0 claims the run folder, between Hydra composing it and Hydra writing anything
+    (`_checked_when_composed`), instead of a first composition made only to check it: ~20 ms of
+    CPU of every rank's start (the second composition found Hydra's and OmegaConf's caches warm).
+    A refused command line still leaves nothing behind, and every rank still agrees on the refusal
+    and on the folder."""
+    from dlio_ckpt.config.load import check_override_keys, check_run, composition_error
+
+    key = "hydra.run.dir"
+    refusal = None
+    try:
+        check_override_keys(overrides)
+    except UserError as exc:
+        refusal = str(exc)
+    refusal = agreed_refusal(world, refusal)
+    if refusal:
+        fail(world, refusal)
+    launch = {}
+    quiet = () if world.is_root else _QUIET_RANK_OVERRIDES
+
+    def admit(compose):
+        """Hydra's composition of the run, checked on every rank; then the folder, claimed by rank 0,
+        goes into the composed config as a `hydra.run.dir=FOLDER` override would have put it."""
+        refusal = cfg = None
+        try:
+            cfg = compose()
+        except Exception as exc:
+            refusal = str(composition_error(exc))
+        else:
+            try:
+                check_run(cfg, overrides, world.size)
+            except UserError as exc:
+                refusal = str(exc)
+        refusal = agreed_refusal(world, refusal)
+        if refusal:
+            fail(world, refusal)
+        try:
+            _, folder, token = choose_output_folder(world, overrides, multirun=False)
+        except UserError as exc:
+            fail(world, str(exc))
+        darshan_runtime = start_darshan_runtime(world, folder, darshan_preloaded)
+        launch["task"] = make_task(world, f"{folder.name}-{token}", False, darshan_runtime)
+        cfg.hydra.run.dir = str(folder)
+        # where the override would have been: after the user's, before the quiet ranks' and the
+        # hydra.mode=RUN Hydra appends (.hydra/hydra.yaml is then what a second composition gave)
+        listed, tail = cfg.hydra.overrides.hydra, (*quiet, "hydra.mode=RUN")
+        at = len(listed) - len(tail) if tuple(listed[-len(tail):]) == tail else len(listed)
+        listed.insert(at, f"{key}={folder}")
+        return cfg
+
+    arguments = [o for o in overrides if not o.startswith(key + "=")] + list(quiet)
+    _run_hydra(flags + arguments, task=lambda cfg: launch["task"](cfg), admit=admit)
+
+
+def start_darshan_runtime(world: World, folder: Path, preloaded: bool):
+    """With darshan-runtime preloaded: its log goes to the run folder (trace/runtime.py); None without."""
+    if not preloaded:
+        return None
+    from dlio_ckpt.trace.runtime import prepare_darshan_runtime
+
+    runtime = prepare_darshan_runtime(os.environ, folder, world.size, folder.name, rank=world.rank,
+                                      mpi=world.comm is not None)
+    if runtime is not None and world.is_root:
+        print(f"dlio_ckpt: {runtime.message}", file=sys.stderr, flush=True)
+    return runtime
+
+
+def _sets_hydra_mode(arguments: Sequence[str]) -> bool:
+    return any(a.lstrip("+~").startswith("hydra.mode") for a in arguments)
 
 
 def print_scaled_config(flags: Sequence[str], overrides: Sequence[str]) -> None:
@@ -428,7 +500,8 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
     return task
 
 
-def _run_hydra(arguments: list[str], task) -> None:
+def _run_hydra(arguments: list[str], task, admit=None) -> None:
+    """Hydra's main with `arguments` as its command line; `admit`: see _checked_when_composed."""
     import hydra
 
     from dlio_ckpt.config.load import conf_dir
@@ -436,7 +509,7 @@ def _run_hydra(arguments: list[str], task) -> None:
     saved = sys.argv
     sys.argv = [saved[0] if saved else "dlio_ckpt"] + arguments
     try:
-        with _mode_unset_unless_given(arguments):
+        with _mode_unset_unless_given(arguments), _checked_when_composed(admit):
             hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(task)()
     finally:
         sys.argv = saved
@@ -452,7 +525,7 @@ def _mode_unset_unless_given(arguments: list[str]) -> Iterator[None]:
     is left to Hydra's own get_mode."""
     from hydra._internal.hydra import Hydra
 
-    if any(a.lstrip("+~").startswith("hydra.mode") for a in arguments) or not hasattr(Hydra, "get_mode"):
+    if _sets_hydra_mode(arguments) or not hasattr(Hydra, "get_mode"):
         yield
         return
     original = Hydra.get_mode
@@ -461,3 +534,32 @@ def _mode_unset_unless_given(arguments: list[str]) -> Iterator[None]:
         yield
     finally:
         Hydra.get_mode = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _checked_when_composed(admit) -> Iterator[None]:
+    """While Hydra runs a single run, its composition of the run's config goes through `admit`,
+    which gets the composing as a call (`admit(compose)`) and returns the config Hydra goes on
+    with, or raises SystemExit to refuse the command line. Hydra composes the run's config before
+    it creates the run folder, writes `.hydra/` or sets up logging, so what admit refuses leaves
+    nothing written. Only the first composition in run mode is admitted (the only one a single
+    run makes, get_mode's being skipped by _mode_unset_unless_given)."""
+    if admit is None:
+        yield
+        return
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.types import RunMode
+
+    original = ConfigLoaderImpl.load_configuration
+    pending = [admit]
+
+    def load_configuration(self, *args, **kwargs):
+        if not pending or kwargs.get("run_mode") != RunMode.RUN:
+            return original(self, *args, **kwargs)
+        return pending.pop()(lambda: original(self, *args, **kwargs))
+
+    ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.load_configuration = original  # type: ignore[method-assign]

@@ -208,8 +208,7 @@ def compose_each(jobs: Sequence[Sequence[str]]) -> Iterator[DictConfig]:
         except ConfigError:
             raise
         except Exception as exc:
-            message = " ".join(str(exc).split()) or type(exc).__name__
-            raise ConfigError(f"invalid configuration: {message}") from None
+            raise composition_error(exc) from None
 
     # one parse of the distinct workload overrides, not one per job (a sweep may have thousands)
     register_workloads(workloads_named(sorted({o for job in jobs for o in job if o.startswith("workload")})))
@@ -233,6 +232,23 @@ def compose_each(jobs: Sequence[Sequence[str]]) -> Iterator[DictConfig]:
                 except Exception as exc:
                     raise ConfigError(f"cannot override '{override.input_line}': {' '.join(str(exc).split())}") from None
             yield job
+
+
+def composition_error(exc: Exception) -> ConfigError:
+    """What Hydra raised while composing, as the one-line error a user gets for it."""
+    if isinstance(exc, ConfigError):
+        return exc
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    return ConfigError(f"invalid configuration: {message}")
+
+
+def check_run(cfg: DictConfig, overrides: Sequence[str], world_size: int) -> RunConfig:
+    """Check a single run (no sweep) from the config Hydra composed for it, hydra node included,
+    as validate_command_line checks one composed by itself; the checked RunConfig (no run_dir)."""
+    job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])  # what the task gets: no hydra node
+    config = to_run_config(job, explicit_keys(overrides))
+    check_job(config, world_size)
+    return config
 
 
 def _is_plain_value(override) -> bool:
