@@ -31,7 +31,7 @@ from dlio_ckpt.optional import require
 from dlio_ckpt.plan.read import Batch
 
 
-def _tensorflow() -> Any:
+def load_tensorflow() -> Any:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's C++ start-up chatter out of the run's output
     return require("tensorflow")
 
@@ -107,7 +107,7 @@ def tfdata_batches(paths: Sequence[str], batch_size: int, read_threads: int, pre
     `storage` is the (traced) storage the dataset lives on; its recorder receives the per-file
     read events described in the module docstring. shuffle_buffer_size <= 1 means no shuffle.
     """
-    tf = _tensorflow()
+    tf = load_tensorflow()
     if not paths:
         return
     dataset = build_dataset(tf, paths, batch_size, read_threads, prefetch_size, shuffle_buffer_size, seed, drop_last)
