@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ from dlio_ckpt.config.load import load_config
 from dlio_ckpt.metrics import report
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, JobClock, load_run_events
+from test_tracing import run_in_threads
 
 
 # -- exact totals under threads -----------------------------------------------------------------
@@ -27,8 +27,6 @@ def test_recorder_totals_exact_under_threads():
     """Reader threads and the async persist thread record at once: no update may be lost."""
     recorder = EventRecorder(rank=0, clock=JobClock.start())
     threads_n, events_n = 6, 20_000
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show at once
 
     def work(index: int) -> None:
         phase = "checkpoint" if index % 2 else "train"
@@ -37,14 +35,7 @@ def test_recorder_totals_exact_under_threads():
             recorder.record("read", phase, path, i, 3, 0.0, 0.0)
             recorder.record("write", phase, path, i, 5, 0.0, 0.0)
 
-    try:
-        workers = [threading.Thread(target=work, args=(i,)) for i in range(threads_n)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-    finally:
-        sys.setswitchinterval(previous)
+    run_in_threads(work, list(range(threads_n)))  # threads switched as often as possible: races show at once
     per_phase = threads_n // 2 * events_n
     assert recorder.bytes_read == {"train": 3 * per_phase, "checkpoint": 3 * per_phase}
     assert recorder.bytes_written == {"train": 5 * per_phase, "checkpoint": 5 * per_phase}

@@ -1,6 +1,7 @@
 """The traced POSIX handle (TracedPosixFile) records its own events; every other backend's handles
 are wrapped (TracedFile). The same calls must give the same events either way, and the bytes the
-events count must be the bytes on disk."""
+events count must be the bytes on disk. Where the C extension is built (it is here: test_trace_c.py
+checks), the handle is TracedPosixFileC; `tracer` runs a test both in C and in pure Python."""
 
 from __future__ import annotations
 
@@ -12,10 +13,22 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from dlio_ckpt.storage import events as events_module
 from dlio_ckpt.storage import traced as traced_module
 from dlio_ckpt.storage.events import OPS, PHASES, EventRecorder, JobClock
 from dlio_ckpt.storage.posix import PosixFile, PosixStorage
-from dlio_ckpt.storage.traced import TracedFile, TracedPosixFile, TracedStorage
+from dlio_ckpt.storage.traced import TracedFile, TracedPosixFile, TracedPosixFileC, TracedStorage
+
+
+@pytest.fixture(params=["c", "python"])
+def tracer(request, monkeypatch) -> str:
+    """The tracer's C paths (the default where the extension is built), or its pure-Python ones:
+    events._trace_c is the one switch, read as views, handles and paths are made."""
+    if request.param == "python":
+        monkeypatch.setattr(events_module, "_trace_c", None)
+    else:
+        assert events_module._trace_c is not None
+    return request.param
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,7 @@ def calls_of(recorder: EventRecorder) -> list[tuple]:
 
 
 @pytest.mark.parametrize("direct", [False, True])
-def test_the_traced_posix_handle_records_what_the_wrapper_records(tmp_path, direct):
+def test_the_traced_posix_handle_records_what_the_wrapper_records(tmp_path, direct, tracer):
     if direct and not o_direct_works(tmp_path):
         pytest.skip("no O_DIRECT here")
     results, calls = {}, {}
@@ -97,7 +110,8 @@ def test_the_traced_posix_handle_records_what_the_wrapper_records(tmp_path, dire
         recorder = EventRecorder(rank=0, clock=JobClock.start())
         storage = TracedStorage(backend, recorder)
         handle = storage.open_write(str(folder / "kind.bin"))
-        assert type(handle) is (TracedPosixFile if name == "in_handle" else TracedFile)
+        in_handle = TracedPosixFileC if tracer == "c" else TracedPosixFile
+        assert type(handle) is (in_handle if name == "in_handle" else TracedFile)
         handle.abort()
         results[name] = run_calls(storage, folder)
         calls[name] = calls_of(recorder)[1:]  # the probe's open
@@ -131,7 +145,7 @@ def test_the_traced_posix_handle_records_what_the_wrapper_records(tmp_path, dire
     assert calls["in_handle"] == expected
 
 
-def test_reads_past_the_first_keep_last_moved_and_the_closure_ends_with_the_handle(tmp_path):
+def test_reads_past_the_first_keep_last_moved_and_the_closure_ends_with_the_handle(tmp_path, tracer):
     path = tmp_path / "f.bin"
     path.write_bytes(os.urandom(3 * 4096 + 100))
     handle = TracedStorage(PosixStorage(), EventRecorder(rank=0, clock=JobClock.start())).open_read(str(path))
@@ -143,7 +157,7 @@ def test_reads_past_the_first_keep_last_moved_and_the_closure_ends_with_the_hand
     assert "read_at_into" not in vars(handle)  # no cycle left through the handle's __dict__
 
 
-def test_a_handle_collected_unclosed_records_no_close_and_publishes_nothing(tmp_path, monkeypatch):
+def test_a_handle_collected_unclosed_records_no_close_and_publishes_nothing(tmp_path, monkeypatch, tracer):
     """As with the wrapper: an exception path drops the handle; its descriptors are closed, a
     staged file is discarded, and no close is recorded. A file that does not open leaves no event,
     no path and nothing printed at collection."""
@@ -175,7 +189,9 @@ def test_a_handle_collected_unclosed_records_no_close_and_publishes_nothing(tmp_
 def test_traced_times_are_the_clock_readings_on_the_job_clock_exactly(tmp_path, monkeypatch):
     """Handles append perf_counter readings as they are; the recorder takes the clock's shift off
     each, the one float64 subtraction JobClock.now() makes, so an event's times are what now()
-    would have said at those readings, to the bit."""
+    would have said at those readings, to the bit. (Pure Python, whose readings can be replaced;
+    the C paths read the same clock themselves: test_trace_c.py.)"""
+    monkeypatch.setattr(events_module, "_trace_c", None)
     readings = iter(np.linspace(987654.123456789, 987654.223456789, 12).tolist())
     taken = []
 

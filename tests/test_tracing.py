@@ -17,6 +17,21 @@ from dlio_ckpt.storage.posix import PosixStorage
 from dlio_ckpt.storage.traced import TracedStorage
 
 
+def run_in_threads(work, arguments: list) -> None:
+    """work(argument) in one thread per argument, all at once, with the GIL handed over as often
+    as Python allows (a switch interval of 1 us), so that their appends interleave."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        workers = [threading.Thread(target=work, args=(argument,)) for argument in arguments]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(previous)
+
+
 def test_each_call_of_a_traced_handle_is_one_event_with_its_offset_length_and_time(tmp_path):
     clock = JobClock.start(job_start_wall=0.0)  # an origin long ago: times are large, as on a real job
     recorder = EventRecorder(rank=0, clock=clock)
@@ -54,8 +69,6 @@ def test_threads_reading_through_traced_handles_lose_no_event_across_compactions
         path.write_bytes(os.urandom(4096 * 8))
         files.append(str(path))
     rounds = 150
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
 
     def work(path: str) -> None:
         buffer = bytearray(4096)
@@ -65,14 +78,7 @@ def test_threads_reading_through_traced_handles_lose_no_event_across_compactions
                 handle.read_at_into(buffer, block * 4096)
             handle.close()
 
-    try:
-        workers = [threading.Thread(target=work, args=(path,)) for path in files]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-    finally:
-        sys.setswitchinterval(previous)
+    run_in_threads(work, files)
     assert len(recorder._chunks) > 10  # the events really went through numpy chunks
     events = recorder.array()
     assert len(events) == 4 * rounds * 10

@@ -7,6 +7,10 @@ chunk and joined into one array when the run ends. Times are seconds since the j
 clock that all ranks share (`JobClock`), so events of different ranks can be put on one timeline
 (traced handles append raw perf_counter readings, flagged RAW_TIMES in the phase, and the
 recorder moves them onto that clock as it converts them).
+
+The traced POSIX handle's hot paths and the recorder's path registration are in C where the
+optional extension `_trace_c` is built (`_trace_c` below: the one place that decides); the same
+events come from pure Python without it.
 """
 
 from __future__ import annotations
@@ -58,6 +62,24 @@ COMPACT_EVENTS = 1 << 16
 # job clock (minus JobClock.shift, the same float64 subtraction) when it converts them.
 RAW_TIMES = 0x80
 OP_OPEN, OP_CLOSE, OP_READ, OP_WRITE, OP_FSYNC = (OP_CODE[op] for op in ("open", "close", "read", "write", "fsync"))
+
+
+def _load_trace_c():
+    """The C hot paths (storage/_trace_c.c), or None where they are not to be used: not built (an
+    install without a compiler) or a perf_counter on another clock than the module reads (its
+    times must mix with the ones Python records). The tracer reads `_trace_c` when it builds a
+    view's openers and picks the POSIX handle class, and the recorder when it adds a path, so
+    setting it to None (tests) gives the pure-Python paths for what is built after."""
+    try:
+        from dlio_ckpt.storage import _trace_c
+    except ImportError:
+        return None
+    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
+        return None
+    return _trace_c
+
+
+_trace_c = _load_trace_c()
 
 
 def events_of(packed: bytearray, shift: float = 0.0) -> np.ndarray:
@@ -136,6 +158,8 @@ class EventRecorder:
     def path_id(self, path: str) -> int:
         index = self._path_index.get(path)
         if index is None:
+            if _trace_c is not None:  # the same, in one step under the GIL, without the lock
+                return _trace_c.path_index(self._path_index, self.paths, path)
             with self._path_lock:  # two threads adding paths must not take the same index
                 index = self._path_index.get(path)
                 if index is None:

@@ -269,10 +269,11 @@ class PosixStorage:
     @property
     def traced_handle(self) -> type[PosixFile]:
         """TracedStorage's hook (storage/traced.py): the PosixFile subclass that records its own
-        events, which the openers below build when given it, so a traced file is one object."""
-        from dlio_ckpt.storage.traced import TracedPosixFile  # the tracer imports this module
+        events, which the openers below build when given it, so a traced file is one object:
+        TracedPosixFileC where the C extension is built, else TracedPosixFile."""
+        from dlio_ckpt.storage.traced import traced_posix_handle  # the tracer imports this module
 
-        return TracedPosixFile
+        return traced_posix_handle()
 
     def open_read(self, path: str, handle_class: type[PosixFile] = PosixFile) -> PosixFile:
         return handle_class(path, writable=False, direct=self.direct_io)

@@ -7,7 +7,10 @@ of the view: `storage.with_phase("train")` returns a wrapper that tags its event
 A handle of any backend is wrapped in a TracedFile. A backend may instead offer handles that
 record their own events (`traced_handle`, below): POSIX does (TracedPosixFile), so a traced POSIX
 file is one object, not a handle plus a wrapper, which cost about as much per file as the file's
-three events.
+three events. Where the optional C extension is built (events._trace_c, storage/_trace_c.c), a
+traced POSIX file's open, buffered reads and plain close are each one call into it
+(TracedPosixFileC, TracedStorage._opener): the same events, a few Python calls fewer per event,
+which at 1 MiB page-cache reads is most of the tracer's cost (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import io
 from contextlib import suppress
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, partial
 from os import preadv
 from time import perf_counter
 from typing import Any
@@ -30,7 +33,7 @@ from dlio_ckpt.storage.posix import PosixFile
 def _record_close(trace: tuple, start: float, end: float) -> None:
     """A traced handle's close, after which the recorder compacts if its bytearray is full: checked
     here (EventRecorder.compact takes a lock) rather than per read."""
-    phase, file, extend, recorder = trace
+    phase, file, extend, recorder, _ = trace
     extend(pack_event(OP_CLOSE, phase, file, -1, 0, start, end))
     if len(extend.__self__) >= _events.COMPACT_EVENTS * EVENT_BYTES:
         recorder.compact()
@@ -41,8 +44,8 @@ class TracedFile(io.RawIOBase):
     backend's handle gets (S3's, whose calls are network requests: nothing here needs to be fast)."""
 
     def __init__(self, inner: Any, path: str, trace: tuple) -> None:
-        """`trace`: (phase, path index, extend, recorder), as TracedStorage looks them up once per
-        view (phase with RAW_TIMES: times are perf_counter readings, put on the job clock when the
+        """`trace`: (phase, path index, extend, recorder, events), as TracedStorage looks them up
+        once per view (phase with RAW_TIMES: times are perf_counter readings, put on the job clock when the
         recorder converts them). No io.RawIOBase.__init__ (it does nothing)."""
         self._inner = inner
         self.path = path
@@ -80,7 +83,7 @@ class TracedFile(io.RawIOBase):
                 length = result if isinstance(result, int) else len(result)
         else:
             length = result if isinstance(result, int) else len(result) if result is not None else 0
-        phase, file, extend, _ = self._trace
+        phase, file, extend, _, _ = self._trace
         extend(pack_event(op, phase, file, offset, length, start, end))
         return result
 
@@ -148,7 +151,7 @@ class TracedPosixFile(PosixFile):
     `seek` and the like are not data I/O and are not recorded, as with the wrapper.
     """
 
-    # (phase, path index, extend, recorder): set by TracedStorage right after opening, before any call.
+    # (phase, path index, extend, recorder, events): set by TracedStorage right after opening, before any call.
     _trace: tuple
     _read_before = False
 
@@ -171,7 +174,7 @@ class TracedPosixFile(PosixFile):
             self.last_moved = moved = count = preadv(self._fd, [buffer], offset)
             end = perf_counter()
             self._read_before = True
-        phase, file, extend, _ = self._trace
+        phase, file, extend, _, _ = self._trace
         extend(pack_event(OP_READ, phase, file, offset, moved, start, end))
         return count
 
@@ -181,7 +184,7 @@ class TracedPosixFile(PosixFile):
         looks up several. It makes the one preadv PosixFile.read_at_into makes and times just
         that. It keeps `last_moved` current through the handle's __dict__, not the handle (which
         would then live until the garbage collector finds it); close() drops the closure."""
-        phase, file, extend, _ = self._trace
+        phase, file, extend, _, _ = self._trace
         pack, fd, state = pack_event, self._fd, self.__dict__
 
         def read_at_into(buffer, offset: int) -> int:
@@ -197,7 +200,7 @@ class TracedPosixFile(PosixFile):
         start = perf_counter()
         data = PosixFile.read_at(self, offset, size)
         end = perf_counter()
-        phase, file, extend, _ = self._trace
+        phase, file, extend, _, _ = self._trace
         extend(pack_event(OP_READ, phase, file, offset, self.last_moved, start, end))
         return data
 
@@ -205,7 +208,7 @@ class TracedPosixFile(PosixFile):
         start = perf_counter()
         count = PosixFile.write_at(self, data, offset)
         end = perf_counter()
-        phase, file, extend, _ = self._trace
+        phase, file, extend, _, _ = self._trace
         extend(pack_event(OP_WRITE, phase, file, offset, count, start, end))
         return count
 
@@ -213,7 +216,7 @@ class TracedPosixFile(PosixFile):
         start = perf_counter()
         PosixFile.fsync(self)
         end = perf_counter()
-        phase, file, extend, _ = self._trace
+        phase, file, extend, _, _ = self._trace
         extend(pack_event(OP_FSYNC, phase, file, -1, 0, start, end))
 
     def close(self) -> None:
@@ -226,7 +229,7 @@ class TracedPosixFile(PosixFile):
         PosixFile.close(self)
         end = perf_counter()
         # _record_close written out: a call less on every file
-        phase, file, extend, recorder = self._trace
+        phase, file, extend, recorder, _ = self._trace
         extend(pack_event(OP_CLOSE, phase, file, -1, 0, start, end))
         if len(extend.__self__) >= _events.COMPACT_EVENTS * EVENT_BYTES:
             recorder.compact()
@@ -245,6 +248,58 @@ class TracedPosixFile(PosixFile):
                 PosixFile.close(self)
 
 
+class TracedPosixFileC(TracedPosixFile):
+    """TracedPosixFile with a buffered read and a plain handle's close in C (_trace_c.c): each one
+    call, given the handle's trace tuple, that times the system call and appends its event, where
+    Python makes five (two clock readings, the call, the packing, the append). The same events;
+    O_DIRECT reads and a staged handle's close (a publish) go through TracedPosixFile. Only
+    built where events._trace_c is."""
+
+    def read_at_into(self, buffer, offset: int) -> int:
+        """As TracedPosixFile's: the first buffered read by look-ups, a closure from the second."""
+        if self.direct:
+            return TracedPosixFile.read_at_into(self, buffer, offset)
+        if self._read_before:
+            fast = self.read_at_into = self._fast_read_at_into()
+            return fast(buffer, offset)
+        self.last_moved = count = _read_into(self._trace, OP_READ, self._fd, buffer, offset)
+        self._read_before = True
+        return count
+
+    def _fast_read_at_into(self):
+        read_into, trace, fd, state = _read_into, self._trace, self._fd, self.__dict__
+
+        def read_at_into(buffer, offset: int) -> int:
+            state["last_moved"] = count = read_into(trace, OP_READ, fd, buffer, offset)
+            return count
+
+        return read_at_into
+
+    def close(self) -> None:
+        """A buffered handle that publishes nothing has one descriptor to close: close(2), timed
+        in C, then what io.RawIOBase.close does (PosixFile._release has nothing else to do for
+        it). As there, the handle is closed even when close(2) fails, and nothing is recorded."""
+        if self.direct or self._publish_as is not None or self.closed:
+            return TracedPosixFile.close(self)
+        self.__dict__.pop("read_at_into", None)
+        try:
+            size = _close_fd(self._trace, OP_CLOSE, self._fd)
+        finally:
+            io.RawIOBase.close(self)
+        if size >= _events.COMPACT_EVENTS * EVENT_BYTES:
+            self._trace[3].compact()
+
+
+# The C functions TracedPosixFileC calls, bound once (None where the extension is not built).
+_read_into, _close_fd = (None, None) if _events._trace_c is None else (_events._trace_c.read_into, _events._trace_c.close_fd)
+
+
+def traced_posix_handle() -> type[PosixFile]:
+    """What PosixStorage.traced_handle offers: TracedPosixFileC where the C extension is to be
+    used (events._trace_c), else TracedPosixFile."""
+    return TracedPosixFile if _events._trace_c is None else TracedPosixFileC
+
+
 @dataclass(frozen=True)
 class TracedStorage:
     """A storage backend whose every operation is recorded under the current phase."""
@@ -260,46 +315,64 @@ class TracedStorage:
     def with_phase(self, phase: str) -> "TracedStorage":
         return replace(self, phase=phase)
 
-    @cached_property
-    def _constants(self) -> tuple:
-        """What every handle of this view records with, looked up once per view: the phase, with
+    def _opener(self, opener):
+        """`opener`, one of the backend's, as this view's: a closure over what every handle of the
+        view records with, built once per view (open_read and the like are cached properties that
+        hold it), so an open is one Python call here, with no look-ups by name: the phase, with
         RAW_TIMES (handles append perf_counter readings as they are, no subtraction per event),
         the recorder's extender, its path -> index table, read without the lock (a path not there
-        yet goes through `path_id`, which takes it), and the backend's `traced_handle`.
+        yet goes through `path_id`, which takes it; after the open, so a file that fails to open
+        leaves no path), and the backend's `traced_handle`. Where the C extension is built
+        (events._trace_c) and the backend has the hook, its `open_traced` does all of this in
+        one call: the open timed, the path's index (`path_index`, what path_id does then), the
+        handle's `_trace` and the open event, exactly as here.
 
         `traced_handle`, the hook a backend may offer: a handle class whose instances record their
         own events, which the backend's open_read / open_write / open_staged build when given it
-        as their second argument (`handle_class`), and which gets the trace tuple as `_trace`
-        right after opening. Its events must be exactly a TracedFile's; without the hook (S3),
+        as their second argument (`handle_class`), and which gets the trace tuple (phase, path
+        index, extend, recorder, events: the bytearray extend appends to) as `_trace` right after
+        opening. Its events must be exactly a TracedFile's; without the hook (S3),
         handles are wrapped. A backend subclass that overrides an opener overrides this too."""
         recorder = self.recorder
-        return (PHASE_CODE[self.phase] | RAW_TIMES, recorder.extender(), recorder.path_table(),
-                getattr(self.inner, "traced_handle", None))
+        phase, extend, paths = PHASE_CODE[self.phase] | RAW_TIMES, recorder.extender(), recorder.path_table()
+        traced_handle, trace_c, events = getattr(self.inner, "traced_handle", None), _events._trace_c, extend.__self__
+        path_id = recorder.path_id
 
-    def _open(self, path: str, opener):
-        phase, extend, paths, traced_handle = self._constants
-        start = perf_counter()
-        handle = opener(path) if traced_handle is None else opener(path, traced_handle)
-        end = perf_counter()
-        recorder = self.recorder
-        index = paths.get(path)
-        if index is None:
-            index = recorder.path_id(path)
-        extend(pack_event(OP_OPEN, phase, index, -1, 0, start, end))
-        if traced_handle is None:
-            return TracedFile(handle, path, (phase, index, extend, recorder))
-        handle._trace = (phase, index, extend, recorder)
-        return handle
+        def open_traced(path: str):
+            start = perf_counter()
+            handle = opener(path) if traced_handle is None else opener(path, traced_handle)
+            end = perf_counter()
+            index = paths.get(path)
+            if index is None:
+                index = path_id(path)
+            extend(pack_event(OP_OPEN, phase, index, -1, 0, start, end))
+            trace = (phase, index, extend, recorder, events)
+            if traced_handle is None:
+                return TracedFile(handle, path, trace)
+            handle._trace = trace
+            return handle
 
-    def open_read(self, path: str):
-        return self._open(path, self.inner.open_read)
+        if trace_c is None or traced_handle is None:
+            return open_traced
+        # the same in C, and no Python frame at all: partial of a builtin calls it directly
+        return partial(trace_c.open_traced, (opener, traced_handle, paths, recorder.paths, phase, extend, recorder, events),
+                       OP_OPEN)
 
-    def open_write(self, path: str):
-        return self._open(path, self.inner.open_write)
+    @cached_property
+    def open_read(self):
+        """open_read(path): the backend's, traced (`_opener`)."""
+        return self._opener(self.inner.open_read)
 
-    def open_staged(self, path: str):
-        """The backend's commit primitive; its publish step is traced as the handle's close."""
-        return self._open(path, self.inner.open_staged)
+    @cached_property
+    def open_write(self):
+        """open_write(path): the backend's, traced (`_opener`)."""
+        return self._opener(self.inner.open_write)
+
+    @cached_property
+    def open_staged(self):
+        """open_staged(path): the backend's commit primitive, traced (`_opener`); its publish step
+        is traced as the handle's close."""
+        return self._opener(self.inner.open_staged)
 
     @property
     def capabilities(self):
