@@ -142,8 +142,8 @@ class EventRecorder:
     thread. It keeps no running totals, because an unlocked read-modify-write of a shared
     counter loses updates between threads; it only appends one event's packed bytes (a single
     `bytearray.extend`, atomic in CPython, so events never interleave) and looks up the
-    file's index, taking a lock only the first time a path is seen, so the common call stays
-    cheap and nothing is ever lost.
+    file's index, taking a lock only the first time a path is seen (none where the C extension
+    adds it, in one step under the GIL), so the common call stays cheap and nothing is ever lost.
     """
 
     rank: int
