@@ -15,7 +15,7 @@ import pytest
 
 from dlio_ckpt.storage import events as events_module
 from dlio_ckpt.storage.events import (EVENT_BYTES, EVENT_DTYPE, OP_CLOSE, OP_OPEN, OP_READ, PHASE_CODE, RAW_TIMES,
-                                      EventRecorder, JobClock, pack_event)
+                                      EventRecorder, JobClock)
 from dlio_ckpt.storage.posix import PosixStorage
 from dlio_ckpt.storage.traced import TracedPosixFile, TracedPosixFileC, TracedStorage, traced_posix_handle
 
@@ -186,7 +186,7 @@ def test_c_times_are_perf_counter_readings(data_file):
         assert before <= start < end <= after
 
 
-def test_errors_are_os_errors_with_their_errno_and_record_nothing(tmp_path, data_file):
+def test_errors_are_os_errors_with_their_errno_and_record_nothing(data_file):
     fd, _ = data_file
     trace = a_trace()
     read, write = os.pipe()
@@ -242,7 +242,7 @@ def test_an_events_bytearray_with_a_view_open_is_refused_and_the_read_is_returne
     assert trace_c.read_into(trace, OP_READ, fd, bytearray(10), 0) == 10 and len(trace[4]) == EVENT_BYTES
 
 
-def test_a_closed_descriptor_is_closed_once_and_the_handle_is_closed_all_the_same(tmp_path, tracer_c_handle):
+def test_a_closed_descriptor_is_closed_once_and_the_handle_is_closed_all_the_same(tracer_c_handle):
     handle, recorder = tracer_c_handle
     os.close(handle.fileno())  # someone else closed it: close(2) now fails
     with pytest.raises(OSError) as raised:

@@ -33,9 +33,9 @@ from dlio_ckpt.storage.posix import PosixFile
 def _record_close(trace: tuple, start: float, end: float) -> None:
     """A traced handle's close, after which the recorder compacts if its bytearray is full: checked
     here (EventRecorder.compact takes a lock) rather than per read."""
-    phase, file, extend, recorder, _ = trace
+    phase, file, extend, recorder, events = trace
     extend(pack_event(OP_CLOSE, phase, file, -1, 0, start, end))
-    if len(extend.__self__) >= _events.COMPACT_EVENTS * EVENT_BYTES:
+    if len(events) >= _events.COMPACT_EVENTS * EVENT_BYTES:
         recorder.compact()
 
 
@@ -229,9 +229,9 @@ class TracedPosixFile(PosixFile):
         PosixFile.close(self)
         end = perf_counter()
         # _record_close written out: a call less on every file
-        phase, file, extend, recorder, _ = self._trace
+        phase, file, extend, recorder, events = self._trace
         extend(pack_event(OP_CLOSE, phase, file, -1, 0, start, end))
-        if len(extend.__self__) >= _events.COMPACT_EVENTS * EVENT_BYTES:
+        if len(events) >= _events.COMPACT_EVENTS * EVENT_BYTES:
             recorder.compact()
 
     def __del__(self) -> None:
