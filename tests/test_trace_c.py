@@ -115,11 +115,17 @@ def test_an_open_in_c_adds_its_path_and_event_only_once_the_file_is_open(tmp_pat
     assert (op, phase, file, offset, length) == (OP_OPEN, PHASE_CODE["checkpoint"] | RAW_TIMES, 0, -1, 0)
     assert before <= start <= end <= after and close[0] == OP_CLOSE
     opened = []
-    view = (lambda path, handle_class: opened.append(path), TracedPosixFileC, {}, [], PHASE, None, None, b"")
+    view = (lambda path, handle_class: opened.append(path), TracedPosixFileC, {}, [], PHASE, None, None, b"", OP_OPEN,
+            "_trace")
     with pytest.raises(TypeError, match="bytearray"):
-        trace_c.open_traced(view, OP_OPEN, str(tmp_path / "never.bin"))
+        trace_c.opener(view)
     with pytest.raises(TypeError, match="view must be"):
-        trace_c.open_traced(view[:7], OP_OPEN, str(tmp_path / "never.bin"))
+        trace_c.opener(view[:9])
+    with pytest.raises(ValueError, match="op must be in 0..255"):
+        trace_c.opener(view[:7] + (bytearray(), 256, "_trace"))
+    open_traced = trace_c.opener(view[:7] + (bytearray(), OP_OPEN, "_trace"))
+    with pytest.raises(TypeError, match="takes 1 arguments"):
+        open_traced(str(tmp_path / "never.bin"), TracedPosixFileC)
     assert opened == []
 
 
@@ -178,7 +184,7 @@ def test_c_times_are_perf_counter_readings(data_file):
         bounds.append((before, time.perf_counter()))
     duplicate = os.dup(fd)
     before = time.perf_counter()
-    trace_c.close_fd(trace, OP_CLOSE, duplicate)
+    assert trace_c.close_fd(trace, OP_CLOSE, duplicate) == 11  # the events the bytearray holds now
     bounds.append((before, time.perf_counter()))
     events = unpacked(trace[4])
     assert len(events) == len(bounds) == 11
@@ -240,6 +246,33 @@ def test_an_events_bytearray_with_a_view_open_is_refused_and_the_read_is_returne
         with pytest.raises(BufferError):
             trace_c.read_into(trace, OP_READ, fd, bytearray(10), 0)
     assert trace_c.read_into(trace, OP_READ, fd, bytearray(10), 0) == 10 and len(trace[4]) == EVENT_BYTES
+    full = bytearray(2000)  # allocated to its size: the append must grow it first (by 7/8), and cannot
+    with memoryview(full):
+        with pytest.raises(BufferError):
+            trace_c.read_into(a_trace()[:4] + (full,), OP_READ, fd, bytearray(10), 0)
+    assert full == bytearray(2000)
+
+
+def test_the_events_bytearray_grows_by_seven_eighths_and_holds_exactly_its_events(data_file):
+    """bytearray.extend grows a bytearray by 1/8, copying what it holds ~8 times over on the way to
+    COMPACT_EVENTS events; the C append grows it by 7/8 past 1 KiB (one copy or so). Counted by the
+    allocation sys.getsizeof reports: far fewer reallocations than extend makes for the same
+    events, and the bytearray's length is always exactly its events, every one of them intact."""
+    fd, data = data_file
+    grown, extended = bytearray(), bytearray()
+    trace = a_trace()[:4] + (grown,)
+    sizes: dict[str, set[int]] = {"c": set(), "extend": set()}
+    for index in range(5000):
+        assert trace_c.read_into(trace, OP_READ, fd, bytearray(7), index) == 7
+        extended.extend(grown[-EVENT_BYTES:])
+        assert len(grown) == len(extended) == (index + 1) * EVENT_BYTES
+        if len(grown) > 1024:
+            sizes["c"].add(sys.getsizeof(grown))
+            sizes["extend"].add(sys.getsizeof(extended))
+    assert len(sizes["c"]) <= 12 < 40 <= len(sizes["extend"])
+    assert grown == extended
+    rows = np.frombuffer(bytes(grown), EVENT_DTYPE)
+    assert rows["offset"].tolist() == list(range(5000)) and set(rows["length"].tolist()) == {7}
 
 
 def test_a_closed_descriptor_is_closed_once_and_the_handle_is_closed_all_the_same(tracer_c_handle):

@@ -3,18 +3,21 @@
 Why C: a 1 MiB read's copy evicts the interpreter's code and data from the core's L2 cache, so
 every Python-level call the tracer adds around it runs cold (~1.5 us an event against 0.3 us at
 4 KiB, benchmarks/README.md). Here a read, its two clock readings and the packing and appending
-of its event are one call, as are a close and an open (`open_traced`, which calls the backend's
-opener and registers the path in the recorder's table without a lock: `path_index`).
+of its event are one call, as are a close and an open (`opener` makes a view's open, a builtin
+bound to the view, which calls the backend's opener and registers the path in the recorder's
+table without a lock: `path_index`). What little else the tracer does per file is kept to few
+cache lines for the same reason: no functools.partial around the open, no copy of its arguments,
+and a bytearray that grows by 7/8 rather than 1/8 (append_event).
 
 What each function appends is exactly what events.pack_event packs ("=BBIqqdd": 38 bytes,
 native order, no padding), with the phase's RAW_TIMES bit set by the caller: its times are raw
 clock readings on time.perf_counter's clock (CLOCK_MONOTONIC; storage/traced.py uses this
 module only where perf_counter reports that clock), so they mix with Python-recorded events.
 
-Appends happen with the GIL held, in one resize and copy, so threads appending to one bytearray
+Appends happen with the GIL held, in one step (a resize, or two, and a copy), so threads appending to one bytearray
 never interleave or lose an event (bytearray.extend gives the same guarantee); the system call
-runs without the GIL, as os.preadv and os.close run it. The module's only state is a constant:
-the attribute name "_trace", interned once. */
+runs without the GIL, as os.preadv and os.close run it. The module has no state: what an open
+needs is in the tuple its builtin is bound to. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -117,8 +120,18 @@ append_event(const event_head *head, int64_t offset, int64_t length, double star
     memcpy(event + 14, &length, 8);
     memcpy(event + 22, &start, 8);
     memcpy(event + 30, &end, 8);
-    Py_ssize_t size = PyByteArray_GET_SIZE(head->events);
-    /* over-allocates as extend does; refuses (BufferError) while a view of it exists, as extend does */
+    PyByteArrayObject *array = (PyByteArrayObject *)head->events;
+    Py_ssize_t size = Py_SIZE(array);
+    /* Room for the event: bytearray grows by 1/8 when full, which copies what it holds ~8 times
+       over as it grows to COMPACT_EVENTS events (~300 bytes copied an event). Past 1 KiB it is
+       grown here by 7/8 instead (about one copy): a Resize to the larger size allocates exactly
+       that, and the Resize down to the event's end then only sets the size, as bytearray keeps
+       its allocation unless the size falls under half of it. Its fields (ob_alloc, ob_start,
+       ob_bytes) are read only to know whether the event fits. Both Resizes refuse (BufferError)
+       while a view of it exists, as extend does; no Python code runs between them. */
+    Py_ssize_t room = array->ob_alloc - (array->ob_start - array->ob_bytes) - 1;
+    if (size + EVENT_BYTES > room && size >= 1024 && PyByteArray_Resize(head->events, size + (size >> 3) * 7) < 0)
+        return -1;
     if (PyByteArray_Resize(head->events, size + EVENT_BYTES) < 0)
         return -1;
     memcpy(PyByteArray_AS_STRING(head->events) + size, event, EVENT_BYTES);
@@ -190,9 +203,10 @@ read_into(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(close_fd_doc,
-"close_fd(trace, op, fd) -> length of the trace's events\n\n"
+"close_fd(trace, op, fd) -> number of the trace's events\n\n"
 "os.close(fd), timed, and its event (op, the trace's phase and file, -1, 0, start, end) appended\n"
-"to the trace's events; returns their length after, for the caller's compaction check. Errors\n"
+"to the trace's events; returns how many events they hold after, for the caller's compaction\n"
+"check. Errors\n"
 "as os.close's"
 " (the descriptor is gone all the same, no retry on EINTR); no event then.");
 
@@ -215,7 +229,7 @@ close_fd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (append_event(&head, -1, 0, start, end) < 0)
         return NULL;
-    return PyLong_FromSsize_t(PyByteArray_GET_SIZE(head.events));
+    return PyLong_FromSsize_t(PyByteArray_GET_SIZE(head.events) / EVENT_BYTES);
 }
 
 /* table[path] (a new reference), adding path first where it is new: index len(paths), path
@@ -269,37 +283,28 @@ path_index(PyObject *module, PyObject *args)
     return PyArg_ParseTuple(args, "OOO:path_index", &table, &paths, &path) ? index_of(table, paths, path) : NULL;
 }
 
-/* The module's one piece of state: the attribute name "_trace", interned once at import. */
-typedef struct {
-    PyObject *trace_name;
-} module_state;
-
 PyDoc_STRVAR(open_traced_doc,
-"open_traced(view, op, path) -> handle\n\n"
-"TracedStorage's open of a handle that records its own events: with view the tuple (opener,\n"
-"handle_class, table, paths, phase, extend, recorder, events), calls opener(path, handle_class)\n"
-"timed, then finds or adds the path's index (path_index), sets the handle's _trace to (phase,\n"
-"index, extend, recorder, events) and appends the open event (op, phase, index, -1, 0, start,\n"
-"end). A failed open adds no path and records nothing.");
+"open_traced(path) -> handle\n\n"
+"TracedStorage's open of a handle that records its own events, bound to its view (see opener).");
 
+/* An open, bound to its view (opener below): calls opener(path, handle_class) timed, then finds
+   or adds the path's index (index_of), sets the handle's _trace to (phase, index, extend,
+   recorder, events) and appends the open event (op, phase, index, -1, 0, start, end). A failed
+   open adds no path and records nothing. */
 static PyObject *
-open_traced(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+open_traced(PyObject *view, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (check_count("open_traced", nargs, 3) < 0)
+    if (check_count("open_traced", nargs, 1) < 0)
         return NULL;
-    PyObject *view = args[0], *path = args[2];
-    if (!PyTuple_CheckExact(view) || PyTuple_GET_SIZE(view) != 8) {
-        PyErr_SetString(PyExc_TypeError,
-                        "view must be the tuple (opener, handle_class, table, paths, phase, extend, recorder, events)");
-        return NULL;
-    }
+    PyObject *path = args[0];
     PyObject *phase = PyTuple_GET_ITEM(view, 4), *events = PyTuple_GET_ITEM(view, 7);
     event_head head;
-    if (parse_event(events, args[1], phase, &head) < 0)
+    if (parse_event(events, PyTuple_GET_ITEM(view, 8), phase, &head) < 0)
         return NULL;
-    PyObject *call_args[2] = {path, PyTuple_GET_ITEM(view, 1)};
+    /* a slot before the arguments, which a bound method may use for its self (no copy of them) */
+    PyObject *call_args[3] = {NULL, path, PyTuple_GET_ITEM(view, 1)};
     double start = clock_reading();
-    PyObject *handle = PyObject_Vectorcall(PyTuple_GET_ITEM(view, 0), call_args, 2, NULL);
+    PyObject *handle = PyObject_Vectorcall(PyTuple_GET_ITEM(view, 0), call_args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     double end = clock_reading();
     if (handle == NULL)
         return NULL;
@@ -308,7 +313,7 @@ open_traced(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (index == NULL || parse_file(index, &head) < 0)
         goto fail;
     trace = PyTuple_Pack(5, phase, index, PyTuple_GET_ITEM(view, 5), PyTuple_GET_ITEM(view, 6), events);
-    if (trace == NULL || PyObject_SetAttr(handle, ((module_state *)PyModule_GetState(module))->trace_name, trace) < 0)
+    if (trace == NULL || PyObject_SetAttr(handle, PyTuple_GET_ITEM(view, 9), trace) < 0)
         goto fail;
     if (append_event(&head, -1, 0, start, end) < 0)
         goto fail;
@@ -322,42 +327,49 @@ fail:
     return NULL;
 }
 
+static PyMethodDef open_traced_def = {
+    "open_traced", (PyCFunction)(void (*)(void))open_traced, METH_FASTCALL, open_traced_doc};
+
+PyDoc_STRVAR(opener_doc,
+"opener(view) -> open_traced(path)\n\n"
+"TracedStorage's open in C for one view: view is the tuple (opener, handle_class, table, paths,\n"
+"phase, extend, recorder, events, op, name): the backend's opener, the handle class it builds, the\n"
+"recorder's path table and paths, the view's phase (with RAW_TIMES), the recorder's extend, the\n"
+"recorder, its bytearray, the open op and the attribute name '_trace'. Returns a builtin bound to\n"
+"the view, so an open is one call into C with no Python frame or functools.partial around it.");
+
+static PyObject *
+opener(PyObject *module, PyObject *view)
+{
+    if (!PyTuple_CheckExact(view) || PyTuple_GET_SIZE(view) != 10 || !PyUnicode_Check(PyTuple_GET_ITEM(view, 9))) {
+        PyErr_SetString(PyExc_TypeError, "view must be the tuple (opener, handle_class, table, paths, phase, extend, "
+                                         "recorder, events, op, name)");
+        return NULL;
+    }
+    event_head head;  /* refuse a bad phase, op or bytearray now, not at the first open */
+    if (parse_event(PyTuple_GET_ITEM(view, 7), PyTuple_GET_ITEM(view, 8), PyTuple_GET_ITEM(view, 4), &head) < 0)
+        return NULL;
+    return PyCFunction_New(&open_traced_def, view);
+}
+
 static PyMethodDef methods[] = {
     {"read_into", (PyCFunction)(void (*)(void))read_into, METH_FASTCALL, read_into_doc},
     {"close_fd", (PyCFunction)(void (*)(void))close_fd, METH_FASTCALL, close_fd_doc},
     {"path_index", path_index, METH_VARARGS, path_index_doc},
-    {"open_traced", (PyCFunction)(void (*)(void))open_traced, METH_FASTCALL, open_traced_doc},
+    {"opener", opener, METH_O, opener_doc},
     {NULL, NULL, 0, NULL},
 };
-
-static void
-module_free(void *module)
-{
-    module_state *state = PyModule_GetState((PyObject *)module);
-    if (state != NULL)
-        Py_CLEAR(state->trace_name);
-}
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "dlio_ckpt.storage._trace_c",
     .m_doc = "The traced POSIX handle's hot paths in C (see storage/traced.py); optional.",
-    .m_size = sizeof(module_state),
+    .m_size = 0,
     .m_methods = methods,
-    .m_free = module_free,
 };
 
 PyMODINIT_FUNC
 PyInit__trace_c(void)
 {
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL)
-        return NULL;
-    module_state *state = PyModule_GetState(module);
-    state->trace_name = PyUnicode_InternFromString("_trace");
-    if (state->trace_name == NULL) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return PyModule_Create(&module_def);
 }

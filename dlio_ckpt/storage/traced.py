@@ -9,8 +9,10 @@ record their own events (`traced_handle`, below): POSIX does (TracedPosixFile), 
 file is one object, not a handle plus a wrapper, which cost about as much per file as the file's
 three events. Where the optional C extension is built (events._trace_c, storage/_trace_c.c), a
 traced POSIX file's open, buffered reads and plain close are each one call into it
-(TracedPosixFileC, TracedStorage._opener): the same events, a few Python calls fewer per event,
-which at 1 MiB page-cache reads is most of the tracer's cost (benchmarks/README.md).
+(TracedPosixFileC, TracedStorage._opener): the same events, a few Python calls fewer per event.
+At 1 MiB page-cache reads every read's copy evicts the core's cache, so what the tracer costs
+there is mostly the cache lines it touches per file: code and objects kept few for that
+(benchmarks/README.md, "Tracing: cache lines per file").
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import io
 from contextlib import suppress
 from dataclasses import dataclass, replace
-from functools import cached_property, partial
+from functools import cached_property
 from os import preadv
 from time import perf_counter
 from typing import Any
@@ -253,42 +255,37 @@ class TracedPosixFileC(TracedPosixFile):
     call, given the handle's trace tuple, that times the system call and appends its event, where
     Python makes five (two clock readings, the call, the packing, the append). The same events;
     O_DIRECT reads and a staged handle's close (a publish) go through TracedPosixFile. Only
-    built where events._trace_c is."""
+    built where events._trace_c is.
+
+    Nothing here is set on the handle beyond what PosixFile sets and `_trace`: an attribute found
+    on the class instead, or the handle's __dict__ asked for, costs a type look-up or a dict made
+    from the handle's values, and after a 1 MiB read's copy each such step runs from cold cache
+    lines (TracedPosixFile's closure for the reads after the first is not worth it here: the C
+    call already does what it saves)."""
 
     def read_at_into(self, buffer, offset: int) -> int:
-        """As TracedPosixFile's: the first buffered read by look-ups, a closure from the second."""
         if self.direct:
             return TracedPosixFile.read_at_into(self, buffer, offset)
-        if self._read_before:
-            fast = self.read_at_into = self._fast_read_at_into()
-            return fast(buffer, offset)
         self.last_moved = count = _read_into(self._trace, OP_READ, self._fd, buffer, offset)
-        self._read_before = True
         return count
-
-    def _fast_read_at_into(self):
-        read_into, trace, fd, state = _read_into, self._trace, self._fd, self.__dict__
-
-        def read_at_into(buffer, offset: int) -> int:
-            state["last_moved"] = count = read_into(trace, OP_READ, fd, buffer, offset)
-            return count
-
-        return read_at_into
 
     def close(self) -> None:
         """A buffered handle that publishes nothing has one descriptor to close: close(2), timed
         in C, then what io.RawIOBase.close does (PosixFile._release has nothing else to do for
-        it). As there, the handle is closed even when close(2) fails, and nothing is recorded."""
+        it). As there, the handle is closed even when close(2) fails, and nothing is recorded.
+        close_fd returns the number of events in the bytearray, for the compaction check."""
         if self.direct or self._publish_as is not None or self.closed:
             return TracedPosixFile.close(self)
-        self.__dict__.pop("read_at_into", None)
         try:
-            size = _close_fd(self._trace, OP_CLOSE, self._fd)
+            count = _close_fd(self._trace, OP_CLOSE, self._fd)
         finally:
-            io.RawIOBase.close(self)
-        if size >= _events.COMPACT_EVENTS * EVENT_BYTES:
+            _iobase_close(self)
+        if count >= _events.COMPACT_EVENTS:
             self._trace[3].compact()
 
+
+# bound once: io.RawIOBase.close through the module and the class is three look-ups a close
+_iobase_close = io.RawIOBase.close
 
 # The C functions TracedPosixFileC calls, bound once (None where the extension is not built).
 _read_into, _close_fd = (None, None) if _events._trace_c is None else (_events._trace_c.read_into, _events._trace_c.close_fd)
@@ -323,9 +320,9 @@ class TracedStorage:
         the recorder's extender, its path -> index table, read without the lock (a path not there
         yet goes through `path_id`, which takes it; after the open, so a file that fails to open
         leaves no path), and the backend's `traced_handle`. Where the C extension is built
-        (events._trace_c) and the backend has the hook, its `open_traced` does all of this in
-        one call: the open timed, the path's index (`path_index`, what path_id does then), the
-        handle's `_trace` and the open event, exactly as here.
+        (events._trace_c) and the backend has the hook, the opener is a builtin bound to the view
+        (`opener`), whose one call does all of this: the open timed, the path's index (what
+        path_id does then), the handle's `_trace` and the open event, exactly as here.
 
         `traced_handle`, the hook a backend may offer: a handle class whose instances record their
         own events, which the backend's open_read / open_write / open_staged build when given it
@@ -354,9 +351,9 @@ class TracedStorage:
 
         if trace_c is None or traced_handle is None:
             return open_traced
-        # the same in C, and no Python frame at all: partial of a builtin calls it directly
-        return partial(trace_c.open_traced, (opener, traced_handle, paths, recorder.paths, phase, extend, recorder, events),
-                       OP_OPEN)
+        # the same in C, with no Python frame (nor functools.partial) around it
+        return trace_c.opener((opener, traced_handle, paths, recorder.paths, phase, extend, recorder, events, OP_OPEN,
+                               "_trace"))
 
     @cached_property
     def open_read(self):
