@@ -14,10 +14,10 @@ native order, no padding), with the phase's RAW_TIMES bit set by the caller: its
 clock readings on time.perf_counter's clock (CLOCK_MONOTONIC; storage/traced.py uses this
 module only where perf_counter reports that clock), so they mix with Python-recorded events.
 
-Appends happen with the GIL held, in one step (a resize, or two, and a copy), so threads appending to one bytearray
-never interleave or lose an event (bytearray.extend gives the same guarantee); the system call
-runs without the GIL, as os.preadv and os.close run it. The module has no state: what an open
-needs is in the tuple its builtin is bound to. */
+Appends happen with the GIL held, in one step (a resize, or two, and a copy), so threads
+appending to one bytearray never interleave or lose an event (bytearray.extend gives the same
+guarantee); the system call runs without the GIL, as os.preadv and os.close run it. The module
+has no state: what an open needs is in the tuple its builtin is bound to. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -206,9 +206,8 @@ PyDoc_STRVAR(close_fd_doc,
 "close_fd(trace, op, fd) -> number of the trace's events\n\n"
 "os.close(fd), timed, and its event (op, the trace's phase and file, -1, 0, start, end) appended\n"
 "to the trace's events; returns how many events they hold after, for the caller's compaction\n"
-"check. Errors\n"
-"as os.close's"
-" (the descriptor is gone all the same, no retry on EINTR); no event then.");
+"check. Errors as os.close's (the descriptor is gone all the same, no retry on EINTR); no event\n"
+"then.");
 
 static PyObject *
 close_fd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -304,7 +303,8 @@ open_traced(PyObject *view, PyObject *const *args, Py_ssize_t nargs)
     /* a slot before the arguments, which a bound method may use for its self (no copy of them) */
     PyObject *call_args[3] = {NULL, path, PyTuple_GET_ITEM(view, 1)};
     double start = clock_reading();
-    PyObject *handle = PyObject_Vectorcall(PyTuple_GET_ITEM(view, 0), call_args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *handle = PyObject_Vectorcall(PyTuple_GET_ITEM(view, 0), call_args + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                           NULL);
     double end = clock_reading();
     if (handle == NULL)
         return NULL;
