@@ -86,19 +86,19 @@ with tempfile.TemporaryDirectory(prefix="dlio_ckpt_lines_") as folder:
 def per_function(path: Path) -> dict[tuple[str, str], int]:
     """Last-level misses (instruction and data) per (file, function) of a cachegrind output."""
     totals: dict[tuple[str, str], int] = collections.defaultdict(int)
-    names = lines = None
+    misses: list[int] = []  # the columns of last-level misses, from the `events:` header
     file = function = ""
     for line in path.read_text().splitlines():
         if line.startswith("events:"):
             names = line.split()[1:]
-            lines = [names.index(name) for name in ("ILmr", "DLmr", "DLmw")]
+            misses = [names.index(name) for name in ("ILmr", "DLmr", "DLmw")]
         elif line.startswith("fl="):
             file = line[3:].rsplit("/", 1)[-1]
         elif line.startswith("fn="):
             function = line[3:]
-        elif line[:1].isdigit() and lines:
-            counts = line.split()[1:]
-            totals[(file, function)] += sum(int(counts[i]) for i in lines if i < len(counts))
+        elif line[:1].isdigit() and misses:
+            counts = line.split()[1:]  # trailing zero columns may be left out
+            totals[(file, function)] += sum(int(counts[i]) for i in misses if i < len(counts))
     return totals
 
 

@@ -19,17 +19,37 @@ from dlio_ckpt.storage.traced import TracedStorage
 
 def run_in_threads(work, arguments: list) -> None:
     """work(argument) in one thread per argument, all at once, with the GIL handed over as often
-    as Python allows (a switch interval of 1 us), so that their appends interleave."""
+    as Python allows (a switch interval of 1 us), so that their appends interleave. What a thread
+    raises (an assert in `work` included) is raised here once all have ended: a thread's own
+    exception would otherwise only be printed, and the test would pass."""
+    raised: list[BaseException] = []
+
+    def guarded(argument) -> None:
+        try:
+            work(argument)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread below
+            raised.append(exc)
+
     previous = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        workers = [threading.Thread(target=work, args=(argument,)) for argument in arguments]
+        workers = [threading.Thread(target=guarded, args=(argument,)) for argument in arguments]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
     finally:
         sys.setswitchinterval(previous)
+    if raised:
+        raise raised[0]
+
+
+def test_what_a_thread_raises_fails_the_test():
+    def work(index: int) -> None:
+        assert index != 2, "thread 2 failed"
+
+    with pytest.raises(AssertionError, match="thread 2 failed"):
+        run_in_threads(work, [0, 1, 2, 3])
 
 
 def test_each_call_of_a_traced_handle_is_one_event_with_its_offset_length_and_time(tmp_path):
