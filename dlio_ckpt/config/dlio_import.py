@@ -515,7 +515,8 @@ def load_dlio_file(path: str) -> Any:
 
     file = Path(path)
     if not file.is_file():
-        raise ConfigError(f"dlio_config: {path} is not a file; give the path of a DLIO workload YAML")
+        raise ConfigError(f"dlio_config: {path} is not a file; give the path of a DLIO workload YAML "
+                          "(DLIO's own are in its source tree, dlio_benchmark/configs/workload/; dlio_ckpt ships none)")
     try:
         return yaml.safe_load(file.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

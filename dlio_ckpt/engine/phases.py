@@ -55,7 +55,11 @@ def make_checkpoints(ctx: RunContext) -> Any:
 
 
 def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
-    """Say when a parallel strategy ends up with one writer, which the config makes easy to miss."""
+    """Say when a parallel strategy ends up with one writer, or single_writer has no one to gather
+    from, which the config makes easy to miss (a serial strategy sweep compares nothing)."""
+    if ctx.world.size == 1 and ctx.config.checkpoint.enabled and ctx.config.checkpoint.strategy == "single_writer":
+        return ("checkpoint.strategy=single_writer on 1 rank: there is nothing to gather, so it writes as sharded does; "
+                "run it under mpirun -np N (N >= 2) to measure the single-writer bottleneck")
     plan = getattr(checkpoints, "plan", None)
     if plan is None or ctx.world.size < 2 or ctx.config.checkpoint.strategy == "single_writer":
         return None
@@ -70,6 +74,25 @@ def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
         "set model.parallelism.zero_stage>=1 (optimizer state sharded over ranks) or tensor/pipeline parallelism to spread the writes, "
         "or checkpoint.replicas=all for every replica to write its own copy"
     )
+
+
+def run_length_notes(config: Any, steps: int, epochs: int, wall_s: float, failures: int, checkpoints: int) -> list[str | None]:
+    """Say when the run was too short for what the config asks of it: an MTBF longer than the
+    training run injects nothing, and a checkpoint interval longer than the run writes at most
+    the end-of-epoch checkpoints, so a sweep over either compares runs that did the same thing."""
+    mtbf_s = config.failures.mtbf_s
+    notes: list[str | None] = []
+    if mtbf_s > 0 and not config.failures.at_steps and failures == 0 and wall_s < mtbf_s:
+        notes.append(f"failures.mtbf_s={mtbf_s:g} is longer than the training run ({wall_s:.2f} s): no failure struck; "
+                     "lower failures.mtbf_s or run longer (train.epochs, scale=) to see failures and lost work")
+    every = config.checkpoint.steps_between_checkpoints
+    per_epoch = config.train.step_counting == "dlio"  # DLIO counts the interval within each epoch
+    span = steps // max(epochs, 1) if per_epoch else steps
+    if config.checkpoint.enabled and every > 0 and every >= span:
+        where = f"an epoch ({span} steps)" if per_epoch else f"the run ({steps} steps)"
+        notes.append(f"checkpoint.steps_between_checkpoints={every} is not shorter than {where}: "
+                     f"{checkpoints} checkpoint(s) written; lower it or run longer for the interval to matter")
+    return notes
 
 
 def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
@@ -97,6 +120,8 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
         if note:
             warnings.append(note)
         result = run_training(ctx, plan, fmt, options, checkpoints)
+        warnings.extend(note for note in run_length_notes(config, result.steps, result.epochs, result.wall_s,
+                                                          len(result.restarts), len(checkpoints.records)) if note)
         restore = checkpoints.restore() if config.checkpoint.enabled and config.checkpoint.restore else None
         local = {
             "train": True,
