@@ -312,3 +312,20 @@ def test_shipped_unet3d_checkpoint_holds_dlio_layer_tensors():
     assert build_checkpoint_plan(config, 2).total_bytes == 499153191 + 17371 + 24740228
     assert build_checkpoint_plan(config, 2).total_bytes == \
         dlio_checkpoint_bytes(yaml.safe_load((DATA / "pt_npz_epoch_ckpt.yaml").read_text()) | {"checkpoint": {"model_size": 499153191}}, 2)
+
+
+def test_dlio_never_deletes_checkpoints_and_a_folder_outside_the_root_is_named():
+    """DLIO keeps every checkpoint it writes (keep_last 0 = keep all, not the workload default of a
+    few); an absolute or escaping data or checkpoint folder cannot be taken as it is, and says so."""
+    base = {"dataset": {"format": "npz", "num_files_train": 4, "record_length": 1024, "data_folder": "/lus/me/unet3d"},
+            "reader": {"batch_size": 2}, "workflow": {"train": True, "checkpoint": True},
+            "checkpoint": {"checkpoint_folder": "../ckpt"}}
+    result = convert(base, "mine", "mine.yaml")
+    assert result.values()["checkpoint.keep_last"] == 0
+    assert "dataset.folder" not in result.values() and "checkpoint.folder" not in result.values()
+    warning = result.warning()
+    assert warning.startswith("mine.yaml: dataset.data_folder: '/lus/me/unet3d' is absolute or outside storage.root")
+    assert "checkpoint.checkpoint_folder: '../ckpt' is absolute or outside storage.root" in warning
+    relative = convert({**base, "dataset": {**base["dataset"], "data_folder": "data/unet3d"},
+                        "checkpoint": {"checkpoint_folder": "ckpt"}}, "mine", "mine.yaml")
+    assert relative.warning() == "" and relative.values()["dataset.folder"] == "data/unet3d"

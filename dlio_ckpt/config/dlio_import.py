@@ -124,6 +124,7 @@ class DlioImport:
     mapped: tuple[Mapped, ...]
     unused: tuple[tuple[str, str], ...]  # DLIO keys read by DLIO that change no emulated I/O, and why
     unknown: tuple[str, ...]  # DLIO keys DLIO itself does not read
+    not_mapped: tuple[str, ...] = ()  # values DLIO reads that dlio_ckpt cannot take as they are, and what it did instead
 
     def values(self) -> dict[str, Any]:
         return {m.key: m.value for m in self.mapped}
@@ -140,10 +141,12 @@ class DlioImport:
         return nested
 
     def warning(self) -> str:
-        """One line listing the DLIO keys no version of DLIO reads (empty when there are none)."""
-        if not self.unknown:
-            return ""
-        return (f"{self.source}: DLIO keys that DLIO 2.0.0 does not read, ignored here too: {', '.join(self.unknown)}")
+        """One line listing the values not taken as they are and the DLIO keys no version of DLIO
+        reads (empty when there are none): a value dropped without a word is a silent difference."""
+        parts = list(self.not_mapped)
+        if self.unknown:
+            parts.append(f"DLIO keys that DLIO 2.0.0 does not read, ignored here too: {', '.join(self.unknown)}")
+        return f"{self.source}: {'; '.join(parts)}" if parts else ""
 
 
 class _Reader:
@@ -261,6 +264,7 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
         data.pop("data_reader")
     r = _Reader(data, origin)
     out: list[Mapped] = []
+    not_mapped: list[str] = []
 
     def put(key: str, value: Any, where: str) -> None:
         out.append(Mapped(key, value, where))
@@ -308,6 +312,8 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
         folder = _relative_folder(f"{origin}: dataset.data_folder", r.raw("dataset.data_folder"))
         if folder:
             put("dataset.folder", folder, "dataset.data_folder (under storage.root)")
+        else:
+            not_mapped.append(_outside_root_note("dataset.data_folder", r.raw("dataset.data_folder"), "dataset.folder"))
     take("dataset.num_files_train", "dataset.num_files_train", _count)
     take("dataset.num_files_eval", "dataset.num_files_eval", _count)
     take("dataset.num_samples_per_file", "dataset.num_samples_per_file", _count)
@@ -388,7 +394,7 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
     take("metric.au", "metric.au", lambda w, v: _float(w, v))
 
     # Checkpoint and model ---------------------------------------------------------------------------
-    _checkpoint(r, put, take, ckpt_on, model_name, framework, origin)
+    _checkpoint(r, put, take, ckpt_on, model_name, framework, origin, not_mapped)
 
     known = set(DLIO_DEFAULTS) | set(UNUSED) | {"model", "model.name", "workflow.train", "workflow.checkpoint",
                                                "workflow.evaluation", "dataset.data_folder", "reader.odirect",
@@ -406,10 +412,19 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
             unused.append((key, "Hydra settings of DLIO's own run"))
         elif key not in known:
             unknown.append(key)
-    return DlioImport(name=name, source=origin, mapped=tuple(out), unused=tuple(unused), unknown=tuple(unknown))
+    return DlioImport(name=name, source=origin, mapped=tuple(out), unused=tuple(unused), unknown=tuple(unknown),
+                      not_mapped=tuple(not_mapped))
 
 
-def _checkpoint(r: _Reader, put: Callable, take: Callable, enabled: bool, model_name: str, framework: str, origin: str) -> None:
+def _outside_root_note(key: str, value: Any, target: str) -> str:
+    """What happened to a DLIO folder that is absolute or leaves storage.root: dlio_ckpt keeps every
+    file it writes under storage.root (so `clean` and the space checks can account for it)."""
+    return (f"{key}: {value!r} is absolute or outside storage.root, where dlio_ckpt keeps all its files; "
+            f"kept {target} at the workload's default under storage.root (set storage.root= to place it)")
+
+
+def _checkpoint(r: _Reader, put: Callable, take: Callable, enabled: bool, model_name: str, framework: str, origin: str,
+                not_mapped: list[str]) -> None:
     """Checkpoint triggers and the model whose bytes DLIO writes.
 
     DLIO 2.0.0 fabricates a `model` tensor of model_size bytes, optimizer groups (two tensors per
@@ -427,6 +442,10 @@ def _checkpoint(r: _Reader, put: Callable, take: Callable, enabled: bool, model_
         folder = _relative_folder(f"{origin}: checkpoint.checkpoint_folder", r.raw("checkpoint.checkpoint_folder"))
         if folder:
             put("checkpoint.folder", folder, "checkpoint.checkpoint_folder (under storage.root)")
+        else:
+            not_mapped.append(_outside_root_note("checkpoint.checkpoint_folder", r.raw("checkpoint.checkpoint_folder"),
+                                                 "checkpoint.folder"))
+    put("checkpoint.keep_last", 0, "DLIO never deletes a checkpoint it wrote")
     steps_between, steps_origin = r.get("checkpoint.steps_between_checkpoints", _count)
     after, after_origin = r.get("checkpoint.checkpoint_after_epoch", _count)
     every, every_origin = r.get("checkpoint.epochs_between_checkpoints", _count)
