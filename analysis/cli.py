@@ -112,7 +112,8 @@ def write_outputs(jobs: list[JobAnalysis], table: dict[str, Any] | None, report_
         if table is not None:
             rows = plotted_rows(table)
             if rows:
-                compare_figure = str(figures.compare_png(rows, table["runs"], out_dir / "comparison.png"))
+                compare_figure = str(figures.compare_png(rows, table["runs"], out_dir / "comparison.png",
+                                                            ids=[table["ids"][run] for run in table["runs"]]))
                 written.append(compare_figure)
         for index, job in enumerate(jobs):
             if not job_figures or job.timeline is None:

@@ -69,8 +69,17 @@ def bandwidth_png(timeline: Timeline, path: Path, title: str) -> Path:
     return path
 
 
-def compare_png(rows: list[dict[str, Any]], runs: list[str], path: Path, title: str = "comparison") -> Path:
-    """One bar panel per headline metric, the same run order and colours in every panel."""
+def compare_png(rows: list[dict[str, Any]], runs: list[str], path: Path, title: str = "comparison",
+                ids: list[str] | None = None) -> Path:
+    compare_figure(rows, runs, title, ids).savefig(path)
+    return path
+
+
+def compare_figure(rows: list[dict[str, Any]], runs: list[str], title: str = "comparison", ids: list[str] | None = None):
+    """One bar panel per headline metric, the same run order and colours in every panel. Bars are
+    labelled with the comparison table's column ids (a sweep job's folder: "job 0" is folder 0),
+    so a bar and the table column it stands for carry the same name."""
+    ids = ids if ids is not None else [str(i + 1) for i in range(len(runs))]
     ncols = min(3, max(len(rows), 1))
     nrows = -(-max(len(rows), 1) // ncols)
     fig = _figure(3.4 * ncols + 0.6, 3.0 * nrows + 0.6 + 0.2 * len(runs))
@@ -83,14 +92,14 @@ def compare_png(rows: list[dict[str, Any]], runs: list[str], path: Path, title: 
         heights = [v if isinstance(v, (int, float)) else 0.0 for v in values]
         ax.bar(range(len(runs)), heights, color=colours)
         ax.set_xticks(range(len(runs)))
-        ax.set_xticklabels([str(i + 1) for i in range(len(runs))])
+        ax.set_xticklabels(ids, fontsize=7)
         ax.set_title(row["label"], fontsize=8, wrap=True)
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=colours[i], label=f"{i + 1}: {run}") for i, run in enumerate(runs)]
+    names = [run if run.startswith(f"{ident}: ") else f"{ident}: {run}" for ident, run in zip(ids, runs)]
+    handles = [Patch(color=colours[i], label=name) for i, name in enumerate(names)]
     fig.legend(handles=handles, loc="lower center", ncol=min(3, len(runs)), fontsize=7)
     fig.suptitle(title, fontsize=10)
     legend_height = (0.2 * (-(-len(runs) // 3)) + 0.2) / (3.0 * nrows + 0.6 + 0.2 * len(runs))
     fig.tight_layout(rect=(0, legend_height, 1, 0.95))
-    fig.savefig(path)
-    return path
+    return fig

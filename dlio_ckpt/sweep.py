@@ -40,7 +40,38 @@ HEADLINE_COLUMNS = (
     ("failures_restart_s", ("failures", "restart_s")),
     ("resume_deterministic", ("resume", "deterministic")),
     ("wall_s", ("wall_s",)),
+    # The first job of a sweep generates the dataset the others reuse: its wall_s holds the
+    # generation, theirs does not; wall_s_without_generation compares like with like.
+    ("dataset_reused", ("dataset", "reused")),
+    ("dataset_generate_s", ("dataset", "generate_s")),
 )
+
+
+def _wall_without_generation(summary: dict[str, Any]) -> Any:
+    wall, generate = summary.get("wall_s"), (summary.get("dataset") or {}).get("generate_s")
+    if not isinstance(wall, (int, float)):
+        return ""
+    return wall - generate if isinstance(generate, (int, float)) else wall
+
+
+def swept_keys(overrides: dict[str, list[str]]) -> list[str]:
+    """The keys whose value differs between jobs (what the sweep varied), in first-seen order;
+    a key a job does not set counts as a value of its own. One column each in the table, so a
+    spreadsheet can sort or plot by them without parsing the overrides string."""
+    values: dict[str, set[str | None]] = {}
+    for job_overrides in overrides.values():
+        for item in job_overrides:
+            values.setdefault(_split(item)[0], set())
+    for job_overrides in overrides.values():
+        given = dict(_split(item) for item in job_overrides)
+        for key in values:
+            values[key].add(given.get(key))
+    return [key for key, seen in values.items() if len(seen) > 1]
+
+
+def _split(override: str) -> tuple[str, str]:
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
 
 
 def _lookup(summary: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -60,22 +91,30 @@ def _job_folders(sweep_dir: Path) -> list[Path]:
 def combine_sweep(sweep_dir: Path) -> Path:
     """Write sweep_summary.csv (one row per job) in the sweep folder and return its path."""
     rows = []
+    job_overrides: dict[str, list[str]] = {}
     for job in _job_folders(sweep_dir):
         summary_path = job / "summary.json"
         overrides_path = job / ".hydra" / "overrides.yaml"
         overrides = yaml.safe_load(overrides_path.read_text()) if overrides_path.exists() else []
-        overrides = [o for o in overrides or [] if not str(o).startswith("hydra.")]
+        overrides = [str(o) for o in overrides or [] if not str(o).startswith("hydra.")]
+        job_overrides[job.name] = overrides
         row: dict[str, Any] = {"job": job.name, "overrides": " ".join(overrides), "status": "missing"}
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
             row["status"] = "ok"
             for column, path in HEADLINE_COLUMNS:
                 row[column] = _lookup(summary, path)
+            row["wall_s_without_generation"] = _wall_without_generation(summary)
         rows.append(row)
+    swept = swept_keys(job_overrides)
+    for row in rows:
+        given = dict(_split(item) for item in job_overrides[row["job"]])
+        row.update({key: given.get(key, "") for key in swept if key not in row})
     target = sweep_dir / "sweep_summary.csv"
     tmp = sweep_dir / "sweep_summary.csv.tmp"
+    columns = [c for c, _ in HEADLINE_COLUMNS] + ["wall_s_without_generation"]
     with open(tmp, "w", newline="") as out:
-        writer = csv.DictWriter(out, fieldnames=["job", "overrides", "status"] + [c for c, _ in HEADLINE_COLUMNS])
+        writer = csv.DictWriter(out, fieldnames=["job", "overrides", *[k for k in swept if k not in columns], "status", *columns])
         writer.writeheader()
         writer.writerows(rows)
         out.flush()

@@ -315,6 +315,23 @@ def test_sweep_folder_compare_table_and_plot(tmp_path, capsys):
     assert "Comparison" in (out / "report.html").read_text()
 
 
+def test_sweep_comparison_bars_carry_the_job_folder_names(tmp_path):
+    """The comparison plot's bars and legend name sweep jobs by folder ("job 0" is folder 0), as
+    the table's columns do; they were numbered from 1, one off from the folders."""
+    from dlio_ckpt.analysis.cli import detect_all, load
+    from dlio_ckpt.analysis.compare import compare, plotted_rows
+    from dlio_ckpt.analysis.plots import compare_figure
+
+    sweep = tmp_path / "sweep"
+    make_sweep(sweep)
+    table = compare(load(detect_all([str(sweep)]), timeline=False))
+    fig = compare_figure(plotted_rows(table), table["runs"], ids=[table["ids"][run] for run in table["runs"]])
+    first = fig.axes[0]
+    assert [label.get_text() for label in first.get_xticklabels()] == ["job 0", "job 1"]
+    assert [text.get_text() for text in fig.legends[0].get_texts()] == ["job 0: checkpoint.strategy=sync",
+                                                                        "job 1: checkpoint.strategy=async"]
+
+
 def test_compare_two_runs_on_the_terminal(tmp_path, capsys):
     make_run(tmp_path / "sync", strategy="sync")
     make_run(tmp_path / "async", strategy="async", ckpt_items=1)

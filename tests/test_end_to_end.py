@@ -166,7 +166,19 @@ def test_sweep_runs_every_job_and_writes_a_table(workdir):
         ("unet3d", "reader.batch_size=4"), ("unet3d", "reader.batch_size=8"), ("resnet", "reader.batch_size=4"), ("resnet", "reader.batch_size=8")}
     assert all(r["status"] == "ok" and int(r["train_bytes_read"]) > 0 for r in rows)
     for row in rows:
-        assert load_summary(sweep / row["job"])["workload"] == row["workload"]
+        summary = load_summary(sweep / row["job"])
+        assert summary["workload"] == row["workload"]
+        # one column per swept key, the job's own value
+        assert row["reader.batch_size"] == str(summary["config"]["reader"]["batch_size"])
+        assert float(row["wall_s_without_generation"]) == pytest.approx(summary["wall_s"] - summary["dataset"]["generate_s"])
+        assert row["dataset_reused"] == str(summary["dataset"]["reused"])
+    header = next(csv.reader((sweep / "sweep_summary.csv").read_text().splitlines()))
+    assert header[:4] == ["job", "overrides", "reader.batch_size", "status"]  # workload has its own column already
+    assert header.count("workload") == 1 and "scale" not in header  # scale=tiny is the same in every job
+    # each workload's first job generated its dataset, its second job reused it
+    for workload in ("unet3d", "resnet"):
+        reused = sorted(r["dataset_reused"] for r in rows if r["workload"] == workload)
+        assert reused == ["False", "True"]
 
 
 @pytest.mark.parametrize(
