@@ -466,7 +466,7 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
         run_dir = Path(hydra.runtime.output_dir)
         job_id = f"{run_id}-{hydra.job.num}" if multirun else run_id
         try:
-            config = to_run_config(cfg, explicit_keys(list(hydra.overrides.task)), str(run_dir))
+            config = to_run_config(cfg, explicit_keys(list(hydra.overrides.task)), str(run_dir), world_size=world.size)
             run_job(world, config, run_dir, job_id, darshan_runtime=darshan_runtime)
         except UserError as exc:
             report_failure(str(exc), world)

@@ -150,3 +150,21 @@ def test_a_glob_sweep_of_workloads_expands_over_the_shipped_workloads():
     expected = sorted(n for n in workload_names() if n.startswith("llama3_") and n != "llama3_1t")
     assert [job[0] for job in jobs] == [f"workload={name}" for name in expected] and len(expected) == 3
     assert [cfg.workload for cfg in compose_each(jobs)] == expected
+
+
+@pytest.mark.parametrize("workload,scale,ranks,files", [
+    ("unet3d", "tiny", 1, 8), ("unet3d", "tiny", 2, 16), ("unet3d", "tiny", 8, 64),
+    ("unet3d", "small", 1, 64), ("unet3d", "small", 32, 4 * 7 * 32),  # more than unet3d's own 168 files
+    ("resnet", "tiny", 8, 8),  # 8 TFRecord files of 8 samples: 64 samples are 2 steps of batch 4 on 8 ranks
+])
+def test_a_scale_gives_every_rank_enough_steps_at_the_world_size(workload, scale, ranks, files):
+    """scale=tiny could not run at 8 ranks and scale=small gave 32 ranks no step: the file cap
+    grows with the ranks until each gets the scale's min_steps_per_epoch steps an epoch."""
+    config = load_config([f"workload={workload}", f"scale={scale}"], world_size=ranks)
+    ds = config.dataset
+    assert ds.num_files_train == files
+    steps = ds.num_files_train * ds.num_samples_per_file // config.reader.batch_size // ranks
+    assert steps >= config.scale.min_steps_per_epoch
+    # a file count given on the command line is the user's, whatever the ranks
+    assert load_config([f"workload={workload}", f"scale={scale}", "dataset.num_files_train=8"],
+                       world_size=ranks).dataset.num_files_train == 8

@@ -115,7 +115,10 @@ def test_mpi_run_shards_and_counts_bytes(workdir):
     assert summary["train"]["bytes_read"] == 2 * on_disk
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
     assert sum(r["train_bytes_read"] for r in summary["ranks"]) == 2 * on_disk
-    assert sum(r["samples"] for r in summary["ranks"]) == 16
+    # scale=tiny grows its 8 files to 16 for two ranks: 2 steps of batch 4 each an epoch, 2 epochs
+    assert len(train_files(root)) == 16
+    assert sum(r["samples"] for r in summary["ranks"]) == 32
+    assert [r["steps"] for r in summary["ranks"]] == [4, 4]
     assert sorted(p.name for p in (run / "events").iterdir()) == ["rank-00000.npz", "rank-00001.npz"]
     assert [p.name for p in run.rglob(".hydra")] == [".hydra"]
 

@@ -246,7 +246,7 @@ def check_run(cfg: DictConfig, overrides: Sequence[str], world_size: int) -> Run
     """Check a single run (no sweep) from the config Hydra composed for it, hydra node included,
     as validate_command_line checks one composed by itself; the checked RunConfig (no run_dir)."""
     job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])  # what the task gets: no hydra node
-    config = to_run_config(job, explicit_keys(overrides))
+    config = to_run_config(job, explicit_keys(overrides), world_size=world_size)
     check_job(config, world_size)
     return config
 
@@ -260,8 +260,9 @@ def _is_plain_value(override) -> bool:
     return isinstance(override.value(), (str, int, float, bool, list, dict, type(None)))
 
 
-def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = None) -> RunConfig:
-    """Validate a composed config and apply the scale caps to what the user did not set."""
+def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = None, world_size: int = 1) -> RunConfig:
+    """Validate a composed config and apply the scale caps to what the user did not set, for a job
+    of `world_size` ranks (a scale gives every rank enough steps)."""
     try:
         data: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except Exception as exc:
@@ -273,19 +274,20 @@ def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = Non
     apply_accelerator(data, explicit)
     config = build(RunConfig, data)
     check_registered_names(config)
-    config = apply_scale(config, explicit)
+    config = apply_scale(config, explicit, world_size)
     check_consistency(config)
     return config
 
 
-def load_config(overrides: Sequence[str] = (), run_dir: str | None = None) -> RunConfig:
-    """The RunConfig for a list of command-line overrides, as the CLI would build it."""
+def load_config(overrides: Sequence[str] = (), run_dir: str | None = None, world_size: int = 1) -> RunConfig:
+    """The RunConfig for a list of command-line overrides, as the CLI would build it for a job of
+    `world_size` ranks."""
     from dlio_ckpt.config.workload_files import resolve
 
     overrides, _ = resolve(overrides)
     register_workloads(workloads_named(overrides))
     check_override_keys(overrides)
-    return to_run_config(compose(overrides), explicit_keys(overrides), run_dir)
+    return to_run_config(compose(overrides), explicit_keys(overrides), run_dir, world_size)
 
 
 def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: int = 1, free_space: bool = True) -> None:
@@ -295,7 +297,7 @@ def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: 
     jobs = expand_sweep(overrides) if multirun else [list(overrides)]
     with contextlib.closing(compose_each(jobs)) as composed_jobs:
         for job, composed in zip(jobs, composed_jobs):
-            check_job(to_run_config(composed, explicit_keys(job)), world_size, free_space)
+            check_job(to_run_config(composed, explicit_keys(job), world_size=world_size), world_size, free_space)
 
 
 def check_job(config: RunConfig, world_size: int, free_space: bool = True) -> None:
@@ -481,8 +483,9 @@ def _capped(value: int | float, cap: int | float) -> int | float:
     return min(value, cap) if cap else value
 
 
-def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
-    """Shrink counts and sizes to the scale's caps, keeping the access pattern."""
+def apply_scale(config: RunConfig, explicit: set[str], world_size: int = 1) -> RunConfig:
+    """Shrink counts and sizes to the scale's caps, keeping the access pattern; the file cap grows
+    with the world size where the ranks would otherwise get fewer than the scale's steps an epoch."""
     scale = config.scale
     if scale.name == "full":
         return config
@@ -506,6 +509,9 @@ def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
         samples_cap = max(samples_cap, scale.max_files * scale.max_samples_per_file // max(1, min(ds.num_files_train, scale.max_files)))
     ds_changes = cap(ds, "dataset", num_files_train=scale.max_files, num_files_eval=scale.max_eval_files,
                      num_samples_per_file=samples_cap, record_length_bytes=scale.max_sample_bytes)
+    needed = files_for_steps(scale, ds, config.reader, explicit, world_size, samples_cap) if config.workload != "replay" else 0
+    if "dataset.num_files_train" not in explicit and needed > ds_changes.get("num_files_train", ds.num_files_train):
+        ds_changes["num_files_train"] = needed
     if "record_length_bytes" in ds_changes and "dataset.record_length_bytes_stdev" not in explicit:
         ratio = ds_changes["record_length_bytes"] / ds.record_length_bytes
         ds_changes["record_length_bytes_stdev"] = int(ds.record_length_bytes_stdev * ratio)
@@ -552,6 +558,21 @@ def apply_scale(config: RunConfig, explicit: set[str]) -> RunConfig:
 
     return dataclasses.replace(config, dataset=dataset, train=train, reader=reader, evaluation=evaluation,
                                model=model, checkpoint=checkpoint, generate=generate)
+
+
+def files_for_steps(scale: Any, ds: Any, reader: Any, explicit: set[str], world_size: int, samples_cap: int) -> int:
+    """The training files `world_size` ranks need for the scale's min_steps_per_epoch each (0: no
+    minimum). scale=tiny's 8 files gave 8 ranks nothing to read, and small's 64 gave 32 ranks no
+    step; a scaled run is no longer the profiled dataset, so it may grow past the workload's
+    own count (unet3d's 168 files give 32 ranks 5 samples each), as mode=datasize would."""
+    if not scale.min_steps_per_epoch or "reader.batch_size" in explicit:
+        return 0  # a batch the user chose is theirs to fit: the dataset is not grown for it
+    samples_per_file = ds.num_samples_per_file
+    if samples_cap and "dataset.num_samples_per_file" not in explicit:
+        samples_per_file = min(samples_per_file, samples_cap)
+    batch = min(reader.batch_size, scale.max_batch_size) if scale.max_batch_size else reader.batch_size
+    samples_needed = scale.min_steps_per_epoch * max(batch, 1) * max(world_size, 1)
+    return -(-samples_needed // max(samples_per_file, 1))
 
 
 def explicit_checkpoint_bytes(model: Any) -> int:

@@ -350,6 +350,7 @@ class ScaleConfig:
     max_batch_size: int
     max_checkpoint_sleep_s: float
     max_pool_bytes: Bytes  # generate.pool_bytes: the random pool is filled at start-up, ~0.3 s per 64 MiB here
+    min_steps_per_epoch: int = 0  # max_files grows (up to the workload's own count) so each rank gets this many steps
 
 
 @dataclass(frozen=True)
