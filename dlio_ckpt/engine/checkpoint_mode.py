@@ -156,4 +156,11 @@ def _summarise(records: list[list[dict]], reads: list[list[dict | None]], write_
         **figures,
     }
     summary["per_read"] = per_read
+    # each rank's own bytes and time per write and per read, from which the MLPerf figures derive
+    summary["mlperf"]["per_rank_writes"] = [[{"rank": rank, "bytes": r["bytes"], "write_s": r["write_s"]}
+                                             for rank, rows in enumerate(records) for r in rows if r["index"] == c["index"]]
+                                            for c in summary.get("per_checkpoint", [])]
+    summary["mlperf"]["per_rank_reads"] = [[{"rank": rank, "bytes": rows[j]["bytes"], "read_s": rows[j]["read_s"]}
+                                            for rank, rows in enumerate(reads) if len(rows) > j and rows[j]]
+                                           for j in range(len(per_read))]
     return summary
