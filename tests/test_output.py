@@ -286,7 +286,9 @@ def test_the_analysis_shows_exact_latency_percentiles_and_iops(train_run, capsys
     mask = (events["phase"] == PHASE_CODE["train"]) & (events["op"] == OP_CODE["read"])
     took = events["end"][mask] - events["start"][mask]
     assert exact["count"] == len(took) == summary["latency"]["train"]["read"]["count"]
-    assert exact["p99_s"] == pytest.approx(np.percentile(took, 99, method="inverted_cdf"))
+    for percent in (50, 90, 99, 99.9):
+        assert exact[latency.percentile_key(percent)] == pytest.approx(np.percentile(took, percent, method="inverted_cdf"))
+    assert exact["min_s"] == took.min() and exact["stdev_s"] == pytest.approx(np.std(took, ddof=1))
     assert exact["p50_s"] <= summary["latency"]["train"]["read"]["p50_s"]  # the summary's bin edge is never below
     assert exact["iops"] == pytest.approx(summary["latency"]["train"]["read"]["iops"])
     assert analyze([str(run), "--no-plots", "--out-dir", str(run.parent / "lat")]) == 0
