@@ -253,3 +253,11 @@ def test_run_latency_percentiles_match_numpy_over_the_event_files(tmp_path):
         assert true <= reads[latency.percentile_key(percent)] * (1 + 1e-9) <= _bound(true) * (1 + 1e-9)
     line = next(l for l in done.stdout.splitlines() if l.startswith("train reads"))
     assert f"p99.9 {reads['p99_9_s'] * 1e3:.3f}" in line and f"stdev {reads['stdev_s'] * 1e3:.3f}" in line
+
+
+def test_a_percentile_past_1000_s_is_not_capped():
+    """Before: the histogram ended at 1,000 s, and p99 of these calls read 1,000 s for 4,000 s."""
+    durations = [0.01] * 10 + [1500.0, 4000.0]
+    row = latency.latency_section([{"latency": latency.rank_latency(_events(durations))}])["checkpoint"]["fsync"]
+    assert np.percentile(durations, 99, method="inverted_cdf") == 4000.0
+    assert row["p99_s"] == 4000.0 and row["p90_s"] == pytest.approx(1500.0, rel=0.024) and row["p90_s"] >= 1500.0
