@@ -70,7 +70,9 @@ def _lookup(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
 
 def headline(summary: dict[str, Any]) -> dict[str, float]:
     """One repeat's headline figures, by dotted name."""
-    figures = {figure_name(path): _lookup(summary, path) for path in HEADLINE_FIGURES}
+    restored = (summary.get("checkpoint") or {}).get("restore_verified") is not None
+    figures = {figure_name(path): _lookup(summary, path) for path in HEADLINE_FIGURES
+               if restored or not path[-1].startswith("restore_")}  # no restore: no restore figures (not 0)
     return {name: value for name, value in figures.items() if value is not None}
 
 
@@ -95,7 +97,6 @@ def combine(runs: list[dict[str, Any]], run_dir: Path, record_length_bytes: int)
         "per_repeat": per_repeat,
         "repeat_figures": {name: spread([row[name] for row in per_repeat]) for name in names},
         "metric": mlperf.dlio_metric(runs, record_length_bytes),
-        "warnings": [f"repeat {i + 1}: {w}" for i, run in enumerate(runs) for w in run.get("warnings", [])],
     })
     generated = next((run["created"]["dataset"] for run in runs if (run.get("created") or {}).get("dataset")), None)
     if generated:
