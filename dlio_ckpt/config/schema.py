@@ -382,6 +382,9 @@ class DatasizeConfig:
         require(self.min_steps_per_epoch >= 0, f"{key}min_steps_per_epoch: cannot be negative")
 
 
+MAX_REPEATS = 1000  # run.repeats: beyond this a typo (an extra digit) is likelier than a wish
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """run.*: how often the job runs (engine/repeats.py). Storage figures vary from run to run,
@@ -391,9 +394,6 @@ class RunOptions:
 
     def validate(self, key: str) -> None:
         require(1 <= self.repeats <= MAX_REPEATS, f"{key}repeats: runs the job N times, from 1 to {MAX_REPEATS} (got {self.repeats})")
-
-
-MAX_REPEATS = 1000
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ HEADLINE_FIGURES = (
     ("checkpoint", "restore_gib_per_s"),
     ("checkpoint", "mlperf", "write_throughput_gib_per_s_mean"),
     ("checkpoint", "mlperf", "read_throughput_gib_per_s_mean"),
+    ("replay", "replayed", "read_mib_per_s"),
+    ("replay", "replayed", "write_mib_per_s"),
     ("latency", "train", "read", "p99_s"),
     ("latency", "checkpoint", "write", "p99_s"),
     ("wall_s",),
