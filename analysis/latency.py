@@ -17,8 +17,9 @@ from dlio_ckpt.storage.events import OP_CODE, PHASES, RankEvents
 
 
 def event_latency(ranks: list[RankEvents]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per phase and operation kind over all ranks: count, mean, p50, p99, max (seconds) and IOPS
-    (calls / the slowest rank's overlap-free time in those calls)."""
+    """Per phase and operation kind over all ranks: count, min, mean, stdev (n - 1, as fio's), p50,
+    p90, p99, p99.9, max (seconds) and IOPS (calls / the slowest rank's overlap-free time in those
+    calls), with the keys of summary.json's `latency`."""
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for code, phase in enumerate(PHASES):
         for op in REPORTED_OPS:
@@ -31,10 +32,13 @@ def event_latency(ranks: list[RankEvents]) -> dict[str, dict[str, dict[str, Any]
             if not took:
                 continue
             durations = np.maximum(np.concatenate(took), 0.0)
-            p50, p99 = np.percentile(durations, [50, 99], method="inverted_cdf")
+            p50, p90, p99, p99_9 = np.percentile(durations, [50, 90, 99, 99.9], method="inverted_cdf")
             slowest = max(busy)
-            table.setdefault(phase, {})[op] = {"count": int(len(durations)), "mean_s": float(durations.mean()),
-                                               "p50_s": float(p50), "p99_s": float(p99), "max_s": float(durations.max()),
+            table.setdefault(phase, {})[op] = {"count": int(len(durations)), "min_s": float(durations.min()),
+                                               "mean_s": float(durations.mean()),
+                                               "stdev_s": float(durations.std(ddof=1)) if len(durations) > 1 else 0.0,
+                                               "p50_s": float(p50), "p90_s": float(p90), "p99_s": float(p99),
+                                               "p99_9_s": float(p99_9), "max_s": float(durations.max()),
                                                "iops": len(durations) / slowest if slowest > 0 else None}
     return table
 

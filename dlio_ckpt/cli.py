@@ -31,6 +31,8 @@ INTERRUPT_GRACE_S = 3.0  # after Ctrl-C, how long other ranks leave rank 0 to re
 _SHOWS_CONFIG = {"--cfg", "-c", "--info", "-i", "--resolve"}
 # Prints the workload library, one line per workload, and exits: no MPI, no Hydra, no run folder.
 LIST_WORKLOADS_FLAG = "--list-workloads"
+# Prints dlio_ckpt's version and exits (Hydra would print its own).
+VERSION_FLAG = "--version"
 # `dlio_ckpt clean RUN_FOLDER`: remove the dataset and checkpoints that run created (dlio_ckpt/clean.py).
 CLEAN_COMMAND = "clean"
 # With --cfg job: the configuration that would run, after the scale caps (Hydra's --cfg shows it before them).
@@ -237,6 +239,11 @@ def _main(argv: Sequence[str] | None) -> None:
         return
     if LIST_WORKLOADS_FLAG in arguments:
         list_workloads()
+        return
+    if VERSION_FLAG in arguments:  # dlio_ckpt's version, not Hydra's (which Hydra's own --version prints)
+        from dlio_ckpt import __version__
+
+        print(f"dlio_ckpt {__version__}", flush=True)
         return
     from dlio_ckpt.slurm import DRY_RUN_FLAG
 

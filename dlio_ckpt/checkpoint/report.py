@@ -7,7 +7,8 @@ Definitions (docs/metrics.md):
   is timed apart, as `verify_s_max`, and is in no rate;
 - `write_gib_per_s` = all ranks' bytes / write_s_max: the aggregate rate the storage delivered;
 - `write_gib_per_s_min_rank` = the minimum over writing ranks of rank bytes / rank write time
-  (MLPerf Storage's per-rank figure);
+  (the slowest rank's own rate; MLPerf Storage's figure divides the whole checkpoint instead:
+  metrics/mlperf.py);
 - averages over checkpoints are of bytes and times; every rate is derived from averaged times,
   never averaged itself;
 - `training_time_lost_fraction` = the largest per-rank sum of blocking time / training wall time

@@ -383,6 +383,20 @@ class DatasizeConfig:
         require(self.min_steps_per_epoch >= 0, f"{key}min_steps_per_epoch: cannot be negative")
 
 
+MAX_REPEATS = 1000  # run.repeats: beyond this a typo (an extra digit) is likelier than a wish
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """run.*: how often the job runs (engine/repeats.py). Storage figures vary from run to run,
+    so IOR (-i), fio (--loops) and MLPerf Storage (5 runs) repeat a job and report the spread."""
+
+    repeats: int
+
+    def validate(self, key: str) -> None:
+        require(1 <= self.repeats <= MAX_REPEATS, f"{key}repeats: runs the job N times, from 1 to {MAX_REPEATS} (got {self.repeats})")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     workload: str
@@ -407,6 +421,7 @@ class RunConfig:
     replay: ReplayConfig
     scale: ScaleConfig
     datasize: DatasizeConfig
+    run: RunOptions = RunOptions(repeats=1)
     run_dir: Optional[str] = None
 
     def validate(self, key: str) -> None:
@@ -414,6 +429,16 @@ class RunConfig:
         require(self.checkpoint.policy != "young_daly" or self.failures.mtbf_s > 0,
                 f"{key}checkpoint.policy=young_daly: derives the interval from the mean time between failures; "
                 f"set failures.mtbf_s (seconds)")
+        if self.run.repeats > 1:
+            require(self.mode != "plan", f"{key}run.repeats: mode=plan does no I/O, so there is nothing to repeat (leave run.repeats=1)")
+            require(self.mode != "generate" or self.generate.force,
+                    f"{key}run.repeats: with mode=generate every repeat after the first reuses the dataset; "
+                    "add generate.force=true to generate it again each time")
+            require(self.failures.restart != "exit",
+                    f"{key}run.repeats: failures.restart=exit ends the process at the first failure; "
+                    "repeat such runs by relaunching, or use failures.restart=in_process")
+            require(not self.checkpoint.levels,
+                    f"{key}run.repeats: not available with checkpoint.levels yet; repeat the job with a shell loop")
 
 
 def require_seed(value: int, key: str) -> None:

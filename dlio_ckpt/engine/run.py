@@ -17,7 +17,7 @@ from dlio_ckpt.clean import created_paths
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.memory import peak_rss_bytes
-from dlio_ckpt.metrics import latency
+from dlio_ckpt.metrics import latency, mlperf
 from dlio_ckpt.metrics.bandwidth import page_cache_meaning
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import print_report
@@ -35,11 +35,22 @@ def make_context(world: World, config: RunConfig, run_dir: Path, run_id: str) ->
 
 
 def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan_runtime: Any = None) -> dict[str, Any] | None:
-    """Run the job and return the summary on rank 0 (None on other ranks).
+    """Run the job (run.repeats times) and return the summary on rank 0 (None on other ranks).
 
     `darshan_runtime` (a trace.runtime.RuntimeInfo) says a preloaded darshan-runtime records
     this run, so no emulated Darshan log is written beside its log.
     """
+    if config.run.repeats > 1:
+        from dlio_ckpt.engine.repeats import run_repeats
+
+        return run_repeats(world, config, run_dir, run_id, lambda folder, report: run_once(
+            world, config, folder, run_id, darshan_runtime, report=report))
+    return run_once(world, config, run_dir, run_id, darshan_runtime)
+
+
+def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan_runtime: Any = None,
+             report: bool = True) -> dict[str, Any] | None:
+    """One run of the job in `run_dir`: its summary.json there, printed unless `report` is False."""
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     start = time.perf_counter()
     if config.mode == "plan":
@@ -49,7 +60,7 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
 
     ctx = make_context(world, config, run_dir, run_id)
     sections: dict[str, Any] = {}
-    local: dict[str, Any] = {"rank": world.rank, "hostname": socket.gethostname()}
+    local: dict[str, Any] = {"rank": world.rank, "hostname": socket.gethostname(), **mlperf.host_resources()}
     warnings: list[str] = []
     if config.workload == "replay":
         from dlio_ckpt.engine.replay import run_replay
@@ -107,8 +118,11 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
     summary["warnings"] = warnings
     wrote_checkpoints = bool((summary.get("checkpoint") or {}).get("writes"))
     summary["created"] = created_paths(config, ctx.checkpoint_root() if wrote_checkpoints else None, summary.get("dataset"))
+    summary.update(mlperf.dlio_header(everyone, started_at))
+    summary["metric"] = mlperf.dlio_metric([summary], config.dataset.record_length_bytes)
     summaries.write_summary(run_dir, summary)
-    print_report(summary, config.progress)
+    if report:
+        print_report(summary, config.progress)
     return summary
 
 

@@ -1,10 +1,15 @@
-"""Latency percentiles (p50, p99, max) per phase and operation kind, and IOPS, as fio users expect.
+"""Latency (min, mean, stdev, p50, p90, p99, p99.9, max) per phase and operation kind, and IOPS,
+as fio reports them.
 
 A run holds millions of events spread over ranks; gathering every duration on rank 0 would cost
-as much memory as the events themselves. Each rank instead counts its durations in a fixed
-log-spaced histogram (BINS_PER_DECADE bins per factor of 10, the approach fio's own percentiles
-take), rank 0 adds the histograms, and a percentile is the upper edge of the bin it falls in:
-never below the true value and at most one bin width (2.3%) above it. Max and mean are exact.
+as much memory as the events themselves. Each rank instead counts its durations in log-spaced
+bins (BINS_PER_DECADE bins per factor of 10, the approach fio's own percentiles take), kept
+sparse: only the bins that hold a call are sent, so the range has no upper end (a 3-hour fsync
+is a bin like any other) and a rank sends at most one pair per call. Rank 0 adds the bins, and a
+percentile is the upper edge of the bin it falls in (nearest-rank rule), capped at the maximum:
+never below the true value and at most one bin width (2.3%) above it. Min, max, mean and the
+standard deviation are exact (each rank's count, mean and sum of squared deviations, combined
+with Chan et al.'s pairwise formula, which loses no precision to large means).
 """
 
 from __future__ import annotations
@@ -17,18 +22,37 @@ from dlio_ckpt.metrics.timing import busy_seconds
 from dlio_ckpt.storage.events import OPS, PHASES
 
 BINS_PER_DECADE = 100
-SMALLEST_S = 1e-7  # durations below 0.1 us share the first bin
-DECADES = 10  # up to 1,000 s
-EDGES = SMALLEST_S * np.power(10.0, np.arange(1, DECADES * BINS_PER_DECADE + 1) / BINS_PER_DECADE)
-PERCENTILES = (50.0, 99.0)
+SMALLEST_S = 1e-7  # durations up to 0.1 us share the first bin; there is no largest
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 # operation kinds whose latencies are reported (stat, seek and rename are too rare to matter)
 REPORTED_OPS = ("open", "read", "write", "fsync", "close")
 
 
+def percentile_key(percent: float) -> str:
+    """summary.json's key for a percentile: p50_s, p90_s, p99_s, p99_9_s (no dot, so a dotted
+    path such as latency.train.read.p99_9_s still names it)."""
+    return f"p{percent:g}_s".replace(".", "_")
+
+
+def bin_edge(bins: np.ndarray | int) -> np.ndarray:
+    """The upper edge (seconds) of log bin number `bins`."""
+    return SMALLEST_S * np.power(10.0, np.asarray(bins, dtype=np.float64) / BINS_PER_DECADE)
+
+
+def bin_of(took: np.ndarray) -> np.ndarray:
+    """The smallest bin whose upper edge is at or above each duration (bin 0 below SMALLEST_S)."""
+    scaled = np.log10(np.maximum(took, SMALLEST_S) / SMALLEST_S) * BINS_PER_DECADE
+    bins = np.maximum(np.ceil(scaled).astype(np.int64), 0)
+    bins += bin_edge(bins) < took  # log10's rounding: never an edge below the value
+    lower = np.maximum(bins - 1, 0)
+    bins -= (bins > 0) & (bin_edge(lower) >= took)  # ... and never one bin too high
+    return bins
+
+
 def rank_latency(events: np.ndarray) -> dict[str, dict[str, dict[str, Any]]]:
-    """One rank's histogram, count, summed and maximal duration and overlap-free time, per phase
-    and operation kind that occurred. One sort by (phase, op) groups the calls, so a rank with
-    millions of events is read once rather than once per kind."""
+    """One rank's sparse histogram, count, min, max, mean, sum of squared deviations and
+    overlap-free time, per phase and operation kind that occurred. One sort by (phase, op) groups
+    the calls, so a rank with millions of events is read once rather than once per kind."""
     result: dict[str, dict[str, dict[str, Any]]] = {}
     reported = np.isin(events["op"], [OPS.index(op) for op in REPORTED_OPS])
     selected = events[reported]
@@ -39,40 +63,61 @@ def rank_latency(events: np.ndarray) -> dict[str, dict[str, dict[str, Any]]]:
     for key, first, last in zip(groups, firsts, list(firsts[1:]) + [len(keys)]):
         calls = selected[first:last]
         took = np.maximum(calls["end"] - calls["start"], 0.0)
-        bins = np.minimum(np.searchsorted(EDGES, took, side="left"), len(EDGES) - 1)
+        bins, counts = np.unique(bin_of(took), return_counts=True)
         phase, op = PHASES[int(key) // len(OPS)], OPS[int(key) % len(OPS)]
+        mean = float(took.mean())
         result.setdefault(phase, {})[op] = {
-            "histogram": np.bincount(bins, minlength=len(EDGES)),
+            "bins": bins,
+            "counts": counts,
             "count": int(len(calls)),
-            "sum_s": float(took.sum()),
+            "min_s": float(took.min()),
             "max_s": float(took.max()),
+            "mean_s": mean,
+            "m2": float(np.sum((took - mean) ** 2)),
             "busy_s": busy_seconds(calls["start"], calls["end"]),
         }
     return result
 
 
-def _percentile(histogram: np.ndarray, count: int, percent: float) -> float:
+def _combined_moments(parts: list[dict[str, Any]]) -> tuple[int, float, float]:
+    """Count, mean and sum of squared deviations of all parts together (Chan et al., pairwise)."""
+    count, mean, m2 = 0, 0.0, 0.0
+    for part in parts:
+        n = part["count"]
+        delta = part["mean_s"] - mean
+        total = count + n
+        mean += delta * n / total
+        m2 += part["m2"] + delta * delta * count * n / total
+        count = total
+    return count, mean, m2
+
+
+def _percentile(bins: np.ndarray, counts: np.ndarray, count: int, percent: float) -> float:
     """The upper edge of the bin holding the percent-th duration (nearest-rank rule)."""
     rank = max(int(np.ceil(percent / 100.0 * count)), 1)
-    return float(EDGES[int(np.searchsorted(np.cumsum(histogram), rank))])
+    return float(bin_edge(bins[int(np.searchsorted(np.cumsum(counts), rank))]))
 
 
 def latency_section(ranks: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
-    """summary.json's `latency`: per phase and operation kind, all ranks: `count`, `mean_s`,
-    `p50_s`, `p99_s`, `max_s` and `iops` (calls / the slowest rank's overlap-free time in them)."""
+    """summary.json's `latency`: per phase and operation kind, all ranks: `count`, `min_s`,
+    `mean_s`, `stdev_s` (sample standard deviation, as fio's), `p50_s`, `p90_s`, `p99_s`,
+    `p99_9_s`, `max_s` and `iops` (calls / the slowest rank's overlap-free time in them)."""
     section: dict[str, dict[str, dict[str, float]]] = {}
     for phase in PHASES:
         for op in REPORTED_OPS:
             parts = [r["latency"][phase][op] for r in ranks if op in r.get("latency", {}).get(phase, {})]
             if not parts:
                 continue
-            histogram = np.sum([p["histogram"] for p in parts], axis=0)
-            count = sum(p["count"] for p in parts)
+            merged, where = np.unique(np.concatenate([p["bins"] for p in parts]), return_inverse=True)
+            counts = np.bincount(where, weights=np.concatenate([p["counts"] for p in parts])).astype(np.int64)
+            count, mean, m2 = _combined_moments(parts)
             busy = max(p["busy_s"] for p in parts)
-            row = {"count": count, "mean_s": sum(p["sum_s"] for p in parts) / count}
+            largest = max(p["max_s"] for p in parts)
+            row: dict[str, Any] = {"count": count, "min_s": min(p["min_s"] for p in parts), "mean_s": mean,
+                                   "stdev_s": float(np.sqrt(m2 / (count - 1))) if count > 1 else 0.0}
             for percent in PERCENTILES:
-                row[f"p{percent:g}_s"] = min(_percentile(histogram, count, percent), max(p["max_s"] for p in parts))
-            row["max_s"] = max(p["max_s"] for p in parts)
+                row[percentile_key(percent)] = min(_percentile(merged, counts, count, percent), largest)
+            row["max_s"] = largest
             row["iops"] = count / busy if busy > 0 else None
             section.setdefault(phase, {})[op] = row
     return section

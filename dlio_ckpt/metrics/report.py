@@ -6,7 +6,7 @@ import logging
 import sys
 from typing import Any
 
-from dlio_ckpt.metrics.mlperf import mlperf_rows
+from dlio_ckpt.metrics.mlperf import metric_block, mlperf_rows
 from dlio_ckpt.metrics.replay_compare import comparison_rows
 from dlio_ckpt.metrics.utilisation import FEW_STEPS_PER_BLOCK
 
@@ -59,14 +59,17 @@ def storage_rows(storage: dict[str, Any] | None) -> list[tuple[str, str]]:
 
 
 def latency_rows(latency: dict[str, Any]) -> list[tuple[str, str]]:
-    """p50 / p99 / max and IOPS of the data-moving calls of the phases a user asks about."""
+    """fio's latency figures (min, percentiles, max, mean and stdev) and IOPS of the data-moving
+    calls of the phases a user asks about."""
     rows = []
     for phase, op in (("train", "read"), ("checkpoint", "write"), ("restore", "read")):
         row = latency.get(phase, {}).get(op)
         if row:
             iops = "" if row["iops"] is None else f", {row['iops']:,.0f} IOPS"
-            rows.append((f"{phase} {op}s", f"latency p50 {row['p50_s'] * 1e3:.3f} ms, p99 {row['p99_s'] * 1e3:.3f} ms, "
-                                          f"max {row['max_s'] * 1e3:.3f} ms over {row['count']:,} calls{iops}"))
+            ms = {key: value * 1e3 for key, value in row.items() if key.endswith("_s") and value is not None}
+            rows.append((f"{phase} {op}s", f"latency ms: min {ms['min_s']:.3f}, p50 {ms['p50_s']:.3f}, p90 {ms['p90_s']:.3f}, "
+                                          f"p99 {ms['p99_s']:.3f}, p99.9 {ms['p99_9_s']:.3f}, max {ms['max_s']:.3f}, "
+                                          f"mean {ms['mean_s']:.3f} (stdev {ms['stdev_s']:.3f}) over {row['count']:,} calls{iops}"))
     return rows
 
 
@@ -163,10 +166,13 @@ def log_report(text: str) -> None:
             handler.handle(record)
 
 
-def print_report(summary: dict[str, Any], fancy: bool = True) -> None:
-    rows = headline_rows(summary)
+def print_report(summary: dict[str, Any], fancy: bool = True, extra_rows: list[tuple[str, str]] | None = None) -> None:
+    """The table (with `extra_rows`, such as the spread over repeats), then DLIO's `[METRIC]`
+    lines (metrics/mlperf.py) for tools that parse DLIO's output."""
+    rows = headline_rows(summary) + list(extra_rows or [])
     text = plain_table(rows)
-    log_report(text)
+    block = metric_block(summary.get("metric") or {}, summary.get("num_accelerators", summary["world_size"]))
+    log_report(text + (f"\n{block}" if block else ""))
     if fancy and sys.stdout.isatty():
         from rich.console import Console
         from rich.table import Table
@@ -177,6 +183,8 @@ def print_report(summary: dict[str, Any], fancy: bool = True) -> None:
         for key, value in rows:
             table.add_row(key, value)
         Console().print(table)
-        return
-    print(text)
+        text = ""
+    out = "\n".join(part for part in (text, block) if part)
+    if out:
+        print(out)
     sys.stdout.flush()
