@@ -75,13 +75,34 @@ def _real_parent(path) -> str:
 
 _STRACE = re.compile(r'^(?:\[pid\s+\d+\]\s+|\d+\s+)?(\w+)\((.*)\)\s+=\s+(-?\d+)')
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_PID = re.compile(r'^(?:\[pid\s+(\d+)\]|(\d+))\s+')
+_UNFINISHED = " <unfinished ...>"
+_RESUMED = re.compile(r'<\.\.\. (\w+) resumed>')
+
+
+def _joined(lines):
+    """strace -f lines with each call whole: a call another thread interrupted is printed as
+    `PID name(args <unfinished ...>` and later `PID <... name resumed>rest`; it is put together
+    where it resumed, which is when it returned (what ordering needs)."""
+    pending: dict[str, str] = {}
+    for line in lines:
+        match = _PID.match(line)
+        pid = (match.group(1) or match.group(2)) if match else ""
+        if line.endswith(_UNFINISHED):
+            pending[pid] = line[: -len(_UNFINISHED)]
+            continue
+        resumed = _RESUMED.search(line)
+        if resumed and pid in pending:
+            yield pending.pop(pid) + line[resumed.end():]
+            continue
+        yield line
 
 
 def strace_calls(log: str, cwd: str) -> list[tuple]:
     """The same events from `strace -f -y -e trace=openat,mkdir,mkdirat,rename,renameat,renameat2,fsync,fdatasync`
     output (-y prints an fsync's descriptor as <path>); failed calls are skipped."""
     calls: list[tuple] = []
-    for line in log.splitlines():
+    for line in _joined(log.splitlines()):
         match = _STRACE.match(line.strip())
         if not match or int(match.group(3)) < 0:
             continue
