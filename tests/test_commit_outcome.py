@@ -141,3 +141,41 @@ def test_an_incremental_encoder_builds_on_checkpoints_in_flight_and_adopts_them_
     encoder.settle(0, committed=True)
     encoder.settle(1, committed=False)  # 1 failed: 2 was built on it and is dropped too
     assert _container(encoder, 1, states[2])[1] == (0, 1)
+
+
+def test_a_folder_that_cannot_be_fsynced_fails_the_commit_before_the_manifest(tmp_path, monkeypatch):
+    """A folder fsync is part of the commit: its failure (EIO) is a checkpoint not committed,
+    with no manifest written and the folder removed, like a failed write."""
+    ctx = make_ctx(tmp_path, ["checkpoint.keep_last=0"])
+    engine = make_checkpoint_engine(ctx)
+
+    def failing(self, path):
+        raise OSError(errno.EIO, "Input/output error", path)
+
+    monkeypatch.setattr(PosixStorage, "fsync_dir", failing)
+    with pytest.raises(RunFailure, match=r"^checkpoint step_00000001 not committed: .*step_00000001: Input/output error"):
+        engine.save(1, 1)
+    assert not (Path(engine.root) / "step_00000001").exists()
+
+
+def test_the_commits_folder_fsyncs_are_traced_in_the_checkpoint_phase_before_the_manifest(tmp_path):
+    """They are I/O of the run: one fsync event per folder, in the checkpoint phase (so in the
+    trace, Darshan's POSIX_FSYNCS and the commit's time), between the data file's fsync and the
+    manifest's open."""
+    from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, RAW_TIMES
+
+    ctx = make_ctx(tmp_path, ["checkpoint.layout=megatron", "checkpoint.keep_last=0"])
+    engine = make_checkpoint_engine(ctx)
+    engine.save(1, 1)
+    events = ctx.recorder.array()
+    paths = ctx.recorder.paths
+    folder = os.path.join(engine.root, "iter_0000001")
+    order = [(int(e["op"]), paths[e["file"]]) for e in events if (int(e["phase"]) & ~RAW_TIMES) == PHASE_CODE["checkpoint"]]
+    fsyncs = [p for op, p in order if op == OP_CODE["fsync"]]
+    data = os.path.join(folder, "mp_rank_00", "model_optim_rng.pt")
+    tmp = str(tmp_path)
+    assert fsyncs[0] == data
+    above = [os.path.join(folder, "mp_rank_00"), folder, engine.root, os.path.dirname(engine.root), tmp]
+    assert fsyncs[1:6] == above  # deepest first: the rank folder ... storage.root
+    manifest_open = next(i for i, (op, p) in enumerate(order) if op == OP_CODE["open"] and MANIFEST_NAME in p)
+    assert manifest_open > max(i for i, (op, p) in enumerate(order) if op == OP_CODE["fsync"] and p == tmp)
