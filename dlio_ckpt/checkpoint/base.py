@@ -27,7 +27,7 @@ class CheckpointRecord:
     metadata_bytes: int = 0  # manifest, tag and coordinator files (rank 0)
     wait_s: float = 0.0  # async: time the save waited for an earlier checkpoint in flight
     snapshot_s: float = 0.0  # async: copy into the staging buffer
-    commit_s: float = 0.0  # gather of file lists, manifest, tag and retention, as this rank waited
+    commit_s: float = 0.0  # folder fsyncs, gather of file lists, manifest, tag and retention, as this rank waited
     committed: bool = False  # the manifest is on disk (async: set when the persist is committed)
     peak_rss_bytes: int = 0
     verify_s: float = 0.0  # reading data files back for their checksums (formats that seek back), not in write_s

@@ -2,10 +2,12 @@
 
 What every strategy shares lives here, so they differ only in who writes which file when:
 
-- commit: after every rank's data files are fsynced, rank 0 gathers the file lists (path, size,
-  checksum, writer), writes the layout's coordinator files, then the manifest last and all or nothing
-  (`write_atomic`: a renamed temporary file on POSIX, one PUT on S3), then the framework's "latest"
-  tag. A folder without a manifest is torn.
+- commit: after every rank's data files are fsynced, each rank fsyncs the folders its files'
+  entries are in, rank 0 gathers the file lists (path, size, checksum, writer), writes the layout's
+  coordinator files, fsyncs the folders above the checkpoint folder, then writes the manifest last
+  and all or nothing (`write_atomic`: a renamed temporary file on POSIX, then its folder fsynced;
+  one PUT on S3), then the framework's "latest" tag. A folder without a manifest is torn; what
+  fails after the manifest (tag, retention) is reported as such, never as an uncommitted checkpoint.
 - restore: newest checkpoint first; every file is read in full by the rank that wrote it and
   checked against the manifest (size, checksum); a torn or corrupted checkpoint is skipped with a
   message naming what failed, and the previous complete one is restored.
@@ -39,6 +41,7 @@ from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics.report import plural
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.model import TensorSpec
+from dlio_ckpt.storage.durable import backend_root, entry_folders, sync_folders
 
 
 
@@ -68,6 +71,8 @@ class CheckpointEngineImpl:
         self.storage = base_storage.with_phase("checkpoint")
         self.restore_storage = base_storage.with_phase("restore")
         self.root = root or ctx.checkpoint_root()
+        # the top of the folder chain a commit fsyncs: the storage root (a level's path)
+        self._top = backend_root(base_storage) or os.path.abspath(self.config.storage.root)
         self.triggers = Triggers.from_config(self.cfg)
         self.records: list[CheckpointRecord] = []
         self.strategy_name = canonical_strategy(self.cfg.strategy)
@@ -230,8 +235,19 @@ class CheckpointEngineImpl:
             pass
 
     def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry], error: BaseException | None = None) -> tuple[int, float]:
-        """Collective: make checkpoint `step` visible (manifest written last, all or nothing). Returns (metadata bytes, seconds)."""
+        """Collective: make checkpoint `step` visible (manifest written last, all or nothing). Returns (metadata bytes, seconds).
+
+        The protocol (docs/checkpointing.md, "Atomic commit"): each rank fsyncs the folders its
+        files' entries are in (`sync_file_folders`), rank 0 writes the coordinator files, fsyncs
+        the folders above the checkpoint folder and writes the manifest (`publish_manifest`), then
+        the tag and retention, which come after the commit and never undo it. The encoder adopts
+        what it encoded for this checkpoint only once the manifest is written."""
         start = now()
+        if error is None:
+            try:
+                self.sync_file_folders(step, [e.path for e in entries])
+            except OSError as exc:  # reported like a failed write: the checkpoint is not committed
+                error = exc
         mine = failure_text(error) if error else None
         gathered = self.world.gather((None if error else [e.as_dict() for e in entries], mine))
         status: tuple[str, Any] = ("ok", 0)
@@ -247,12 +263,56 @@ class CheckpointEngineImpl:
                     self.discard_failed(step)
                     mine = failure_text(exc)
                     status = ("failed", 0)
+                if status[0] == "ok":
+                    status, mine = self._after_commit(step, status[1])
         status = self.world.bcast(status)
+        if self._encoder is not None:
+            self._encoder.settle(index, committed=status[0] != "failed")
         if status[0] == "failed":
             # Every rank knows: the ranks that failed say why, in one line each; the others end quietly.
             raise RunFailure(f"checkpoint {self.layout.folder(step)} not committed: {mine}" if mine else "",
                              known_everywhere=True)
+        if status[0] == "after":  # committed: the manifest is on disk; what failed came after it
+            raise RunFailure(f"checkpoint {self.layout.folder(step)} committed (its manifest is written), "
+                             f"but {mine}" if mine else "", known_everywhere=True)
         return int(status[1]), now() - start
+
+    def _after_commit(self, step: int, metadata: int) -> tuple[tuple[str, Any], str | None]:
+        """On rank 0, once the manifest is written: the framework's tag, then retention. Their
+        failure is reported as what it is, after a commit that stands (status "after")."""
+        tag = self.layout.tag(step)
+        if tag:
+            try:
+                self.storage.write_atomic(os.path.join(self.root, tag[0]), tag[1].encode())
+            except Exception as exc:
+                return ("after", metadata), f"its {tag[0]!r} tag was not written: {failure_text(exc)}"
+            metadata += len(tag[1])
+        if self.cfg.keep_last:
+            try:
+                self.apply_retention()
+            except Exception as exc:
+                return ("after", metadata), (f"retention (checkpoint.keep_last={self.cfg.keep_last}) failed to "
+                                             f"delete an older checkpoint: {failure_text(exc)}")
+        return ("ok", metadata), None
+
+    # the commit's durability (storage/durable.py) -------------------------------------------
+    def sync_file_folders(self, step: int, relpaths: list[str]) -> int:
+        """This rank's part of a commit: fsync the folders that the entries of its files of
+        checkpoint `step` (paths relative to its folder) are in, from each file's folder up to
+        the checkpoint folder. Returns the folders synced (none with checkpoint.fsync=false)."""
+        if not self.cfg.fsync or not relpaths:
+            return 0
+        folder = self.folder_path(step)
+        return sync_folders(self.storage, entry_folders([os.path.join(folder, p) for p in relpaths], folder))
+
+    def publish_manifest(self, step: int, manifest: bytes) -> None:
+        """Rank 0's commit step: fsync the folders above the checkpoint folder (the root, which
+        holds its entry, up to the storage root), then write the manifest all or nothing
+        (`write_atomic`: on POSIX temporary name, fsync, rename, fsync of the checkpoint folder)."""
+        folder = self.folder_path(step)
+        if self.cfg.fsync:
+            sync_folders(self.storage, entry_folders([folder], self._top))
+        self.storage.write_atomic(os.path.join(folder, MANIFEST_NAME), manifest)
 
     def _write_manifest(self, index: int, step: int, epoch: int, files: list[dict]) -> int:
         folder = self.folder_path(step)
@@ -297,15 +357,8 @@ class CheckpointEngineImpl:
             "files": files,
             "written_at": time.time(),
         })
-        self.storage.write_atomic(os.path.join(folder, MANIFEST_NAME), manifest)
-        metadata += len(manifest)
-        tag = self.layout.tag(step)
-        if tag:
-            self.storage.write_atomic(os.path.join(self.root, tag[0]), tag[1].encode())
-            metadata += len(tag[1])
-        if self.cfg.keep_last:
-            self.apply_retention()
-        return metadata
+        self.publish_manifest(step, manifest)
+        return metadata + len(manifest)
 
     # retention -----------------------------------------------------------------------------
     def checkpoint_folders(self) -> list[tuple[int, str, bool]]:

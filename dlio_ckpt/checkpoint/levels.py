@@ -31,7 +31,7 @@ from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
 from dlio_ckpt.checkpoint.fileio import now
 from dlio_ckpt.checkpoint.flush import copy_entries
 from dlio_ckpt.checkpoint.manifest import parse_manifest
-from dlio_ckpt.errors import failure_text
+from dlio_ckpt.errors import RunFailure, failure_text
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, build_checkpoint_plan
 from dlio_ckpt.plan.levels import host_indices, node_count, node_of, placement, ranks_on_node, to_copy
 
@@ -279,6 +279,11 @@ class MultiLevelEngine:
                 return
             self._flushing.pop(0)
             error = head.future.exception()
+            if error is None:
+                try:  # the folders of this rank's copies, before rank 0 writes the manifests
+                    self._sync_copied_folders(head)
+                except OSError as exc:
+                    error = exc
             errors = [e for e in self.world.allgather(failure_text(error) if error else "") if e]
             if not errors:
                 try:
@@ -291,19 +296,45 @@ class MultiLevelEngine:
                 record.error = errors[0]
                 self._discard_uncommitted(head.target, record.steps)
                 self._warn(f"flush of {self.layout.folder(record.step)} to level {record.level} failed: {errors[0]}")
-            else:
-                record.committed = True
+                continue
+            record.committed = True
+            try:
+                self.world.root_first(lambda: self._after_publish(head))
+            except Exception as exc:  # committed all the same: say what failed after it
+                self._warn(f"flush of {self.layout.folder(record.step)} to level {record.level} committed "
+                           f"(its manifest is written), but {failure_text(exc)}")
+
+    def _sync_copied_folders(self, flush: _Flush) -> None:
+        """This rank's part of a flush's commit: fsync the target folders its copies' entries are
+        in (each copy's own folder was synced by its staged close; the folders above it were not)."""
+        target = self.engines[flush.target]
+        for step, manifest in flush.manifests.items():
+            mine = [e["path"] for e in manifest["files"] if e["writer"] % self.world.size == self.world.rank]
+            target.sync_file_folders(step, mine)
 
     def _publish(self, flush: _Flush) -> None:
-        """On rank 0: the source manifests on the target (oldest first), the tag, the retention."""
+        """On rank 0: the source manifests on the target (oldest first), each through the target
+        engine's commit step (the folders above its checkpoint folder fsynced, then the manifest)."""
         target = self.engines[flush.target]
         for step in sorted(flush.raw):
-            target.storage.write_atomic(os.path.join(target.folder_path(step), MANIFEST_NAME), flush.raw[step])
+            target.publish_manifest(step, flush.raw[step])
+
+    def _after_publish(self, flush: _Flush) -> None:
+        """On rank 0, after the flush is committed: the target's tag, then its retention; raises
+        naming which of them failed (the flush stays committed)."""
+        target = self.engines[flush.target]
         tag = self.layout.tag(flush.record.step)
         if tag:
-            target.storage.write_atomic(os.path.join(target.root, tag[0]), tag[1].encode())
+            try:
+                target.storage.write_atomic(os.path.join(target.root, tag[0]), tag[1].encode())
+            except Exception as exc:
+                raise RunFailure(f"its {tag[0]!r} tag was not written: {failure_text(exc)}") from None
         if target.cfg.keep_last:
-            target.apply_retention()
+            try:
+                target.apply_retention()
+            except Exception as exc:
+                raise RunFailure(f"retention (keep_last={target.cfg.keep_last}) failed to delete an older "
+                                 f"checkpoint on level {flush.record.level}: {failure_text(exc)}") from None
 
     def _discard_uncommitted(self, level: int, steps: list[int]) -> None:
         """Collective: rank 0 removes the folders a failed or abandoned flush left without a manifest."""

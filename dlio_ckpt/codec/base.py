@@ -10,7 +10,7 @@ formats that store one flat byte stream (raw, npy).
 Encoders are per rank and per file (keyed by the file's path template): checkpoint i of a file
 may refer only to checkpoints of the same file from the last full one (its chain base) to i.
 After a failure and restart the encoder's memory is gone: `reset()` makes the next checkpoint a
-full one.
+full one. What an encode learnt counts only once its checkpoint is committed (`settle`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ class Encoder(Protocol):
 
     def reset(self) -> None:
         """Forget everything: the next checkpoint of every file is a full one."""
+        ...
+
+    def settle(self, index: int, committed: bool) -> None:
+        """Called by the engine once the commit of checkpoint `index` is decided, on every rank.
+        What `encode` learnt from checkpoint `index` may be built on by the next checkpoints only
+        if it was committed: a checkpoint that was not must leave no chain that refers to it
+        (incremental: the encoder is again what it was before `index`; lossy: it forgets, and
+        the next checkpoints are full ones)."""
         ...
 
 

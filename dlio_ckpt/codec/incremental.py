@@ -21,6 +21,7 @@ Container (little-endian; docs/checkpointing.md "Incremental checkpoints (Merkle
 
 from __future__ import annotations
 
+import copy
 import struct
 import time
 from collections.abc import Iterator
@@ -62,10 +63,30 @@ class IncrementalEncoder:
         self.chunk_bytes = chunk_bytes
         self.hash_name = hash_name
         self.full_every = full_every
-        self._chains: dict[str, _Chain] = {}
+        self._chains: dict[str, _Chain] = {}  # what committed checkpoints left
+        self._pending: dict[int, dict[str, _Chain]] = {}  # checkpoint index -> its files' chains, until settled
 
     def reset(self) -> None:
         self._chains.clear()
+        self._pending.clear()
+
+    def settle(self, index: int, committed: bool) -> None:
+        """Checkpoint `index` was committed (its chains become the encoder's), or not (they and
+        those of every later checkpoint, encoded from them, are dropped): the encoder then is
+        exactly what it was before `index` was encoded."""
+        for pending in sorted(self._pending):
+            if committed and pending <= index:
+                self._chains.update(self._pending.pop(pending))
+            elif not committed and pending >= index:
+                del self._pending[pending]
+
+    def _latest(self, key: str) -> _Chain | None:
+        """The chain the next checkpoint of `key` builds on: the newest one encoded (committed or
+        still in flight: an async checkpoint is encoded before the previous one commits)."""
+        for pending in sorted(self._pending, reverse=True):
+            if key in self._pending[pending]:
+                return self._pending[pending][key]
+        return self._chains.get(key)
 
     def encode(self, index: int, key: str, view: FileView) -> EncodedFile:
         started = time.perf_counter()
@@ -74,23 +95,26 @@ class IncrementalEncoder:
         n = merkle.leaf_count(size, chunk)
         if 2 * n - 1 > MAX_NODES:
             raise ValueError(f"{key}: {size} bytes make {n} leaves of {chunk} bytes; raise checkpoint.incremental.chunk_bytes")
-        chain = self._chains.get(key)
-        if chain is not None and (chain.size != size or (self.full_every and len(chain.indices) >= self.full_every)):
-            chain = None
+        base = self._latest(key)
+        if base is not None and (base.size != size or (self.full_every and len(base.indices) >= self.full_every)):
+            base = None
         leaf_digests, state_digest = merkle.hash_leaves(view, chunk, self.hash_name)
         heights = merkle.node_heights(n)
         digests = merkle.build_tree(leaf_digests, self.hash_name, heights)
-        if chain is None:
+        # A new chain state, never the base changed in place: the base stays what it was until
+        # this checkpoint is committed (settle). The table's arrays are replaced, not written, by add().
+        if base is None:
             chain = _Chain(size=size, indices=[], previous=leaf_digests)
             previous = None
         else:
-            previous = chain.previous
+            chain = _Chain(size=size, indices=list(base.indices), previous=base.previous, table=copy.copy(base.table))
+            previous = base.previous
         ref = chain.indices[-1] if chain.indices else index
         labelling = merkle.label_tree(digests, previous, chain.table, index, heights)
         del digests
         chain.indices.append(index)
         chain.previous = leaf_digests
-        self._chains[key] = chain
+        self._pending.setdefault(index, {})[key] = chain
 
         lo, hi = merkle.node_spans(labelling.first_roots, n, size, chunk)
         metadata = _metadata(self.hash_name, ref, index, chunk, size, labelling)

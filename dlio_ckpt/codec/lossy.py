@@ -329,6 +329,15 @@ class LossyEncoder:
             _close(chain.xr)
         self._chains.clear()
 
+    def settle(self, index: int, committed: bool) -> None:
+        """After the commit of checkpoint `index`. The reconstructed state xr is advanced in place
+        as a file is encoded (a copy kept to roll back would double the encoder's scratch, the
+        size of the rank's state), so a checkpoint that was not committed makes the encoder
+        forget: the next checkpoint of every file is a full one, and no chain ever refers to a
+        checkpoint that is not on disk."""
+        if not committed:
+            self.reset()
+
     def encode(self, index: int, key: str, view: FileView) -> EncodedFile:
         started = time.perf_counter()
         tensors = self.tensors_of(key)

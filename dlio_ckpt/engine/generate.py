@@ -3,7 +3,8 @@
 Reuse is decided by rank 0 from the dataset manifest (the plan's fingerprint and every file's
 size) and broadcast. Regeneration first removes the manifest, so a half-regenerated dataset is
 never mistaken for a complete one; each file is written through the backend's commit primitive
-(`open_staged`: on POSIX a temporary name, fsync, rename); the manifest is written last, atomically.
+(`open_staged`: on POSIX a temporary name, fsync, rename, fsync of its folder); the folders above
+the files' folders are fsynced (storage/durable.py), then the manifest is written last, atomically.
 Every file operation goes through the (traced) storage, so it works on any backend.
 """
 
@@ -21,6 +22,7 @@ from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
 from dlio_ckpt.metrics.progress import Progress
 from dlio_ckpt.plan.dataset import DatasetPlan, generation_share
+from dlio_ckpt.storage.durable import backend_root, entry_folders, sync_folders
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,11 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
             raise RunFailure(f"dataset generation failed: {failure_text(failure)}" if failure else "", known_everywhere=True)
 
         def finish() -> None:
+            if config.storage.fsync:
+                # Each file's own folder was fsynced by its staged close; the folders above them
+                # (their entries up to storage.root) are fsynced before the manifest commits them.
+                folders = sorted({os.path.dirname(spec.path) for spec in plan.files})
+                sync_folders(storage, entry_folders(folders, backend_root(storage) or config.storage.root))
             sizes = {os.path.relpath(p, plan.folder): storage.file_size(p) for p in all_paths(plan, fmt)}
             manifest = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": config.workload,
                         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sizes": sizes}

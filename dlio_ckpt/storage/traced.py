@@ -400,6 +400,12 @@ class TracedStorage:
             self.recorder.record("unlink", self.phase, file, -1, 0, end if index else start, end)
         return removed
 
+    def fsync_dir(self, path: str) -> None:
+        """fsync folder `path` (POSIX only: capability fsync), so the entries created or renamed in
+        it are durable (storage/durable.py: what a commit depends on). Traced as an fsync of the
+        folder, as darshan-runtime sees the fsync of a folder's descriptor."""
+        self._meta("fsync", path, self.inner.fsync_dir, path)
+
     # Operations below are bookkeeping on folders; they are not data I/O and are not traced.
     def makedirs(self, path: str) -> None:
         self.inner.makedirs(path)
@@ -418,10 +424,6 @@ class TracedStorage:
 
     def check(self) -> None:
         self.inner.check()
-
-    def fsync_dir(self, path: str) -> None:
-        """POSIX only (capability local_paths): files a framework wrote by path."""
-        self.inner.fsync_dir(path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """All or nothing through the backend's commit primitive; traced as open, write, fsync, close."""
