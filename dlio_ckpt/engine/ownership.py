@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dlio_ckpt.errors import UserError
+from dlio_ckpt.errors import RunFailure, UserError, storage_failure
 
 RUN_MARKER = ".dlio_ckpt_run_id"  # in the run folder: {"run_id"}
 OWNER_MARKER = ".dlio_ckpt_owner"  # in each folder the run created under storage.root
@@ -106,7 +106,10 @@ def claim_folder(backend: Any, folder: str, run_id: str, run_dir: Path, what: st
 
 def mark_dataset(backend: Any, folder: str, run_id: str, run_dir: Path) -> None:
     """Rank 0, when this run (re)generates the dataset: it is now this run's to clean."""
-    backend.write_atomic(os.path.join(folder, OWNER_MARKER), json.dumps(owner_record(run_id, run_dir, "dataset")).encode())
+    try:
+        backend.write_atomic(os.path.join(folder, OWNER_MARKER), json.dumps(owner_record(run_id, run_dir, "dataset")).encode())
+    except OSError as exc:
+        raise _failure(exc) from None
 
 
 class DatasetLease:
@@ -209,3 +212,11 @@ def claim_run(config: Any, run_dir: Path, run_id: str, world_size: int) -> None:
     except UserError:
         give_back_note(run_dir)  # refused before writing anything: the right relaunch can still resume
         raise
+    except OSError as exc:  # storage that cannot be written: one line per rank, exit 1
+        raise _failure(exc) from None
+
+
+def _failure(exc: OSError) -> RunFailure:
+    failure = storage_failure(exc, exc.filename) if exc.filename else RunFailure(exc.strerror or str(exc))
+    failure.known_everywhere = True  # raised on rank 0, then on every rank by root_first
+    return failure
