@@ -281,7 +281,7 @@ def test_clean_of_an_s3_run_names_s3_urls(workdir, s3_server, s3_bucket):
                     f"storage.s3.endpoint_url={s3_server.endpoint_url}", "storage.s3.prefix=cl",
                     f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"], workdir / "cwd")
     assert done.returncode == 0, done.stderr[-2000:]
-    run_id = json.loads((run / RUN_MARKER).read_text())["run_id"]
+    run_id = Path(load_summary(run)["created"]["checkpoints"]).name
     dry = clean(["--dry-run", str(run)], workdir / "cwd")
     assert dry.returncode == 0, dry.stderr
     assert f"would remove checkpoints s3://{s3_bucket}/cl/checkpoints/{run_id}" in dry.stdout
