@@ -273,6 +273,9 @@ def examine(target: Target, run_id: str, run_dir: Path, remove: bool) -> str | N
                 return f"kept: {why}"
         try:
             if remove:
+                named = os.stat(target.parts[-1], dir_fd=opened.parent, follow_symlinks=False)
+                if not os.path.samestat(named, os.fstat(opened.folder)):
+                    return "not removed: it was replaced while clean checked it"
                 shutil.rmtree(target.parts[-1], dir_fd=opened.parent)  # no link followed (fd-based rmtree)
         finally:
             if lock is not None:
