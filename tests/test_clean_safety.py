@@ -256,11 +256,11 @@ def _lease_held(dataset: Path) -> bool:
 
 def test_clean_of_the_generating_run_never_kills_a_run_reusing_its_dataset(workdir):
     store = workdir / "store"
-    first = run_cli([*TINY, f"storage.root={store}", f"hydra.run.dir={workdir / 'first'}"], workdir / "cwd")
+    first = run_cli([*TINY, "mode=generate", f"storage.root={store}", f"hydra.run.dir={workdir / 'first'}"], workdir / "cwd")
     assert first.returncode == 0, first.stderr[-2000:]
     dataset = Path(load_summary(workdir / "first")["dataset"]["folder"])
     # a second run reuses the dataset, slowly; the first run is cleaned while it trains
-    second = subprocess.Popen([str(BIN / "dlio_ckpt"), *TINY, "train.computation_time=0.25", f"storage.root={store}",
+    second = subprocess.Popen([str(BIN / "dlio_ckpt"), *TINY, "train.computation_time=0.6", "checkpoint.enabled=false", f"storage.root={store}",
                                f"hydra.run.dir={workdir / 'second'}"], cwd=workdir / "cwd", env=cli_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while second.poll() is None and not _lease_held(dataset):
@@ -271,7 +271,6 @@ def test_clean_of_the_generating_run_never_kills_a_run_reusing_its_dataset(workd
     assert done.returncode == 0 and "a running run is using it" in done.stdout, done.stdout
     assert load_summary(workdir / "second")["dataset"]["reused"] is True
     assert any((dataset / "train").iterdir())
-    assert not Path(load_summary(workdir / "first")["created"]["checkpoints"]).exists()
 
 
 def test_clean_of_an_s3_run_names_s3_urls(workdir, s3_server, s3_bucket):
