@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from dlio_ckpt.engine.ownership import (MARKER_MAX_BYTES, OWNER_MARKER, RUN_MARKER, owned_by, parse_owner,
-                                        read_run_marker, safe_name, try_exclusive)
+                                        read_regular, read_run_marker, safe_name, try_exclusive)
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, UserError
 
 DRY_RUN_FLAG = "--dry-run"
@@ -79,11 +79,9 @@ def run_folders(paths: list[str]) -> list[Path]:
 def read_summary(run_dir: Path) -> dict[str, Any]:
     """summary.json as a dict, or one line (UserError) saying how it is damaged."""
     path = run_dir / "summary.json"
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(SUMMARY_MAX_BYTES + 1)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot be read ({exc.strerror})") from None
+    data = read_regular(path, SUMMARY_MAX_BYTES, follow=True)
+    if data is None:
+        raise UserError(f"{path}: not a readable regular file; a damaged run folder: remove the run's folders by hand")
     if len(data) > SUMMARY_MAX_BYTES:
         raise UserError(f"{path}: over {SUMMARY_MAX_BYTES >> 20} MiB, not a summary a run writes; remove the run's "
                         "folders by hand")
@@ -244,12 +242,8 @@ class Opened:
 
 
 def _local_marker(opened: Opened) -> dict[str, Any] | None:
-    try:
-        fd = os.open(OWNER_MARKER, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=opened.folder)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        return parse_owner(handle.read(MARKER_MAX_BYTES + 1))
+    data = read_regular(OWNER_MARKER, MARKER_MAX_BYTES, dir_fd=opened.folder)
+    return None if data is None else parse_owner(data)
 
 
 def examine(target: Target, run_id: str, run_dir: Path, remove: bool) -> str | None:

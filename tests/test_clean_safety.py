@@ -343,3 +343,20 @@ def test_a_relaunch_with_another_rank_count_is_refused_and_the_right_one_resumes
     assert wider.returncode == 2 and "relaunch it with as many" in wider.stderr, wider.stderr[-2000:]
     assert "Traceback" not in wider.stderr
     relaunched_right(workdir, run, checkpoints)
+
+
+@pytest.mark.parametrize("where", ["run marker", "owner marker", "lease"])
+def test_a_fifo_in_a_markers_place_neither_hangs_nor_counts(tmp_path, where):
+    root = tmp_path / "store"
+    a = make_run(tmp_path, "a", root)
+    path = {"run marker": a["run"] / RUN_MARKER, "owner marker": a["checkpoints"] / OWNER_MARKER,
+            "lease": a["dataset"] / LEASE}[where]
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    done = run_cli(["clean", str(a["run"])], tmp_path, timeout=60)
+    assert "Traceback" not in done.stderr
+    if where == "run marker":
+        refused(done, RUN_MARKER)
+    else:
+        assert done.returncode == 0 and "kept:" in done.stdout
+        assert (a["checkpoints"] if where == "owner marker" else a["dataset"]).is_dir()

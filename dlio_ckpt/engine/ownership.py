@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +45,25 @@ def write_run_marker(run_dir: Path, run_id: str) -> None:
     os.replace(temporary, path)
 
 
-def read_run_marker(run_dir: Path) -> str | None:
-    """The run id the run folder's own marker names; None when it has none (or not a valid one)."""
+def read_regular(path: str | Path, limit: int, dir_fd: int | None = None, follow: bool = False) -> bytes | None:
+    """Up to `limit` + 1 bytes of a regular file, None when it is missing, a link (unless `follow`),
+    or not a regular file: a FIFO or a device put in a marker's place must not hang or feed clean."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(Path(run_dir) / RUN_MARKER, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as handle:
-        data = handle.read(MARKER_MAX_BYTES + 1)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return handle.read(limit + 1)
+
+
+def read_run_marker(run_dir: Path) -> str | None:
+    """The run id the run folder's own marker names; None when it has none (or not a valid one)."""
+    data = read_regular(Path(run_dir) / RUN_MARKER, MARKER_MAX_BYTES)
+    if data is None:
+        return None
     try:
         run_id = json.loads(data)["run_id"]
     except (ValueError, TypeError, KeyError):
@@ -129,10 +141,14 @@ class DatasetLease:
         path = os.path.join(self.folder, LEASE)
         for _ in range(5):  # clean removed the folder while this waited: the lock is on a deleted file
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+                fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
             except FileNotFoundError:
                 return  # no dataset folder (yet): generation makes it, then this is taken again
             except OSError:  # a read-only dataset: nobody's clean can remove it either
+                self.applies = False
+                return
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # clean refuses such a lease too
+                os.close(fd)
                 self.applies = False
                 return
             try:
@@ -164,11 +180,15 @@ def try_exclusive(dir_fd: int, create: bool) -> tuple[int | None, str | None]:
     (None, why not): a live run holds it shared, or the file system has no flock. Without
     `create` (a dry run writes nothing), a missing LEASE means no run holds it: (None, None)."""
     try:
-        fd = os.open(LEASE, os.O_RDONLY | os.O_NOFOLLOW | (os.O_CREAT if create else 0), 0o644, dir_fd=dir_fd)
+        fd = os.open(LEASE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_CREAT if create else 0), 0o644,
+                     dir_fd=dir_fd)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
         return None, f"cannot open its lease file ({exc.strerror})"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None, f"its {LEASE} is not a regular file; remove it by hand when no run uses it"
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
