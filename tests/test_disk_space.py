@@ -124,7 +124,7 @@ def test_a_real_full_disk_mid_checkpoint(workdir):
         assert line.startswith("dlio_ckpt: error: checkpoint step_00000002 not committed: ")
         assert "rank_00000.bin: No space left on device (" in line and " MiB free on " in line
         (root,) = (disk / "checkpoints").iterdir()
-        assert sorted(p.name for p in root.iterdir()) == ["step_00000001"]
+        assert sorted(p.name for p in root.iterdir()) == [".dlio_ckpt_owner", "step_00000001"]  # the run's marker (clean.py)
         assert (root / "step_00000001" / MANIFEST_NAME).exists()
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)

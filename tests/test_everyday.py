@@ -109,7 +109,7 @@ def test_clean_removes_only_what_the_run_created(two_scales, tmp_path):
     assert (tiny / "summary.json").is_file()
 
 
-def test_clean_keeps_a_reused_dataset_and_refuses_paths_outside_the_root(tmp_path):
+def test_clean_refuses_a_run_folder_its_run_never_marked(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     outside = tmp_path / "elsewhere"
@@ -118,9 +118,8 @@ def test_clean_keeps_a_reused_dataset_and_refuses_paths_outside_the_root(tmp_pat
                "dataset": {"folder": str(tmp_path / "store" / "data" / "x"), "reused": True},
                "created": {"storage_root": str(tmp_path / "store"), "checkpoints": str(outside), "dataset": None}}
     (run / "summary.json").write_text(json.dumps(summary))
-    done = run_cli(["clean", str(run)], tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert outside.is_dir() and "not strictly inside storage.root" in done.stdout
-    assert "kept: this run reused it" in done.stdout
+    done = run_cli(["clean", str(run)], tmp_path)  # no run marker: summary.json alone proves nothing
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "by hand" in done.stderr
+    assert outside.is_dir()
     bad = run_cli(["clean", str(tmp_path / "missing")], tmp_path)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -21,10 +21,13 @@ def s3_args(server, bucket: str, root) -> list[str]:
 
 
 def server_objects(server, bucket: str, under: str = "") -> dict[str, int]:
-    """Key -> size of every object below `PREFIX/under`, listed by the server."""
+    """Key -> size of every object below `PREFIX/under`, listed by the server; the run's ownership
+    markers (for `dlio_ckpt clean`, not the emulated program's I/O, so not traced) left out."""
+    from dlio_ckpt.engine.ownership import OWNER_MARKER
+
     found = {}
     for page in server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{PREFIX}/{under}"):
-        found.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+        found.update({o["Key"]: o["Size"] for o in page.get("Contents", []) if not o["Key"].endswith(OWNER_MARKER)})
     return found
 
 

@@ -151,6 +151,33 @@ def read_resumed_note(run_dir: Path) -> dict[str, Any] | None:
     return None if note.get("done") else note
 
 
+def check_relaunch(run_dir: Path, config: Any, world_size: int) -> None:
+    """Rank 0, before the relaunch writes anything: it must run as the run it resumes did (as many
+    ranks, the same storage.root: its checkpoints are there). When not, the command is refused (one
+    line, exit 2) and claim_run gives the note back (give_back_note) for the right relaunch."""
+    from dlio_ckpt.errors import UserError
+
+    note = read_resumed_note(run_dir)
+    if note is None:
+        return
+    problem = None
+    root = os.path.realpath(config.storage.root)
+    if note.get("world_size") != world_size:
+        problem = (f"the run in {run_dir} stopped on a failure with {note.get('world_size')} ranks; relaunch it with as "
+                   f"many (this launch has {world_size})")
+    elif note.get("storage_root") is not None and note["storage_root"] != root:
+        problem = (f"storage.root: the run in {run_dir} stopped on a failure with storage.root={note['storage_root']} "
+                   f"(its checkpoints are there); relaunch it with that root (this launch has {root})")
+    if problem is not None:
+        raise UserError(problem)
+
+
+def give_back_note(run_dir: Path) -> None:
+    """A relaunch refused before it wrote anything: the note it took goes back for the right one."""
+    if read_resumed_note(run_dir) is not None:
+        os.replace(run_dir / RESUMED_NOTE, run_dir / RESUME_NOTE)
+
+
 def mark_note_done(run_dir: Path) -> None:
     """After the relaunch finished: the note stays as history, but no later run resumes from it."""
     path = run_dir / RESUMED_NOTE

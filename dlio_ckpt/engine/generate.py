@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.engine.ownership import mark_dataset
 from dlio_ckpt.errors import RunFailure, UserError, failure_text, storage_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
@@ -114,6 +115,7 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
             storage.remove(plan.manifest_path)
         for folder in sorted({os.path.dirname(spec.path) for spec in plan.files}):
             storage.makedirs(folder)
+        mark_dataset(ctx.storage.inner, plan.folder, ctx.run_id, ctx.run_dir)  # this run's now (clean may remove it)
         return False
 
     reused = world.root_first(decide)

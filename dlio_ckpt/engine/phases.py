@@ -11,6 +11,7 @@ import psutil
 from dlio_ckpt.checkpoint.base import NoCheckpoints
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.generate import ensure_dataset, format_options
+from dlio_ckpt.engine.ownership import DatasetLease
 from dlio_ckpt.engine.train import run_training
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats import get_format
@@ -96,12 +97,23 @@ def run_length_notes(config: Any, steps: int, epochs: int, wall_s: float, failur
 
 
 def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """Returns (summary sections, this rank's figures, warnings)."""
+    """Returns (summary sections, this rank's figures, warnings). The dataset's lease is held
+    throughout, so `dlio_ckpt clean` of another run never deletes it under this one."""
+    fmt = get_format(ctx.config.dataset.format)
+    plan = plan_dataset(ctx.config, fmt.extension)
+    lease = DatasetLease(ctx.storage.inner, plan.folder, ctx.world.is_root)
+    lease.take()  # an existing dataset: before it is checked for reuse
+    try:
+        return _phases(ctx, fmt, plan, lease)
+    finally:
+        lease.release()
+
+
+def _phases(ctx: RunContext, fmt: Any, plan: Any, lease: DatasetLease) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     config, world = ctx.config, ctx.world
-    fmt = get_format(config.dataset.format)
-    plan = plan_dataset(config, fmt.extension)
     options = format_options(ctx)
     generated = ensure_dataset(ctx, plan, fmt)
+    lease.take()  # a dataset generated now
     warnings: list[str] = []
     sections: dict[str, Any] = {}
     dropped = False

@@ -16,6 +16,7 @@ from typing import Any
 from dlio_ckpt.clean import created_paths
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.engine.ownership import claim_run
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency, mlperf
 from dlio_ckpt.metrics.bandwidth import page_cache_meaning
@@ -58,6 +59,7 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
 
         return run_plan_mode(config, run_dir) if world.is_root else None
 
+    world.root_first(lambda: claim_run(config, run_dir, run_id, world.size))  # before anything under storage.root
     ctx = make_context(world, config, run_dir, run_id)
     sections: dict[str, Any] = {}
     local: dict[str, Any] = {"rank": world.rank, "hostname": socket.gethostname(), **mlperf.host_resources()}

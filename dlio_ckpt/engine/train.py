@@ -18,6 +18,7 @@ uninterrupted run's. When to checkpoint is the policy's call (checkpoint/policy.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -351,6 +352,7 @@ class _Training:
             token = self.ctx.run_id.rsplit("-", 1)[-1]
             path = write_resume_note(self.ctx.run_dir, {
                 "token": token, "run_id": self.ctx.run_id, "world_size": self.world.size,
+                "storage_root": os.path.realpath(self.config.storage.root),
                 "next_failure": self.injector.next_index, "restarts": self.injector.restarts, "ranks": everyone})
         path = self.world.bcast(path)
         self.progress.close()
