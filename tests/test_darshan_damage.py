@@ -15,8 +15,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -201,3 +203,30 @@ def test_replay_of_a_damaged_log_exits_2_with_one_line_and_writes_nothing(tmp_pa
     assert "Traceback" not in done.stdout + done.stderr
     assert not root.exists() and not run.exists()
     assert sorted(p.name for p in (tmp_path / "cwd").iterdir()) == []
+
+
+EXAMPLES = Path(darshan.__file__).parent / "examples" / "example_logs"
+# PyDarshan's own example in the older 3.21 format (16 module slots, other module numbers): its
+# records are not walked by the byte check, so the log goes through the forked probe as well.
+OLD_FORMAT_FLIPS = [(24, 0x77), (40 + 16 * 1, 0x00), (2000, 0x13), (3966, 0x00)]
+
+
+@pytest.mark.parametrize("offset, value", OLD_FORMAT_FLIPS)
+def test_a_flipped_byte_in_an_older_format_log_is_read_as_before_or_refused_by_both(tmp_path, offset, value):
+    original = EXAMPLES / "ior_hdf5_example.darshan"
+    analysis, replay = _check_damaged(original, _flipped(original.read_bytes(), offset, value), tmp_path)
+    assert analysis in ("same", "refused") and replay == analysis, (analysis, replay)
+
+
+def test_a_crash_while_probing_a_log_is_one_line_not_a_signal(monkeypatch):
+    from dlio_ckpt.trace import darshan_input
+
+    assert not darshan_input.read_checked(str(EXAMPLES / "ior_hdf5_example.darshan")).complete  # so it is probed
+    monkeypatch.setattr(darshan_input, "_read_everything", lambda path: os.kill(os.getpid(), signal.SIGSEGV))
+    with pytest.raises(darshan_input.BadDarshanLog, match=r"crash \(SIGSEGV\)"):
+        darshan_input.open_report(str(EXAMPLES / "ior_hdf5_example.darshan"))
+    monkeypatch.setattr(darshan_input, "_read_everything", lambda path: time.sleep(30))
+    started = time.monotonic()
+    with pytest.raises(darshan_input.BadDarshanLog, match="within 0 s"):
+        darshan_input.probe_in_child(str(EXAMPLES / "ior_hdf5_example.darshan"), timeout_s=0.3)
+    assert time.monotonic() - started < 10

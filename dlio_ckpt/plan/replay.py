@@ -128,7 +128,7 @@ def _open_report(path: str):
     if not path:
         raise _bad("is empty; set replay.log=FILE.darshan, a Darshan log with DXT_POSIX traces")
     try:
-        report = open_report(path, read_all=False)
+        report = open_report(path)
     except BadDarshanLog as exc:
         raise _bad(f"'{path}' {exc}; give a complete .darshan log with DXT_POSIX traces") from None
     if "DXT_POSIX" not in report.modules and "POSIX" not in report.modules:

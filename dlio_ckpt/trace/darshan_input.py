@@ -13,6 +13,7 @@ captured: whatever it says becomes part of one message, never loose lines on the
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import tempfile
@@ -27,16 +28,6 @@ PROBE_TIMEOUT_S = 120.0  # reading a log PyDarshan can read takes well under a s
 
 class BadDarshanLog(ValueError):
     """A file that is not a complete Darshan log; the message says why, without the path."""
-
-
-def log_problem(path: str) -> str | None:
-    """Why `path` is not a complete, undamaged Darshan log (missing, empty, not Darshan, truncated,
-    damaged), or None."""
-    try:
-        read_checked(path)
-    except BadDarshanLog as exc:
-        return str(exc)
-    return None
 
 
 def read_checked(path: str) -> LogCheck:
@@ -75,11 +66,10 @@ def captured_c_stderr() -> Iterator[list[str]]:
             lines.extend(line.strip() for line in sink.read().decode(errors="replace").splitlines() if line.strip())
 
 
-def open_report(path: str, read_all: bool) -> Any:
-    """`darshan.DarshanReport(path)` of a checked log; BadDarshanLog (one line) if it is not usable.
-
-    Both commands read every record here (read_all=True whatever is asked), so that what the
-    analysis rejects the replay rejects too: `read_all` stays for the callers' sake."""
+def open_report(path: str) -> Any:
+    """`darshan.DarshanReport(path, read_all=True)` of a checked log; BadDarshanLog (one line) if it is
+    not usable. Both commands read every record here, so that what the analysis refuses the replay
+    refuses too (the replay used to open without the records and read them later unchecked)."""
     checked = read_checked(path)
     darshan = require("darshan")
     if not checked.complete:
@@ -105,6 +95,7 @@ def probe_in_child(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     if pid == 0:  # the child: read everything the commands read, then leave without cleanup
         code = 0
         try:
+            faulthandler.disable()  # its crash is told by the parent, in one line
             os.close(reader)
             with open(os.devnull, "wb") as sink:
                 os.dup2(sink.fileno(), 1)
