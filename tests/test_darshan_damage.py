@@ -16,9 +16,11 @@ import functools
 import json
 import os
 import signal
+import struct
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -230,3 +232,33 @@ def test_a_crash_while_probing_a_log_is_one_line_not_a_signal(monkeypatch):
     with pytest.raises(darshan_input.BadDarshanLog, match="within 0 s"):
         darshan_input.probe_in_child(str(EXAMPLES / "ior_hdf5_example.darshan"), timeout_s=0.3)
     assert time.monotonic() - started < 10
+
+
+def _rewrite_region(data: bytes, slot: int, edit) -> bytes:
+    """`data` with module `slot`'s region inflated, edited, recompressed (valid zlib) and the maps after it moved."""
+    offset, length = struct.unpack_from("<QQ", data, 48 + 16 * slot)
+    raw = bytearray(zlib.decompress(data[offset:offset + length]))  # dlio_ckpt writes one stream per rank: take the first
+    stream = zlib.decompressobj()
+    stream.decompress(data[offset:offset + length])
+    edit(raw)
+    packed = zlib.compress(bytes(raw)) + stream.unused_data
+    out = bytearray(data[:offset]) + packed + data[offset + length:]
+    struct.pack_into("<QQ", out, 48 + 16 * slot, offset, len(packed))
+    for other in range(64):
+        at, size = struct.unpack_from("<QQ", out, 48 + 16 * other)
+        if size and at > offset:
+            struct.pack_into("<QQ", out, 48 + 16 * other, at + len(packed) - length, size)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("slot, field_at, value, expected", [
+    (1, 8, 7, "POSIX record of rank 7 in a job of 2 processes"),
+    (10, 8, 9, "DXT_POSIX record of rank 9 in a job of 2 processes"),
+    (10, 96, 1000, "DXT_POSIX record claiming"),  # read_count: 1,000 reads the region does not hold
+])
+def test_records_libdarshan_would_index_or_read_past_are_refused(dxt_log, slot, field_at, value, expected):
+    from dlio_ckpt.trace.darshan_check import DamagedLog, check_log
+
+    data = _rewrite_region(dxt_log.read_bytes(), slot, lambda raw: struct.pack_into("<q", raw, field_at, value))
+    with pytest.raises(DamagedLog, match=expected):
+        check_log(data)

@@ -130,7 +130,8 @@ def _open_report(path: str):
     try:
         report = open_report(path)
     except BadDarshanLog as exc:
-        raise _bad(f"'{path}' {exc}; give a complete .darshan log with DXT_POSIX traces") from None
+        raise _bad(f"'{path}' {exc}; give a complete, undamaged .darshan log (DXT_POSIX traces replay exactly, "
+                   "POSIX counters approximately)") from None
     if "DXT_POSIX" not in report.modules and "POSIX" not in report.modules:
         raise _bad(f"'{path}' has neither DXT_POSIX traces nor POSIX counters; record the run with darshan-runtime "
                    "(DARSHAN_MOD_ENABLE=DXT_POSIX for an exact replay) or trace.darshan=true (dlio_ckpt)")
