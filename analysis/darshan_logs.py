@@ -81,7 +81,7 @@ def load_logs(paths: list[Path]) -> list[LoadedLog]:
     loaded = []
     for path in paths:
         try:
-            report = open_report(str(path), read_all=True)
+            report = open_report(str(path))
         except BadDarshanLog as exc:
             raise UserError(f"{path}: {exc}") from None
         loaded.append(LoadedLog(path, report))

@@ -29,7 +29,8 @@ from dlio_ckpt.analysis.model import (
 from dlio_ckpt.analysis.timeline import grid, spread
 from dlio_ckpt.errors import UserError
 from dlio_ckpt.metrics.timing import busy_seconds
-from dlio_ckpt.storage.events import OPS, PHASES, RankEvents, load_run_events
+from dlio_ckpt.analysis.run_inputs import checked_summary, load_checked_events
+from dlio_ckpt.storage.events import OPS, PHASES, RankEvents
 
 _READ = OPS.index("read")
 _WRITE = OPS.index("write")
@@ -265,8 +266,8 @@ def _crosscheck(run_dir: Path, summary: dict[str, Any], analysis: JobAnalysis) -
 
 def analyse_run(run_dir: Path, label: str | None = None, timeline: bool = True) -> JobAnalysis:
     run_dir = Path(run_dir)
-    summary = read_summary(run_dir)
-    ranks = load_run_events(run_dir) if (run_dir / "events").is_dir() else []
+    summary = checked_summary(read_summary(run_dir), run_dir / "summary.json")
+    ranks = load_checked_events(run_dir) if (run_dir / "events").is_dir() else []
     warnings = [f"summary.json: {w}" for w in summary.get("warnings", []) or []]
     job = {k: summary.get(k) for k in ("workload", "mode", "world_size", "hostnames", "started_at", "wall_s", "tool_version")}
     job["run_dir"] = str(run_dir)

@@ -58,10 +58,10 @@ def _rate(bytes_moved: Any, seconds: Any, unit: int) -> float | None:
 
 def scaling_point(folder: Path) -> dict[str, Any]:
     """One run's ranks and bandwidths, from its summary.json."""
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{folder / 'summary.json'}: cannot read it ({exc})") from None
+    from dlio_ckpt.analysis.run_folders import read_summary
+    from dlio_ckpt.analysis.run_inputs import checked_summary
+
+    summary = checked_summary(read_summary(folder), folder / "summary.json")
     ranks = int(summary.get("world_size") or 1)
     train = summary.get("train") or {}
     checkpoint = summary.get("checkpoint") or {}

@@ -315,7 +315,7 @@ def check_job(config: RunConfig, world_size: int, free_space: bool = True) -> No
     check_storage(config)
     if free_space:
         check_free_space(config, world_size)
-    check_replay_log(config)
+    check_replay_log(config, free_space)
 
 
 def validate_for_display(overrides: Sequence[str], multirun: bool) -> None:
@@ -396,13 +396,22 @@ def check_model_fit(config: RunConfig, world_size: int) -> None:
     resolve_parallelism(model, ranks)
 
 
-def check_replay_log(config: RunConfig) -> None:
-    """workload=replay: the log is a complete Darshan log with DXT_POSIX traces (before the run folder exists)."""
+def check_replay_log(config: RunConfig, free_space: bool = True) -> None:
+    """workload=replay: the log is an undamaged Darshan log with DXT_POSIX traces or POSIX counters, and
+    what the replay writes fits storage.root's free space (before the run folder exists)."""
     if config.workload != "replay" or config.mode == "plan":
         return
+    from dlio_ckpt.config.space import FREE_BYTES_VARIABLE
     from dlio_ckpt.plan.replay import check_replay_log as check_log
+    from dlio_ckpt.plan.replay import check_replay_space
+    from dlio_ckpt.storage import make_backend
 
-    check_log(config.replay.log)
+    plan = check_log(config.replay.log)
+    if free_space:
+        root = os.path.abspath(config.storage.root)
+        given = os.environ.get(FREE_BYTES_VARIABLE, "")
+        free = int(given) if given.isdigit() else make_backend(config.storage, root).free_bytes(root)
+        check_replay_space(plan, root, free)
 
 
 def check_dependencies(config: RunConfig) -> None:

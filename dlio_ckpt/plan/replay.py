@@ -19,6 +19,7 @@ from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.optional import require
 
 READ, WRITE = 0, 1
+MAX_CALLS = 1 << 26  # calls a plan holds: 41 bytes each, so at most 2.6 GB of memory
 OP_DTYPE = np.dtype([("op", "u1"), ("file", "u4"), ("offset", "i8"), ("length", "i8"), ("start", "f8"), ("end", "f8")])
 
 
@@ -67,13 +68,57 @@ def _bad(message: str) -> ConfigError:
     return ConfigError(f"replay.log: {message}")
 
 
-def check_replay_log(path: str) -> None:
-    """ConfigError naming replay.log unless `path` is a complete Darshan log with DXT_POSIX traces.
+def check_replay_log(path: str) -> "ReplayPlan":
+    """The ReplayPlan of `path`, or a ConfigError naming replay.log (one line) when the log is not a
+    complete, undamaged Darshan log with DXT_POSIX traces or POSIX counters, or its traces go beyond
+    its own counters. The loader runs it before the run folder exists; it is the very parse the run
+    does (load_replay_plan), so what the loader accepts the run reads. libdarshan's own messages are
+    captured, not printed."""
+    return load_replay_plan(path)
 
-    Cheap (the header and PyDarshan's module list, not the records), so the loader runs it before
-    the run folder exists; libdarshan's own messages are captured, not printed.
-    """
-    _open_report(path)
+
+def disk_bytes(plan: "ReplayPlan") -> int:
+    """Bytes the replay leaves on storage.root: every file at its planned size (the files read are
+    recreated whole; the files written grow to their furthest written byte)."""
+    return sum(spec.size for spec in plan.files)
+
+
+def check_replay_space(plan: "ReplayPlan", root: str, free_bytes: int | None) -> None:
+    """ConfigError (one line) when the files the replay recreates and writes cannot fit in the free
+    space of storage.root's file system (`free_bytes`; None: unbounded, not checked)."""
+    needed = disk_bytes(plan)
+    if free_bytes is not None and needed > free_bytes:
+        raise _bad(f"'{plan.log}' replays {len(plan.files)} files of {needed:,} bytes in all, but {root} has "
+                   f"{free_bytes:,} bytes free; free some space or choose another storage.root")
+
+
+def check_against_counters(plan: "ReplayPlan", counters: list[dict], names: dict[int, str]) -> None:
+    """ConfigError (one line) when a file's planned size, or the bytes the plan reads or writes in it,
+    go beyond what the log's POSIX counters say of that file (its furthest byte + 1, its bytes read
+    and written, summed over ranks). The counters are the log's own totals: a replay never writes
+    more than the job it stands for did, whatever its traces claim."""
+    limits: dict[str, list[int]] = {}
+    for row in counters:
+        name = names.get(int(row["id"]))
+        if not name:
+            continue
+        extent = max(int(row["POSIX_MAX_BYTE_READ"]), int(row["POSIX_MAX_BYTE_WRITTEN"])) + 1
+        entry = limits.setdefault(name, [0, 0, 0])
+        entry[0] = max(entry[0], extent)
+        entry[1] += max(int(row["POSIX_BYTES_READ"]), 0)
+        entry[2] += max(int(row["POSIX_BYTES_WRITTEN"]), 0)
+    every = np.concatenate(plan.ops) if plan.ops else np.zeros(0, OP_DTYPE)
+    moved = {op: np.bincount(every["file"][every["op"] == op], weights=every["length"][every["op"] == op],
+                             minlength=len(plan.files)) for op in (READ, WRITE)}
+    for index, spec in enumerate(plan.files):
+        limit = limits.get(spec.original)
+        if limit is None:  # no POSIX record (the module's record limit was hit): bounded by free space only
+            continue
+        planned = (spec.size, int(moved[READ][index]), int(moved[WRITE][index]))
+        for what, value, most in zip(("reaches byte", "reads", "writes"), planned, limit):
+            if value > most:
+                raise _bad(f"'{plan.log}': the replay of {spec.original} {what} {value:,} but the log's POSIX counters "
+                           f"say {most:,}; the log is damaged or inconsistent, give an undamaged log")
 
 
 def _open_report(path: str):
@@ -83,9 +128,10 @@ def _open_report(path: str):
     if not path:
         raise _bad("is empty; set replay.log=FILE.darshan, a Darshan log with DXT_POSIX traces")
     try:
-        report = open_report(path, read_all=False)
+        report = open_report(path)
     except BadDarshanLog as exc:
-        raise _bad(f"'{path}' {exc}; give a complete .darshan log with DXT_POSIX traces") from None
+        raise _bad(f"'{path}' {exc}; give a complete, undamaged .darshan log (DXT_POSIX traces replay exactly, "
+                   "POSIX counters approximately)") from None
     if "DXT_POSIX" not in report.modules and "POSIX" not in report.modules:
         raise _bad(f"'{path}' has neither DXT_POSIX traces nor POSIX counters; record the run with darshan-runtime "
                    "(DARSHAN_MOD_ENABLE=DXT_POSIX for an exact replay) or trace.darshan=true (dlio_ckpt)")
@@ -135,13 +181,17 @@ def load_replay_plan(path: str | Path) -> ReplayPlan:
         return _approximate_plan(report, path)
     with captured_c_stderr():  # libdarshan's messages; a checked log has no errors left to report
         report.mod_read_all_dxt_records("DXT_POSIX", dtype="pandas")
+    records = report.records["DXT_POSIX"].to_df()
+    traced = sum(int(record["write_count"]) + int(record["read_count"]) for record in records)
+    if traced > MAX_CALLS:
+        raise _bad(f"'{path}' traces {traced:,} calls, more than the {MAX_CALLS:,} a replay holds in memory")
     names: dict[int, str] = dict(report.name_records)
     nprocs = int(report.metadata["job"]["nprocs"])
     file_index: dict[str, int] = {}
     extents: list[int] = []
     read_files: set[int] = set()
     per_rank: dict[int, list] = {}
-    for record in report.records["DXT_POSIX"].to_df():
+    for record in records:
         name = names.get(record["id"])
         if not name or name.startswith("<"):
             continue
@@ -166,8 +216,11 @@ def load_replay_plan(path: str | Path) -> ReplayPlan:
     originals = list(file_index)
     files = tuple(ReplayFile(original=o, relative=r, size=extents[i], read=i in read_files)
                   for i, (o, r) in enumerate(zip(originals, _relative_paths(originals))))
-    return ReplayPlan(log=os.path.abspath(path), stem=_stem(path), nprocs=nprocs, files=files, ops=tuple(ops),
+    plan = ReplayPlan(log=os.path.abspath(path), stem=_stem(path), nprocs=nprocs, files=files, ops=tuple(ops),
                       original_s=_slowest_busy(ops))
+    if "POSIX" in report.records and len(report.records["POSIX"]):
+        check_against_counters(plan, report.records["POSIX"].to_df()["counters"].to_dict("records"), names)
+    return plan
 
 
 def _stem(path: str) -> str:
@@ -194,8 +247,14 @@ def _approximate_plan(report, path: str) -> ReplayPlan:
     counters = frames["counters"].to_dict("records")
     fcounters = frames["fcounters"].to_dict("records")
     nprocs = int(report.metadata["job"]["nprocs"])
-    files, ops, figures = approximate_ops(list(zip(counters, fcounters)), dict(report.name_records), nprocs)
+    calls = sum(max(int(row["POSIX_READS"]), 0) + max(int(row["POSIX_WRITES"]), 0) for row in counters)
+    if calls > MAX_CALLS:
+        raise _bad(f"'{path}' counts {calls:,} reads and writes, more than the {MAX_CALLS:,} a replay holds in memory")
+    names = dict(report.name_records)
+    files, ops, figures = approximate_ops(list(zip(counters, fcounters)), names, nprocs)
     if not files or not any(len(calls) for calls in ops):
         raise _bad(f"'{path}' has no DXT_POSIX traces and its POSIX counters show no reads or writes of named files")
-    return ReplayPlan(log=os.path.abspath(path), stem=_stem(path), nprocs=nprocs, files=files, ops=ops,
+    plan = ReplayPlan(log=os.path.abspath(path), stem=_stem(path), nprocs=nprocs, files=files, ops=ops,
                       approximate=True, original_s=(figures["read_s"], figures["write_s"]))
+    check_against_counters(plan, counters, names)
+    return plan

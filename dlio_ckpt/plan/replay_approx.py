@@ -67,7 +67,12 @@ def _fix_total(sizes: np.ndarray, total: int) -> np.ndarray:
 def call_offsets(sizes: np.ndarray, sequential: int, consecutive: int, extent: int, rng: np.random.Generator) -> np.ndarray:
     """Offsets for calls of `sizes` in order: `consecutive` of them start where the previous one
     ended, `sequential - consecutive` further on, the rest earlier (Darshan's definitions); the
-    forward gaps share the room the file's extent leaves beyond the bytes moved."""
+    forward gaps share the room the file's extent leaves beyond the bytes moved.
+
+    Every call stays inside the extent (the log's furthest byte + 1): a file read many times over
+    moves more bytes than it holds, and running on past its end would make the replay recreate
+    (and write) a larger file than the log's job ever had. A call that would pass the end wraps
+    back into the file, so the replayed file is never larger than the log says."""
     count = len(sizes)
     offsets = np.zeros(count, np.int64)
     if count <= 1:
@@ -85,6 +90,9 @@ def call_offsets(sizes: np.ndarray, sequential: int, consecutive: int, extent: i
             offsets[i] = previous_end + max(gap, 1)
         else:
             offsets[i] = int(rng.integers(0, max(int(offsets[i - 1]), 1)))  # before the previous call: not sequential
+        room = extent - int(sizes[i])
+        if offsets[i] > room:
+            offsets[i] = int(offsets[i]) % (room + 1) if room > 0 else 0
     return offsets
 
 
