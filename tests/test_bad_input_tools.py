@@ -1,0 +1,165 @@
+"""Damaged and hostile input to the side commands (dlio_ckpt-advise, dlio_ckpt-import-dlio) and the
+storage layer's handles: one line, exit 2 (bad input) or 1 (run time), nothing written, no traceback.
+
+Issue 24 found these by trying them; each test here failed before its fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dlio_ckpt.advisor.cli import main as advise
+
+# A run summary with just what the advisor reads (docs/advisor.md, step 1): three checkpoints of
+# 1.8 MB every 4 steps of 5 ms, two process failures restored from the checkpoint folder.
+SUMMARY = {
+    "world_size": 1, "goodput": 0.6,
+    "checkpoint": {"strategy": "sharded", "per_checkpoint": [
+        {"step": step, "level": "", "bytes_written": 1835603, "blocking_s_max": 0.0035, "persist_s_max": 0.0035}
+        for step in (4, 8, 12)]},
+    "train": {"steps": 32, "step_s_mean": 0.005},
+    "failures": {"count": 2, "restarts": [
+        {"step": 7, "kind": "process", "level": "", "restored_step": 4, "restore_s": 0.0016, "warmup_s": 0.004},
+        {"step": 19, "kind": "process", "level": "", "restored_step": 16, "restore_s": 0.0013, "warmup_s": 0.0037}]},
+    "config": {"checkpoint": {"steps_between_checkpoints": 4}, "failures": {"mtbf_s": 0}},
+}
+QUICK = ["--samples", "50", "--intervals", "2", "--top", "1"]
+
+
+def run_folder(folder: Path, summary: dict | str = SUMMARY) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(summary if isinstance(summary, str) else json.dumps(summary))
+    return folder
+
+
+def refused(capsys, argv: list[str], expected: str, code: int = 2) -> str:
+    """The command ends with `code` and one stderr line holding `expected` (a traceback would
+    propagate out of main, or print more lines)."""
+    assert advise(argv) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dlio_ckpt-advise: error: ") and expected in err, err
+    return err
+
+
+def test_the_minimal_summary_is_advised_on(tmp_path, capsys):
+    """The fixture itself: without damage the advice is given (so the refusals below are the damage's)."""
+    assert advise([str(run_folder(tmp_path / "run")), "--json", "--no-plot", "--mtbf-s", "60", *QUICK]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["calibration"]["runs"][0]["interval_steps"] == 4 and 0 < doc["advice"]["best"]["goodput"] <= 1
+
+
+@pytest.mark.parametrize("path,value,expected", [
+    (("checkpoint",), "x", "field checkpoint is not a section"),
+    (("checkpoint", "per_checkpoint"), 7, "field checkpoint.per_checkpoint is not a list"),
+    (("checkpoint", "per_checkpoint", 0, "blocking_s_max"), "0.1", "checkpoint.per_checkpoint[0].blocking_s_max is not a number"),
+    (("checkpoint", "per_checkpoint", 1), [1], "checkpoint.per_checkpoint[1] is not a mapping"),
+    (("train", "steps"), "32", "field train.steps is not a number"),
+    (("train", "steps"), 2.5, "field train.steps is not a whole number"),
+    (("world_size",), [1], "field world_size is not a number"),
+    (("world_size",), 0, "field world_size is 0"),
+    (("failures", "restarts", 0, "restore_s"), {"a": 1}, "failures.restarts[0].restore_s is not a number"),
+    (("failures", "count"), -3, "field failures.count is negative"),
+    (("config", "failures", "mtbf_s"), "60", "config.failures.mtbf_s is not a number"),
+    (("config", "checkpoint"), [], "field config.checkpoint is not a section"),
+])
+def test_a_summary_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, capsys, path, value, expected):
+    summary = copy.deepcopy(SUMMARY)
+    node = summary
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    folder = run_folder(tmp_path / "run", summary)
+    refused(capsys, [str(folder), "--json", "--no-plot", "--mtbf-s", "60", *QUICK], expected)
+
+
+def test_a_summary_number_that_is_not_finite_is_refused(tmp_path, capsys):
+    text = json.dumps(SUMMARY).replace('"step_s_mean": 0.005', '"step_s_mean": NaN')
+    refused(capsys, [str(run_folder(tmp_path / "run", text)), "--no-plot", "--mtbf-s", "60", *QUICK],
+            "field train.step_s_mean is not a finite number")
+
+
+def test_a_damaged_run_beside_good_ones_is_skipped_with_a_note(tmp_path, capsys):
+    run_folder(tmp_path / "sweep" / "good")
+    broken = copy.deepcopy(SUMMARY)
+    broken["train"] = "fast"
+    run_folder(tmp_path / "sweep" / "broken", broken)
+    assert advise([str(tmp_path / "sweep"), "--json", "--no-plot", "--mtbf-s", "60", *QUICK]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [Path(r["path"]).name for r in doc["calibration"]["runs"]] == ["good"]
+    assert any("broken" in note and "field train is not a section" in note for note in doc["calibration"]["notes"])
+
+
+@pytest.mark.parametrize("options,expected", [
+    (["--mtbf-s", "nan"], "--mtbf-s: a finite positive number"),
+    (["--mtbf-s", "inf"], "--mtbf-s: a finite positive number"),
+    (["--mtbf-s", "-1"], "--mtbf-s: a finite positive number"),
+    (["--mtbf-s", "1e12"], "at most 1e+09"),
+    (["--mtbf-s", "60", "--weibull-shape", "0.01"], "--weibull-shape: 0.3 to 10"),
+    (["--mtbf-s", "60", "--weibull-shape", "nan"], "--weibull-shape: 0.3 to 10"),
+    (["--mtbf-s", "60", "--samples", "1000000000"], "--samples: 50 to 20,000"),
+    (["--mtbf-s", "60", "--intervals", "100000"], "--intervals: 2 to 64"),
+    (["--mtbf-s", "60", "--top", "0"], "--top: 1 to 100"),
+    (["--mtbf-s", "60", "--seed", "-1"], "--seed: 0 to"),
+    (["--mtbf-s", "60", "--world-size", "1000000000"], "--world-size: 1 to 131,072 ranks"),
+    (["--mtbf-s", "60", "--node-failure-share", "nan"], "--node-failure-share: a share between 0 and 1"),
+])
+def test_every_option_has_bounds(tmp_path, capsys, options, expected):
+    """Refused before the run folder is read: `--samples 1000000000`, `--weibull-shape 0.01` and
+    `--mtbf-s nan` ran for minutes at 1.6 GB, or raised, before."""
+    refused(capsys, [str(tmp_path / "nowhere"), "--no-plot", *options], expected)
+
+
+def test_an_mtbf_shorter_than_an_iteration_is_refused_after_calibration(tmp_path, capsys):
+    """--mtbf-s 1e-9 with 5 ms iterations: a failure every step, a simulation that never ends."""
+    refused(capsys, [str(run_folder(tmp_path / "run")), "--no-plot", "--mtbf-s", "1e-9", *QUICK],
+            "--mtbf-s: an MTBF of 1e-09 s for [sharded/full]; give one from the iteration time (0.005 s")
+
+
+def test_a_runs_own_mtbf_too_short_for_the_advised_scale_is_refused(tmp_path, capsys):
+    summary = copy.deepcopy(SUMMARY)
+    summary["config"]["failures"]["mtbf_s"] = 0.001
+    refused(capsys, [str(run_folder(tmp_path / "run", summary)), "--no-plot", *QUICK],
+            "the runs' failures.mtbf_s scaled to the world size: an MTBF of 0.001 s")
+
+
+@pytest.mark.parametrize("target,expected", [
+    ("/proc/advice.png", "is under /proc, a kernel file system"),
+    ("/sys/advice.png", "is under /sys, a kernel file system"),
+    ("/dev/null", "/dev/null exists and is not a file"),
+    ("{tmp}", "exists and is not a file"),
+    ("{tmp}/a_file/advice.png", "a_file is a file, so no folder can be made there"),
+])
+def test_a_plot_path_that_cannot_be_written_is_refused_before_the_work(tmp_path, capsys, target, expected):
+    folder = run_folder(tmp_path / "run")
+    (tmp_path / "a_file").write_text("x")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    refused(capsys, [str(folder), "--mtbf-s", "60", "--plot", target.format(tmp=tmp_path), *QUICK], expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and os.path.exists("/dev/null")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a folder without write permission")
+def test_a_plot_in_a_read_only_folder_is_refused_before_the_work(tmp_path, capsys):
+    folder = run_folder(tmp_path / "run")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        refused(capsys, [str(folder), "--mtbf-s", "60", "--plot", str(locked / "advice.png"), *QUICK],
+                f"--plot: cannot write in {locked} (Permission denied)")
+    finally:
+        locked.chmod(0o755)
+    assert list(locked.iterdir()) == []
+
+
+def test_the_plot_is_written_whole_under_its_name_with_nothing_beside_it(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    folder = run_folder(tmp_path / "run")
+    target = tmp_path / "out" / "advice.png"
+    assert advise([str(folder), "--mtbf-s", "60", "--plot", str(target), *QUICK]) == 0
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.listdir(target.parent) == ["advice.png"]
+    assert target.stat().st_mode & 0o777 == 0o644
