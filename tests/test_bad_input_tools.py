@@ -163,3 +163,67 @@ def test_the_plot_is_written_whole_under_its_name_with_nothing_beside_it(tmp_pat
     assert advise([str(folder), "--mtbf-s", "60", "--plot", str(target), *QUICK]) == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and os.listdir(target.parent) == ["advice.png"]
     assert target.stat().st_mode & 0o777 == 0o644
+
+
+# --- DLIO and workload YAML files: nesting, aliases, size -------------------------------------
+
+DLIO_FILE = Path(__file__).parent / "data" / "dlio" / "indexed_all_ranks.yaml"
+
+
+def nested(depth: int) -> str:
+    return "dataset: " + "{a: " * depth + "1" + "}" * depth + "\n"
+
+
+def alias_bomb() -> str:
+    """Nine lines, 10**9 values once the aliases are expanded ("billion laughs")."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text,expected", [
+    (nested(5000), "nested more than Python can parse"),
+    ("model: " + "[" * 5000 + "]" * 5000 + "\n", "nested more than Python can parse"),
+    (nested(40), "nested more than 32 levels deep"),
+    (alias_bomb(), "more than 100,000 values (YAML aliases counted where used)"),
+])
+def test_a_dlio_yaml_nested_or_aliased_past_any_workload_is_one_line(tmp_path, capsys, text, expected):
+    from dlio_ckpt.import_dlio import main as import_dlio
+
+    source = tmp_path / "deep.yaml"
+    source.write_text(text)
+    with pytest.raises(SystemExit) as ended:
+        import_dlio([str(source), "-o", str(tmp_path / "out.yaml")])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1 and expected in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.yaml"]
+
+
+@pytest.mark.parametrize("key", ["dlio_config", "workload"])
+def test_a_nested_yaml_in_dlio_config_or_workload_is_refused_by_the_loader(tmp_path, key):
+    """`dlio_config=PATH` and `workload=PATH` read the file through the same bounded parser."""
+    from dlio_ckpt.config.load import load_config
+    from dlio_ckpt.errors import ConfigError
+
+    source = tmp_path / "deep.yaml"
+    source.write_text(nested(5000))
+    with pytest.raises(ConfigError, match="nested more than Python can parse"):
+        load_config([f"{key}={source}", "scale=tiny"])
+
+
+@pytest.mark.parametrize("target,expected", [
+    ("/proc/workload.yaml", "-o: /proc/workload.yaml is under /proc, a kernel file system"),
+    ("/dev/null", "-o: /dev/null exists and is not a file"),
+    ("{tmp}", "exists and is not a file"),
+    ("{tmp}/missing/workload.yaml", "missing is not a folder"),
+])
+def test_import_output_that_cannot_take_the_file_is_refused(tmp_path, capsys, target, expected):
+    """-o /proc/... was a traceback; -o /dev/null (as root) replaced the device with the YAML."""
+    from dlio_ckpt.import_dlio import main as import_dlio
+
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(SystemExit) as ended:
+        import_dlio([str(DLIO_FILE), "-o", target.format(tmp=tmp_path)])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1 and expected in err, err
+    assert sorted(os.listdir(tmp_path)) == before and Path("/dev/null").is_char_device()
