@@ -227,3 +227,66 @@ def test_import_output_that_cannot_take_the_file_is_refused(tmp_path, capsys, ta
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.count("\n") == 1 and expected in err, err
     assert sorted(os.listdir(tmp_path)) == before and Path("/dev/null").is_char_device()
+
+
+# --- config numbers: nan and inf; failures.at_steps past the run ------------------------------
+
+def config_refused(overrides: list[str], expected: str, world_size: int = 1) -> None:
+    from dlio_ckpt.config.load import validate_command_line
+    from dlio_ckpt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        validate_command_line(overrides, multirun=False, world_size=world_size)
+    assert expected in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("failures.mtbf_s=nan", "failures.mtbf_s: must be a finite number (got nan)"),
+    ("failures.mtbf_s=inf", "failures.mtbf_s: must be a finite number (got inf)"),
+    ("failures.mtbf_s=-1", "failures.mtbf_s: must be a finite positive number of seconds, or 0"),
+    ("train.computation_time=nan", "train.computation_time: must be a finite number (got nan)"),
+    ("train.computation_time=inf", "train.computation_time: must be a finite number (got inf)"),
+    ("checkpoint.sleep_between_s=inf", "checkpoint.sleep_between_s: must be a finite number"),
+    ("checkpoint.seconds_between_checkpoints=nan", "checkpoint.seconds_between_checkpoints: must be a finite number"),
+    ("datasize.memory_multiple=inf", "datasize.memory_multiple: must be a finite number"),
+])
+def test_config_numbers_must_be_finite(override, expected):
+    """nan passed every `>= 0` check (mtbf_s=nan was then refused as "cannot be negative" only by
+    accident of its message), and inf made times infinite: every float key is checked in one place."""
+    config_refused(["workload=unet3d", "scale=tiny", override], expected)
+
+
+TINY_RUN = ["workload=unet3d", "scale=tiny", "train.step_counting=global", "reader.drop_last=false", "reader.batch_size=3",
+            "checkpoint.enabled=true", "checkpoint.steps_between_checkpoints=2", "progress=false"]
+
+
+def test_a_failure_step_past_the_last_step_is_refused_and_the_last_step_still_strikes(workdir):
+    """unet3d tiny with batches of 3 and the last one kept runs 6 steps: a failure at step 7 would
+    inject nothing (silently, before); one at step 6 is injected."""
+    from conftest import load_summary, run_cli
+
+    config_refused([*TINY_RUN, "failures.at_steps=[2,7]"],
+                   "failures.at_steps: step 7 is after the run's last step (6 with 1 rank")
+    done = run_cli([*TINY_RUN, "failures.at_steps=[6]", f"storage.root={workdir / 'store'}",
+                    f"hydra.run.dir={workdir / 'run'}"], cwd=workdir / "cwd")
+    assert done.returncode == 0, done.stderr
+    summary = load_summary(workdir / "run")
+    assert summary["train"]["steps"] == 6 and [r["step"] for r in summary["failures"]["restarts"]] == [6]
+
+
+@pytest.mark.parametrize("world_size,options,last", [
+    (3, ["train.step_counting=global", "reader.drop_last=false", "reader.batch_size=2", "dataset.num_files_train=7",
+         "dataset.num_samples_per_file=1", "train.epochs=2"], 4),  # shares 3, 2, 2: rank 0 runs 2 batches an epoch
+    (2, ["train.step_counting=dlio", "reader.batch_size=2", "dataset.num_files_train=9", "dataset.num_samples_per_file=1",
+         "train.epochs=3"], 6),  # floor(9 / 2 / 2) = 2 an epoch
+    (1, ["train.step_counting=global", "train.total_steps=5", "reader.batch_size=1", "dataset.num_files_train=8",
+         "dataset.num_samples_per_file=1", "train.epochs=3"], 5),
+])
+def test_the_last_step_is_the_engines_for_any_world_size(world_size, options, last):
+    """The bound is exact: the last step passes, the next is refused (the 3-rank case was measured
+    under mpirun: summary train.steps_per_rank [4, 2, 2])."""
+    from dlio_ckpt.config.load import validate_command_line
+
+    base = ["workload=unet3d", "scale=tiny", *options]
+    validate_command_line([*base, f"failures.at_steps=[{last}]"], multirun=False, world_size=world_size)
+    config_refused([*base, f"failures.at_steps=[{last + 1}]"], f"after the run's last step ({last} with", world_size)

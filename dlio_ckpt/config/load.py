@@ -305,6 +305,7 @@ def check_job(config: RunConfig, world_size: int, free_space: bool = True) -> No
     from dlio_ckpt.config.space import check_free_space
 
     check_world_fit(config, world_size)
+    check_failure_steps(config, world_size)
     check_model_fit(config, world_size)
     check_memory(config, world_size)
     check_dependencies(config)
@@ -475,6 +476,25 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
             f"reader.name=tensorflow reads whole files: {world_size} ranks need dataset.num_files_train >= {world_size} "
             f"(it is {ds.num_files_train}); raise it or run fewer ranks"
         )
+
+
+def check_failure_steps(config: RunConfig, world_size: int) -> None:
+    """failures.at_steps within the run: a step after its last one would inject nothing, silently."""
+    steps = config.failures.at_steps
+    if not steps or config.mode != "train" or config.workload == "replay":
+        return
+    from dlio_ckpt.plan.read import last_training_step
+
+    ds, reader, train = config.dataset, config.reader, config.train
+    whole = config.reader.name == "tensorflow" or config.reader.access == "transfer"  # engine/train.py whole_files
+    last = last_training_step(ds.num_files_train, ds.num_samples_per_file, reader.batch_size, reader.drop_last,
+                              world_size, whole, train.step_counting == "dlio", train.epochs, train.total_steps)
+    beyond = sorted(step for step in steps if step > last)
+    if beyond:
+        ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+        raise ConfigError(f"failures.at_steps: step {beyond[0]} is after the run's last step ({last:,} with {ranks}, "
+                          f"after the scale's caps), so no failure would be injected there; give steps from 1 to {last:,} "
+                          "or lengthen the run (train.epochs, train.total_steps)")
 
 
 def _capped(value: int | float, cap: int | float) -> int | float:

@@ -308,7 +308,8 @@ class FailuresConfig:
 
     def validate(self, key: str) -> None:
         require(all(step >= 1 for step in self.at_steps), f"{key}at_steps: steps count from 1 (got {self.at_steps})")
-        require(self.mtbf_s >= 0, f"{key}mtbf_s: cannot be negative (0: no failures drawn; got {self.mtbf_s})")
+        require(self.mtbf_s >= 0, f"{key}mtbf_s: must be a finite positive number of seconds, or 0 for no drawn "
+                f"failures (got {self.mtbf_s})")
         require_seed(self.seed, f"{key}seed")
 
 
