@@ -290,3 +290,12 @@ def test_the_last_step_is_the_engines_for_any_world_size(world_size, options, la
     base = ["workload=unet3d", "scale=tiny", *options]
     validate_command_line([*base, f"failures.at_steps=[{last}]"], multirun=False, world_size=world_size)
     config_refused([*base, f"failures.at_steps=[{last + 1}]"], f"after the run's last step ({last} with", world_size)
+
+
+def test_failure_steps_past_the_end_stay_allowed_where_mtbf_s_feeds_the_policy():
+    """docs/failures.md: with at_steps set, mtbf_s only feeds the policy's interval; steps past the
+    end are how a run gets young_daly's interval with no failure injected (tests/test_policy.py)."""
+    from dlio_ckpt.config.load import validate_command_line
+
+    validate_command_line([*TINY_RUN, "failures.at_steps=[1000]", "failures.mtbf_s=0.001", "checkpoint.policy=young_daly"],
+                          multirun=False)

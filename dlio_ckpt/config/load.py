@@ -479,9 +479,11 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
 
 
 def check_failure_steps(config: RunConfig, world_size: int) -> None:
-    """failures.at_steps within the run: a step after its last one would inject nothing, silently."""
+    """failures.at_steps within the run: a step after its last one would inject nothing, silently.
+    With failures.mtbf_s set, steps past the end are the documented way to inject no failure while
+    mtbf_s feeds the checkpoint policy's interval (docs/failures.md): allowed."""
     steps = config.failures.at_steps
-    if not steps or config.mode != "train" or config.workload == "replay":
+    if not steps or config.failures.mtbf_s > 0 or config.mode != "train" or config.workload == "replay":
         return
     from dlio_ckpt.plan.read import last_training_step
 
