@@ -299,3 +299,69 @@ def test_failure_steps_past_the_end_stay_allowed_where_mtbf_s_feeds_the_policy()
 
     validate_command_line([*TINY_RUN, "failures.at_steps=[1000]", "failures.mtbf_s=0.001", "checkpoint.policy=young_daly"],
                           multirun=False)
+
+
+# --- a closed handle: ValueError, never another file's bytes ----------------------------------
+
+from test_traced_posix import WrappedPosix, tracer  # noqa: E402,F401  (the fixture: C and pure-Python tracer)
+
+
+def _reads_after_close(handle, held) -> list[str]:
+    """Each read call on a closed handle, and the call held from before the close: what each raised."""
+    calls = {
+        "read_at_into": lambda: handle.read_at_into(bytearray(8), 0),
+        "held read_at_into": lambda: held(bytearray(8), 0),
+        "readinto": lambda: handle.readinto(bytearray(8)),
+        "read": lambda: handle.read(8),
+        "read all": lambda: handle.read(),
+        "read_at": lambda: handle.read_at(0, 8),
+        "write": lambda: handle.write(b"x"),
+        "fsync": lambda: handle.fsync(),
+        "size": lambda: handle.size(),
+    }
+    raised = []
+    for name, call in calls.items():
+        try:
+            result = call()
+        except ValueError as exc:
+            assert str(exc) == "I/O operation on closed file.", (name, exc)
+            raised.append(name)
+        except OSError:
+            pass
+        else:
+            pytest.fail(f"{name} on a closed handle returned {result!r}")
+    return raised
+
+
+@pytest.mark.parametrize("backend", ["traced", "wrapped", "plain"])
+def test_a_read_after_close_raises_instead_of_reading_the_file_that_took_its_descriptor(tmp_path, tracer, backend):
+    """The descriptor number of a closed handle is the next file's: a read through the closed
+    handle read that file's bytes, silently, in the C tracer and the pure-Python one (and on a
+    plain handle). Now every read raises ValueError, as a closed Python file's does, and the
+    tracer records nothing for it."""
+    from dlio_ckpt.storage.events import EventRecorder, JobClock
+    from dlio_ckpt.storage.posix import PosixStorage
+    from dlio_ckpt.storage.traced import TracedStorage
+
+    (tmp_path / "closed.bin").write_bytes(b"A" * 64)
+    (tmp_path / "secret.bin").write_bytes(b"S" * 64)
+    recorder = EventRecorder(rank=0, clock=JobClock.start())
+    inner = WrappedPosix() if backend == "wrapped" else PosixStorage()
+    storage = inner if backend == "plain" else TracedStorage(inner, recorder).with_phase("train")
+    handle = storage.open_read(str(tmp_path / "closed.bin"))
+    for _ in range(3):  # the pure-Python tracer's closure takes over from the second read
+        assert handle.read_at_into(bytearray(4), 0) == 4
+    held = handle.read_at_into
+    number = handle.fileno()
+    events = len(recorder.array())
+    handle.close()
+    other = os.open(tmp_path / "secret.bin", os.O_RDONLY)
+    try:
+        assert other == number  # the kernel reuses the lowest free number: the closed handle's
+        raised = _reads_after_close(handle, held)
+    finally:
+        os.close(other)
+    assert raised == ["read_at_into", "held read_at_into", "readinto", "read", "read all", "read_at", "write",
+                      "fsync", "size"]
+    assert len(recorder.array()) == events + (0 if backend == "plain" else 1)  # the close, nothing after
+
