@@ -365,3 +365,32 @@ def test_a_read_after_close_raises_instead_of_reading_the_file_that_took_its_des
                       "fsync", "size"]
     assert len(recorder.array()) == events + (0 if backend == "plain" else 1)  # the close, nothing after
 
+
+
+# --- an S3 write handle dropped unclosed ------------------------------------------------------
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("opener", ["open_write", "open_staged"])
+def test_an_s3_write_handle_dropped_unclosed_after_a_part_aborts_its_upload(s3_server, s3_bucket, opener, traced):
+    """Its uploader thread held the handle alive, so it was never collected: the thread lived on
+    and the multipart upload stayed incomplete on the server (docs: a handle nobody closed is
+    discarded). Now dropping it ends the thread, aborts the upload and publishes nothing."""
+    import gc
+    import threading
+
+    from test_s3_storage import PART, ROOT, pending_uploads, server_objects, storage
+
+    from dlio_ckpt.storage.events import EventRecorder, JobClock
+    from dlio_ckpt.storage.traced import TracedStorage
+
+    backend = storage(s3_server, s3_bucket)
+    if traced:
+        backend = TracedStorage(backend, EventRecorder(rank=0, clock=JobClock.start())).with_phase("checkpoint")
+    handle = getattr(backend, opener)(f"{ROOT}/ckpt/dropped.bin")
+    handle.write(b"x" * (PART + PART // 2))  # the first part is handed to the upload, half a part is pending
+    name = "s3-upload runs/p/ckpt/dropped.bin"
+    assert [t.name for t in threading.enumerate()].count(name) == 1
+    del handle
+    gc.collect()
+    assert name not in [t.name for t in threading.enumerate()]
+    assert pending_uploads(s3_server, s3_bucket) == [] and server_objects(s3_server, s3_bucket) == {}
