@@ -394,3 +394,46 @@ def test_an_s3_write_handle_dropped_unclosed_after_a_part_aborts_its_upload(s3_s
     gc.collect()
     assert name not in [t.name for t in threading.enumerate()]
     assert pending_uploads(s3_server, s3_bucket) == [] and server_objects(s3_server, s3_bucket) == {}
+
+
+# --- storage.root: a missing root is announced; kernel folders are refused --------------------
+
+@pytest.mark.parametrize("root", ["/proc/dlio", "/sys/fs/dlio", "/dev/dlio", "/proc"])
+def test_a_storage_root_under_a_kernel_folder_is_refused(root):
+    config_refused(["workload=unet3d", "scale=tiny", f"storage.root={root}"],
+                   f"storage.root: {root} is under /{root.split('/')[1]}, a kernel file system, not storage")
+
+
+def test_a_level_path_under_a_kernel_folder_is_refused(tmp_path):
+    levels = ("checkpoint.levels=[{name: local, path: /proc/dlio_level, scope: node}, "
+              "{name: shared, every: 2, write: flush}]")
+    config_refused(["workload=unet3d", "scale=tiny", "checkpoint.enabled=true", f"storage.root={tmp_path / 'store'}", levels],
+                   "checkpoint.levels[0].path: '/proc/dlio_level' is under /proc, a kernel file system")
+
+
+def test_dev_shm_stays_a_storage_root():
+    """/dev/shm is a RAM disk, the node-local level of docs/levels.md: not refused with /dev."""
+    from dlio_ckpt.storage.posix import system_folder
+
+    assert system_folder("/dev/shm/dlio") is None and system_folder("/dev/shmx") == "/dev"
+    assert system_folder("/proc") == "/proc" and system_folder("/process") is None
+
+
+def test_a_missing_storage_root_is_created_and_said_once_with_its_file_system(workdir):
+    """A typo in storage.root used to make a new folder silently, on whatever file system held its
+    parent. The run still makes it (a new root is a normal first run), in one line on stdout."""
+    from conftest import run_cli
+
+    from dlio_ckpt.storage.posix import file_system
+
+    root = workdir / "typo" / "store"
+    done = run_cli(["workload=unet3d", "scale=tiny", "progress=false", f"storage.root={root}",
+                    f"hydra.run.dir={workdir / 'run'}"], cwd=workdir / "cwd")
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stdout.splitlines() if "storage.root" in line and "did not exist" in line]
+    assert notes == [f"dlio_ckpt: note: storage.root {root} did not exist; created it, on {file_system(str(root))} "
+                     "(check storage.root if you meant an existing folder)"]
+    assert root.is_dir() and " mounted at " in notes[0]
+    again = run_cli(["workload=unet3d", "scale=tiny", "progress=false", f"storage.root={root}",
+                     f"hydra.run.dir={workdir / 'run2'}"], cwd=workdir / "cwd")
+    assert again.returncode == 0 and "did not exist" not in again.stdout + again.stderr

@@ -656,7 +656,7 @@ def check_level_paths(config: RunConfig) -> None:
     from dlio_ckpt.plan.checkpoint_formats import format_spec
     from dlio_ckpt.storage import make_backend
     from dlio_ckpt.storage.base import CAPABILITY_MEANING
-    from dlio_ckpt.storage.posix import nearest_existing
+    from dlio_ckpt.storage.posix import nearest_existing, system_folder
 
     for number, level in enumerate(config.checkpoint.levels if writes_checkpoints(config) else ()):
         key = f"checkpoint.levels[{number}]"
@@ -674,6 +674,10 @@ def check_level_paths(config: RunConfig) -> None:
         if name != "posix":
             backend.check()  # reachability and credentials, as storage.backend's
             continue
+        kernel = system_folder(os.path.realpath(path))
+        if kernel is not None:
+            raise ConfigError(f"{key}.path: '{level.path}' is under {kernel}, a kernel file system, not storage; "
+                              "choose a folder on a disk, a parallel file system or /dev/shm")
         blocker = _file_in_the_way(path)
         if blocker is not None:
             raise ConfigError(f"{key}.path: '{level.path}' cannot be a folder: {blocker} is a file; choose a folder path")

@@ -20,19 +20,6 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-# Kernel file systems: what is written there configures the kernel or devices, it is not storage.
-# /dev/shm is the exception: a RAM disk, a node-local checkpoint level (docs/levels.md).
-KERNEL_FOLDERS = ("/proc", "/sys", "/dev")
-RAM_DISK = "/dev/shm"
-
-
-def system_folder(path: str) -> str | None:
-    """The kernel folder (/proc, /sys, /dev) that `path` (absolute, resolved) lies in, else None."""
-    if _inside(path, RAM_DISK):
-        return None
-    return next((folder for folder in KERNEL_FOLDERS if _inside(path, folder)), None)
-
-
 def _file_in_the_way(path: str) -> str | None:
     """The nearest existing path at or above `path` when it is not a folder (no folder can be made
     there), else None. An object store's logical root does not exist locally: nothing in the way."""

@@ -356,11 +356,46 @@ class PosixStorage:
         if not self.root:
             return
         root = os.path.abspath(self.root)
+        kernel = system_folder(os.path.realpath(root))
+        if kernel is not None:
+            raise ConfigError(f"storage.root: {root} is under {kernel}, a kernel file system, not storage; choose a folder "
+                              "on a disk, a parallel file system or /dev/shm")
         probe = nearest_existing(root)
         if not os.path.isdir(probe):
             raise ConfigError(f"storage.root: {probe} is not a folder, so {root} cannot be used; choose a folder path")
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"storage.root: no permission to write in {probe}; choose a writable folder for storage.root")
+
+
+# Kernel file systems: what is written there configures the kernel or devices, it is not storage.
+# /dev/shm is the exception: a RAM disk, a node-local checkpoint level (docs/levels.md).
+KERNEL_FOLDERS = ("/proc", "/sys", "/dev")
+RAM_DISK = "/dev/shm"
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + os.sep)
+
+
+def system_folder(path: str) -> str | None:
+    """The kernel folder (/proc, /sys, /dev) that `path` (absolute, resolved) lies in, else None."""
+    if _under(path, RAM_DISK):
+        return None
+    return next((folder for folder in KERNEL_FOLDERS if _under(path, folder)), None)
+
+
+def file_system(path: str) -> str:
+    """'ext4 mounted at /data (/dev/nvme0n1p1)': the file system that holds `path` (or would, for
+    a path not made yet), from the mount table: the mount point that is the longest prefix."""
+    import psutil
+
+    where = os.path.realpath(nearest_existing(os.path.abspath(path)))
+    mounts = [m for m in psutil.disk_partitions(all=True) if _under(where, m.mountpoint.rstrip(os.sep) or os.sep)
+              or m.mountpoint == os.sep]
+    if not mounts:
+        return "an unknown file system"
+    mount = max(mounts, key=lambda m: len(m.mountpoint))
+    return f"{mount.fstype} mounted at {mount.mountpoint} ({mount.device})"
 
 
 def nearest_existing(path: str) -> str:
