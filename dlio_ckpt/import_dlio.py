@@ -14,11 +14,11 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, UserError
+from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="dlio_ckpt-import-dlio",
+    parser = OneLineArgumentParser(prog="dlio_ckpt-import-dlio",
                                      description="Convert a DLIO benchmark workload YAML into a dlio_ckpt workload YAML.")
     parser.add_argument("path", help="the DLIO workload YAML (e.g. dlio_benchmark/configs/workload/unet3d_h100.yaml)")
     parser.add_argument("-o", "--output", help="where to write the dlio_ckpt workload (default: standard output)")

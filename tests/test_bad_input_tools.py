@@ -66,6 +66,9 @@ def test_the_minimal_summary_is_advised_on(tmp_path, capsys):
     (("failures", "count"), -3, "field failures.count is negative"),
     (("config", "failures", "mtbf_s"), "60", "config.failures.mtbf_s is not a number"),
     (("config", "checkpoint"), [], "field config.checkpoint is not a section"),
+    (("checkpoint", "per_checkpoint", 0, "blocking_s_max"), 1e308, "blocking_s_max is beyond 1e+09 seconds"),
+    (("config", "failures", "mtbf_s"), 1e300, "config.failures.mtbf_s is beyond 1e+09 seconds"),
+    (("checkpoint", "per_checkpoint", 0, "bytes_written"), 2.0**64, "bytes_written is not below 2**63 bytes"),
 ])
 def test_a_summary_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, capsys, path, value, expected):
     summary = copy.deepcopy(SUMMARY)
@@ -81,6 +84,32 @@ def test_a_summary_number_that_is_not_finite_is_refused(tmp_path, capsys):
     text = json.dumps(SUMMARY).replace('"step_s_mean": 0.005', '"step_s_mean": NaN')
     refused(capsys, [str(run_folder(tmp_path / "run", text)), "--no-plot", "--mtbf-s", "60", *QUICK],
             "field train.step_s_mean is not a finite number")
+
+
+def test_a_summary_nested_past_pythons_stack_is_one_line(tmp_path, capsys):
+    refused(capsys, [str(run_folder(tmp_path / "run", "[" * 100_000 + "]" * 100_000)), "--no-plot", "--mtbf-s", "60"],
+            "cannot read the run summary (maximum recursion depth exceeded")
+
+
+def test_an_iteration_time_below_a_tenth_of_a_microsecond_is_refused(tmp_path, capsys):
+    """1e-300 s iterations made a simulated job of 10 MTBFs 6e302 steps long."""
+    summary = copy.deepcopy(SUMMARY)
+    summary["train"]["step_s_mean"] = 1e-300
+    refused(capsys, [str(run_folder(tmp_path / "run", summary)), "--no-plot", "--mtbf-s", "60", *QUICK],
+            "the runs' iteration time is 1e-300 s; the advisor needs a training run whose steps took at least 1e-07 s")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["run", "--mtbf-s", "-inf"], "argument --mtbf-s: expected one argument; see dlio_ckpt-advise --help"),
+    (["run", "--samples", "1e9"], "argument --samples: invalid int value: '1e9'"),
+    ([], "the following arguments are required: RUN_OR_SWEEP_FOLDER"),
+])
+def test_usage_errors_are_one_line(capsys, argv, expected):
+    """argparse printed its usage block (several lines) above the error."""
+    with pytest.raises(SystemExit) as ended:
+        advise(argv)
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and err.count("\n") == 1 and expected in err, err
 
 
 def test_a_damaged_run_beside_good_ones_is_skipped_with_a_note(tmp_path, capsys):
@@ -249,6 +278,12 @@ def config_refused(overrides: list[str], expected: str, world_size: int = 1) -> 
     ("checkpoint.sleep_between_s=inf", "checkpoint.sleep_between_s: must be a finite number"),
     ("checkpoint.seconds_between_checkpoints=nan", "checkpoint.seconds_between_checkpoints: must be a finite number"),
     ("datasize.memory_multiple=inf", "datasize.memory_multiple: must be a finite number"),
+    ("train.computation_time=1e308", "train.computation_time: at most 1e+06 seconds (got 1e+308)"),
+    ("train.computation_time_stdev=2e6", "train.computation_time_stdev: at most 1e+06 seconds"),
+    ("evaluation.computation_time=1e7", "evaluation.computation_time: at most 1e+06 seconds"),
+    ("checkpoint.sleep_between_s=1e300", "checkpoint.sleep_between_s: at most 1e+06 seconds"),
+    ("checkpoint.seconds_between_checkpoints=1e10", "checkpoint.seconds_between_checkpoints: at most 1e+09 seconds"),
+    ("failures.mtbf_s=1e308", "failures.mtbf_s: at most 1e+09 seconds"),
 ])
 def test_config_numbers_must_be_finite(override, expected):
     """nan passed every `>= 0` check (mtbf_s=nan was then refused as "cannot be negative" only by

@@ -29,14 +29,14 @@ from dlio_ckpt.advisor.search import Candidate, Settings, candidates, exhaustive
 from dlio_ckpt.advisor.simulate import Outcome
 from dlio_ckpt.advisor.surrogate import near, samples, search, train
 from dlio_ckpt.analysis.model import plain
-from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, UserError
+from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
 
 PROG = "dlio_ckpt-advise"
 DEFAULT_PLOT = "dlio_ckpt-advice.png"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Advise a checkpoint configuration (levels, interval per "
+    p = OneLineArgumentParser(prog=PROG, description="Advise a checkpoint configuration (levels, interval per "
                                 "level, strategy/encoding) from measured dlio_ckpt runs, by simulation and a learned surrogate.")
     p.add_argument("folder", type=Path, metavar="RUN_OR_SWEEP_FOLDER", help="a run folder, a sweep folder or a folder of runs")
     p.add_argument("--mtbf-s", type=float, default=None, help="mean time between failures of the job at the advised scale "
@@ -69,6 +69,7 @@ MAX_TOP = 100
 WEIBULL_SHAPES = (0.3, 10.0)
 MAX_MTBF_S = 1e9  # about 32 years: a job's MTBF beyond it has no failures to plan for
 MAX_SEED = 2**63 - 1
+MIN_STEP_S = 1e-7  # a calibrated iteration below it is damage (a simulated job is MTBF / iteration steps long)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -95,9 +96,9 @@ def _check_system(system: Any, variant: str, args: argparse.Namespace) -> None:
     """The calibrated system can be simulated: an iteration takes time, and the MTBF (given, or
     the runs' scaled to the world size) is at least one iteration, so a replicate meets a bounded
     number of failures (module note above)."""
-    if not (math.isfinite(system.step_s) and system.step_s > 0):
-        raise UserError(f"[{variant}]: the runs' iteration time is {system.step_s} s; the advisor needs a training run "
-                        "whose steps took time (summary.json train.step_s_mean)")
+    if not (math.isfinite(system.step_s) and MIN_STEP_S <= system.step_s):
+        raise UserError(f"[{variant}]: the runs' iteration time is {system.step_s:g} s; the advisor needs a training run "
+                        f"whose steps took at least {MIN_STEP_S:g} s (summary.json train.step_s_mean)")
     source = "--mtbf-s" if args.mtbf_s is not None else "the runs' failures.mtbf_s scaled to the world size"
     if not system.step_s <= system.mtbf_s <= MAX_MTBF_S:
         raise UserError(f"{source}: an MTBF of {system.mtbf_s:.4g} s for [{variant}]; give one from the iteration time "

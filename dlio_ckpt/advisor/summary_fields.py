@@ -7,8 +7,9 @@ traceback deep in the calibration; here it is a UserError naming the field and t
 run is skipped with a note (or, alone, refused in one line, exit 2). A field that is missing or
 null is allowed: calibrate.py falls back to simpler figures and says so.
 
-Numbers must be finite and not negative (they are times, bytes and counts), and counts whole and
-below 2**53 (what a JSON number holds exactly).
+Numbers must be finite and not negative (they are times, bytes and counts), times at most 1e9 s
+(31.7 years: a cost of 1e308 s overflowed the calibration's statistics), bytes below 2**63, and
+counts whole and below 2**53 (what a JSON number holds exactly).
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from typing import Any
 from dlio_ckpt.errors import UserError
 
 MAX_COUNT = 2**53
+MAX_SECONDS = 1e9
+MAX_BYTES = 2**63
 
-# Field kinds: "number" (finite, >= 0), "real" (finite: a difference such as the loop's own time),
-# "count" (a whole number >= 0), "name" (a string or a whole number: a level is named either way),
-# "text"; a dict is a section, [dict] a list of rows.
-_ROW = {"blocking_s_max": "number", "write_s_max": "number", "persist_s_max": "number", "bytes_written": "number",
-        "bytes": "number", "step": "count", "level": "name"}
+# Field kinds: "number" (finite, >= 0: seconds, at most MAX_SECONDS), "bytes" (finite, >= 0, below
+# 2**63), "real" (seconds that may be negative: a difference such as the loop's own time), "count"
+# (a whole number >= 0), "name" (a string or a whole number: a level is named either way), "text";
+# a dict is a section, [dict] a list of rows.
+_ROW = {"blocking_s_max": "number", "write_s_max": "number", "persist_s_max": "number", "bytes_written": "bytes",
+        "bytes": "bytes", "step": "count", "level": "name"}
 _LEVEL = {"name": "name", "write_s_mean": "number", "flush_s_mean": "number", "flush_latency_s_mean": "number",
-          "restore_s_mean": "number", "bytes": "number", "checkpoints": "count", "flushes": "count", "every": "count",
+          "restore_s_mean": "number", "bytes": "bytes", "checkpoints": "count", "flushes": "count", "every": "count",
           "survives": "text", "scope": "text", "path": "text", "write": "text"}
 _RESTART = {"warmup_s": "number", "restore_s": "number", "step": "count", "level": "name", "kind": "text",
             "restored_step": "real"}
@@ -65,9 +69,13 @@ def _problem(value: Any, kind: Any) -> str | None:
     if not math.isfinite(value):
         return "is not a finite number"
     if kind == "real":
-        return None
+        return None if abs(value) <= MAX_SECONDS else f"is beyond {MAX_SECONDS:g} seconds"
     if value < 0:
         return "is negative"
+    if kind == "number" and value > MAX_SECONDS:
+        return f"is beyond {MAX_SECONDS:g} seconds"
+    if kind == "bytes" and value >= MAX_BYTES:
+        return "is not below 2**63 bytes"
     if kind in ("count", "name") and (value != int(value) or value >= MAX_COUNT):
         return "is not a whole number below 2**53"
     return None
