@@ -45,7 +45,7 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     try:
         with open(run_dir / "summary.json", encoding="utf-8") as handle:
             summary = json.load(handle)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's stack
         raise UserError(f"{run_dir / 'summary.json'}: cannot read the run summary ({exc})") from exc
     if not isinstance(summary, dict):
         raise UserError(f"{run_dir / 'summary.json'}: not a dlio_ckpt run summary (expected a JSON object)")

@@ -7,10 +7,12 @@ failing rank and ends every rank promptly; everything else is a bug and keeps it
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import errno
 import os
 import sys
+import typing
 from typing import Any, Iterable
 
 USAGE_EXIT_CODE = 2
@@ -28,6 +30,14 @@ class ConfigError(UserError):
 
 class MissingDependency(UserError):
     """An optional dependency that the chosen feature needs is not installed."""
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line (the usage block is for --help), exit 2."""
+
+    def error(self, message: str) -> "typing.NoReturn":
+        print(f"{self.prog}: error: {message}; see {self.prog} --help", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE)
 
 
 class RunFailure(Exception):

@@ -14,11 +14,11 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from dlio_ckpt.errors import USAGE_EXIT_CODE, UserError
+from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="dlio_ckpt-import-dlio",
+    parser = OneLineArgumentParser(prog="dlio_ckpt-import-dlio",
                                      description="Convert a DLIO benchmark workload YAML into a dlio_ckpt workload YAML.")
     parser.add_argument("path", help="the DLIO workload YAML (e.g. dlio_benchmark/configs/workload/unet3d_h100.yaml)")
     parser.add_argument("-o", "--output", help="where to write the dlio_ckpt workload (default: standard output)")
@@ -37,21 +37,55 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stdout.write(text)
         return
     out = Path(args.output)
-    if not out.parent.is_dir():
-        print(f"dlio_ckpt-import-dlio: error: -o: {out.parent} is not a folder", file=sys.stderr, flush=True)
+    refusal = _output_refusal(out)
+    if refusal:
+        print(f"dlio_ckpt-import-dlio: error: -o: {refusal}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT_CODE)
+    try:
+        _write_whole(out, text)
+    except OSError as exc:  # at run time: a full disk, a folder gone since the check
+        print(f"dlio_ckpt-import-dlio: error: -o: {out}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        raise SystemExit(RUN_FAILURE_EXIT_CODE) from None
+
+
+def _output_refusal(out: Path) -> str:
+    """Why `-o OUT` cannot take the workload (checked before anything is written), or "": its
+    folder must exist and take a new file (probed: root ignores permission bits, a read-only
+    mount does not), and the name must be new or a regular file, outside the kernel's folders,
+    since the file is renamed over it (a device such as /dev/null would be replaced)."""
+    from dlio_ckpt.storage.posix import system_folder
+
+    target = os.path.realpath(os.path.abspath(out))
+    if not out.parent.is_dir():
+        return f"{out.parent} is not a folder; create it first or choose another path"
+    if os.path.lexists(out) and not os.path.isfile(target):
+        return f"{out} exists and is not a file; give a new or regular file name"
+    kernel = system_folder(target)
+    if kernel is not None:
+        return f"{out} is under {kernel}, a kernel file system; give a path in a folder of yours"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"cannot write in {out.parent} ({exc.strerror}); choose a writable folder"
+    return ""
+
+
+def _write_whole(out: Path, text: str) -> None:
+    """`text` at `out`, whole or not at all: a temporary name beside it, fsynced, renamed over it."""
     fd, temp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(temp, 0o644)  # as an ordinary new file (mkstemp's are private)
         os.replace(temp, out)
     except BaseException:
         if os.path.exists(temp):
             os.unlink(temp)
         raise
-
 
 if __name__ == "__main__":
     main()

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dlio_ckpt.advisor.simulate import Level, System
+from dlio_ckpt.advisor.summary_fields import check_summary
 from dlio_ckpt.analysis.inputs import is_run_folder, is_sweep_folder
 from dlio_ckpt.analysis.run_folders import read_summary
 from dlio_ckpt.errors import UserError
@@ -197,8 +198,10 @@ def _variant(ckpt: dict[str, Any], ck_conf: dict[str, Any], levels: tuple[LevelC
 
 
 def run_costs(run_dir: Path) -> RunCosts:
-    """One run folder's costs; UserError naming what is missing when it cannot calibrate."""
+    """One run folder's costs; UserError naming what is missing, or the field of the wrong type
+    (summary_fields.py), when it cannot calibrate."""
     summary = read_summary(run_dir)
+    check_summary(summary, run_dir)
     ckpt = summary.get("checkpoint") or {}
     if not ckpt.get("per_checkpoint"):
         raise UserError(f"{run_dir}: the run wrote no checkpoints (summary.json checkpoint.per_checkpoint is empty); "

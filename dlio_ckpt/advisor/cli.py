@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,14 +29,14 @@ from dlio_ckpt.advisor.search import Candidate, Settings, candidates, exhaustive
 from dlio_ckpt.advisor.simulate import Outcome
 from dlio_ckpt.advisor.surrogate import near, samples, search, train
 from dlio_ckpt.analysis.model import plain
-from dlio_ckpt.errors import USAGE_EXIT_CODE, UserError
+from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
 
 PROG = "dlio_ckpt-advise"
 DEFAULT_PLOT = "dlio_ckpt-advice.png"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Advise a checkpoint configuration (levels, interval per "
+    p = OneLineArgumentParser(prog=PROG, description="Advise a checkpoint configuration (levels, interval per "
                                 "level, strategy/encoding) from measured dlio_ckpt runs, by simulation and a learned surrogate.")
     p.add_argument("folder", type=Path, metavar="RUN_OR_SWEEP_FOLDER", help="a run folder, a sweep folder or a folder of runs")
     p.add_argument("--mtbf-s", type=float, default=None, help="mean time between failures of the job at the advised scale "
@@ -55,17 +58,55 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# Bounds of the inputs (docs/advisor.md, "Bounds"): each keeps one advice within minutes and a few
+# hundred MB. The simulator's work grows with the failures a replicate meets before it finishes or
+# gives up (about 40 when the MTBF is at least an iteration; 4 x iteration / MTBF below that) and
+# with how clustered they are (Weibull shapes below 0.3 put most gaps near zero: a shape of 0.2
+# took a minute here, 0.05 never finished); the surrogate's training with --samples.
+MAX_SAMPLES = 20_000
+MAX_INTERVALS = 64
+MAX_TOP = 100
+WEIBULL_SHAPES = (0.3, 10.0)
+MAX_MTBF_S = 1e9  # about 32 years: a job's MTBF beyond it has no failures to plan for
+MAX_SEED = 2**63 - 1
+MIN_STEP_S = 1e-7  # a calibrated iteration below it is damage (a simulated job is MTBF / iteration steps long)
+
+
 def _check(args: argparse.Namespace) -> None:
-    for name, value, low in (("--mtbf-s", args.mtbf_s, 0.0), ("--world-size", args.world_size, 0)):
-        if value is not None and value <= low:
-            raise UserError(f"{name}: must be positive (got {value})")
-    if args.weibull_shape <= 0:
-        raise UserError(f"--weibull-shape: must be positive (got {args.weibull_shape})")
+    """Every option within its bounds (one line, exit 2), before a run folder is read."""
+    from dlio_ckpt.config.schema import MAX_PLAN_RANKS
+
+    if args.mtbf_s is not None and not (math.isfinite(args.mtbf_s) and 0 < args.mtbf_s <= MAX_MTBF_S):
+        raise UserError(f"--mtbf-s: a finite positive number of seconds, at most {MAX_MTBF_S:g} (got {args.mtbf_s})")
+    if args.world_size is not None and not 1 <= args.world_size <= MAX_PLAN_RANKS:
+        raise UserError(f"--world-size: 1 to {MAX_PLAN_RANKS:,} ranks (got {args.world_size})")
+    low, high = WEIBULL_SHAPES
+    if not low <= args.weibull_shape <= high:  # nan fails both comparisons
+        raise UserError(f"--weibull-shape: {low:g} to {high:g} (got {args.weibull_shape}); field studies of HPC "
+                        "failures find 0.5 to 1, and shapes under 0.3 make the simulation run for hours")
     if args.node_failure_share is not None and not 0.0 <= args.node_failure_share <= 1.0:
         raise UserError(f"--node-failure-share: a share between 0 and 1 (got {args.node_failure_share})")
-    if args.samples < 50 or args.top < 1 or args.intervals < 2:
-        raise UserError(f"--samples needs at least 50, --top at least 1, --intervals at least 2 "
-                        f"(got {args.samples}, {args.top}, {args.intervals})")
+    for name, value, low_, high_ in (("--samples", args.samples, 50, MAX_SAMPLES), ("--intervals", args.intervals, 2, MAX_INTERVALS),
+                                     ("--top", args.top, 1, MAX_TOP), ("--seed", args.seed, 0, MAX_SEED)):
+        if not low_ <= value <= high_:
+            raise UserError(f"{name}: {low_:,} to {high_:,} (got {value:,})")
+
+
+def _check_system(system: Any, variant: str, args: argparse.Namespace) -> None:
+    """The calibrated system can be simulated: an iteration takes time, and the MTBF (given, or
+    the runs' scaled to the world size) is at least one iteration, so a replicate meets a bounded
+    number of failures (module note above)."""
+    if not (math.isfinite(system.step_s) and MIN_STEP_S <= system.step_s):
+        raise UserError(f"[{variant}]: the runs' iteration time is {system.step_s:g} s; the advisor needs a training run "
+                        f"whose steps took at least {MIN_STEP_S:g} s (summary.json train.step_s_mean)")
+    source = "--mtbf-s" if args.mtbf_s is not None else "the runs' failures.mtbf_s scaled to the world size"
+    if not system.step_s <= system.mtbf_s <= MAX_MTBF_S:
+        raise UserError(f"{source}: an MTBF of {system.mtbf_s:.4g} s for [{variant}]; give one from the iteration time "
+                        f"({system.step_s:.4g} s: a shorter MTBF fails every step) to {MAX_MTBF_S:g} s with --mtbf-s")
+    if not all(math.isfinite(cost) for lv in system.levels for cost in (lv.blocking_s, lv.flush_s, lv.restore_s)):
+        raise UserError(f"[{variant}]: a level's measured cost is not finite; the runs' summary.json is damaged")
+    if not math.isfinite(system.downtime_s):
+        raise UserError(f"[{variant}]: the runs' restart overhead is not finite; the runs' summary.json is damaged")
 
 
 def _outcome(o: Outcome) -> dict[str, Any]:
@@ -93,6 +134,7 @@ def advise(args: argparse.Namespace) -> tuple[dict[str, Any], Candidate, Setting
     for variant in calibration.variants:
         system, info = calibration.system(variant, args.world_size, args.mtbf_s, args.node_failure_share)
         system = replace(system, weibull_shape=args.weibull_shape)
+        _check_system(system, variant, args)
         systems.append(system)
         infos.append(info)
         pool += candidates(system, args.intervals, variant)
@@ -192,12 +234,38 @@ def format_text(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_plot_path(path: Path) -> None:
+    """Refuse a --plot path that cannot take the PNG, before the work (one line, exit 2): a
+    folder, a device or other non-file at the name, a kernel folder (/proc, /sys, /dev), or a
+    folder where no file can be made (probed with a temporary file, removed at once: permission
+    bits alone do not say, for root or on a read-only mount)."""
+    from dlio_ckpt.storage.posix import nearest_existing, system_folder
+
+    target = os.path.realpath(os.path.abspath(path))
+    if os.path.lexists(path) and not os.path.isfile(target):
+        raise UserError(f"--plot: {path} exists and is not a file; give a new or regular file name, such as ./{DEFAULT_PLOT}")
+    kernel = system_folder(target)
+    if kernel is not None:
+        raise UserError(f"--plot: {path} is under {kernel}, a kernel file system; give a path in a folder of yours")
+    folder = nearest_existing(os.path.dirname(target))
+    if not os.path.isdir(folder):
+        raise UserError(f"--plot: {folder} is a file, so no folder can be made there; choose another path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".dlio_ckpt-advise.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"--plot: cannot write in {folder} ({exc.strerror}); choose a writable path") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    _check(args)
     plot_path = None if args.no_plot else (args.plot or (None if args.json else Path(DEFAULT_PLOT)))
     if plot_path is not None:
         from dlio_ckpt.optional import require
 
         require("matplotlib")  # fail before the work, not after it
+        check_plot_path(plot_path)
     doc, best, settings = advise(args)
     if plot_path is not None:
         from dlio_ckpt.advisor.plot import write_png
@@ -218,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return USAGE_EXIT_CODE
+    except OSError as exc:  # at run time: the plot's folder filled up or went away after the check
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"{PROG}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return RUN_FAILURE_EXIT_CODE
 
 
 if __name__ == "__main__":

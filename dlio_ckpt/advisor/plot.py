@@ -8,6 +8,9 @@ simulator with the others held at the advice, and the two with the widest goodpu
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -90,7 +93,18 @@ def write_png(best: Candidate, settings: Settings, path: Path) -> dict:
     ax.set_title(f"goodput around the advice\n{best.describe()}", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    # whole or not at all: drawn under a temporary name beside it, renamed over `path` when complete
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            fig.savefig(handle, dpi=110, format="png")
+        os.chmod(temp, 0o644)  # as an ordinary new file (mkstemp's are private)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    finally:
+        plt.close(fig)
     return {"path": str(path), "x": x.name, "y": y.name,
             "importance": {axis.name: spread for axis, spread in ranked}, "x_range": x_range, "y_range": y_range}

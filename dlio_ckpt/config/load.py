@@ -307,6 +307,7 @@ def check_job(config: RunConfig, world_size: int, free_space: bool = True) -> No
     from dlio_ckpt.config.space import check_free_space
 
     check_world_fit(config, world_size)
+    check_failure_steps(config, world_size)
     check_model_fit(config, world_size)
     check_memory(config, world_size)
     check_dependencies(config)
@@ -488,6 +489,27 @@ def check_world_fit(config: RunConfig, world_size: int) -> None:
         )
 
 
+def check_failure_steps(config: RunConfig, world_size: int) -> None:
+    """failures.at_steps within the run: a step after its last one would inject nothing, silently.
+    With failures.mtbf_s set, steps past the end are the documented way to inject no failure while
+    mtbf_s feeds the checkpoint policy's interval (docs/failures.md): allowed."""
+    steps = config.failures.at_steps
+    if not steps or config.failures.mtbf_s > 0 or config.mode != "train" or config.workload == "replay":
+        return
+    from dlio_ckpt.plan.read import last_training_step
+
+    ds, reader, train = config.dataset, config.reader, config.train
+    whole = config.reader.name == "tensorflow" or config.reader.access == "transfer"  # engine/train.py whole_files
+    last = last_training_step(ds.num_files_train, ds.num_samples_per_file, reader.batch_size, reader.drop_last,
+                              world_size, whole, train.step_counting == "dlio", train.epochs, train.total_steps)
+    beyond = sorted(step for step in steps if step > last)
+    if beyond:
+        ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+        raise ConfigError(f"failures.at_steps: step {beyond[0]} is after the run's last step ({last:,} with {ranks}, "
+                          f"after the scale's caps), so no failure would be injected there; give steps from 1 to {last:,} "
+                          "or lengthen the run (train.epochs, train.total_steps)")
+
+
 def _capped(value: int | float, cap: int | float) -> int | float:
     return min(value, cap) if cap else value
 
@@ -664,7 +686,7 @@ def check_level_paths(config: RunConfig) -> None:
     from dlio_ckpt.plan.checkpoint_formats import format_spec
     from dlio_ckpt.storage import make_backend
     from dlio_ckpt.storage.base import CAPABILITY_MEANING
-    from dlio_ckpt.storage.posix import nearest_existing
+    from dlio_ckpt.storage.posix import nearest_existing, system_folder
 
     for number, level in enumerate(config.checkpoint.levels if writes_checkpoints(config) else ()):
         key = f"checkpoint.levels[{number}]"
@@ -682,6 +704,10 @@ def check_level_paths(config: RunConfig) -> None:
         if name != "posix":
             backend.check()  # reachability and credentials, as storage.backend's
             continue
+        kernel = system_folder(os.path.realpath(path))
+        if kernel is not None:
+            raise ConfigError(f"{key}.path: '{level.path}' is under {kernel}, a kernel file system, not storage; "
+                              "choose a folder on a disk, a parallel file system or /dev/shm")
         blocker = _file_in_the_way(path)
         if blocker is not None:
             raise ConfigError(f"{key}.path: '{level.path}' cannot be a folder: {blocker} is a file; choose a folder path")

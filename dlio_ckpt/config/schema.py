@@ -18,6 +18,11 @@ MAX_SEED = 2**63 - 1
 # mode=plan sizes a job of up to this many ranks (131,072: beyond the largest training jobs run);
 # a plan's time and memory grow with the rank count (about 15 ms a rank for a 70B transformer).
 MAX_PLAN_RANKS = 1 << 17
+# Times a run actually waits (a step's compute, the sleep between checkpoints) stay under 1e6 s
+# (11.6 days); past ~9.2e9 s time.sleep itself overflows (a traceback after the run folder was
+# made). Times that are only compared (an interval, an MTBF) stay under 1e9 s (31.7 years).
+MAX_WAIT_S = 1e6
+MAX_INTERVAL_S = 1e9
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,8 @@ class TrainConfig:
         require(self.total_steps >= 0, f"{key}total_steps: cannot be negative (0 means every step of every epoch)")
         require(self.computation_time >= 0, f"{key}computation_time: cannot be negative (got {self.computation_time})")
         require(self.computation_time_stdev >= 0, f"{key}computation_time_stdev: cannot be negative")
+        require_seconds(self.computation_time, f"{key}computation_time", MAX_WAIT_S)
+        require_seconds(self.computation_time_stdev, f"{key}computation_time_stdev", MAX_WAIT_S)
         require_seed(self.seed, f"{key}seed")
 
 
@@ -147,6 +154,7 @@ class EvaluationConfig:
 
     def validate(self, key: str) -> None:
         require(self.computation_time >= 0, f"{key}computation_time: cannot be negative")
+        require_seconds(self.computation_time, f"{key}computation_time", MAX_WAIT_S)
         require(self.epochs_between_evals >= 1, f"{key}epochs_between_evals: must be at least 1")
 
 
@@ -291,6 +299,8 @@ class CheckpointConfig:
             require(getattr(self, name) >= 0, f"{key}{name}: cannot be negative (got {getattr(self, name)})")
         require(self.seconds_between_checkpoints >= 0, f"{key}seconds_between_checkpoints: cannot be negative")
         require(self.sleep_between_s >= 0, f"{key}sleep_between_s: cannot be negative")
+        require_seconds(self.sleep_between_s, f"{key}sleep_between_s", MAX_WAIT_S)
+        require_seconds(self.seconds_between_checkpoints, f"{key}seconds_between_checkpoints", MAX_INTERVAL_S)
         require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
         require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")
         require(self.write_chunk_bytes % 8 == 0, f"{key}write_chunk_bytes: must be a multiple of 8 (whole elements)")
@@ -308,7 +318,9 @@ class FailuresConfig:
 
     def validate(self, key: str) -> None:
         require(all(step >= 1 for step in self.at_steps), f"{key}at_steps: steps count from 1 (got {self.at_steps})")
-        require(self.mtbf_s >= 0, f"{key}mtbf_s: cannot be negative (0: no failures drawn; got {self.mtbf_s})")
+        require(self.mtbf_s >= 0, f"{key}mtbf_s: must be a finite positive number of seconds, or 0 for no drawn "
+                f"failures (got {self.mtbf_s})")
+        require_seconds(self.mtbf_s, f"{key}mtbf_s", MAX_INTERVAL_S)
         require_seed(self.seed, f"{key}seed")
 
 
@@ -439,6 +451,10 @@ class RunConfig:
                     "repeat such runs by relaunching, or use failures.restart=in_process")
             require(not self.checkpoint.levels,
                     f"{key}run.repeats: not available with checkpoint.levels yet; repeat the job with a shell loop")
+
+
+def require_seconds(value: float, key: str, limit: float) -> None:
+    require(value <= limit, f"{key}: at most {limit:g} seconds (got {value:g})")
 
 
 def require_seed(value: int, key: str) -> None:

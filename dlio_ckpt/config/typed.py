@@ -163,6 +163,8 @@ def convert(hint: Any, value: Any, key: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # nan passes every `>= 0` check; inf makes times and counts infinite
+            raise ConfigError(f"{key}: must be a finite number (got {value})")
         return float(value)
     if hint is str:
         if not isinstance(value, str):

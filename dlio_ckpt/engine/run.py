@@ -35,6 +35,27 @@ def make_context(world: World, config: RunConfig, run_dir: Path, run_id: str) ->
     return RunContext(config=config, world=world, run_dir=run_dir, run_id=run_id, clock=clock, recorder=recorder, storage=storage)
 
 
+def announce_new_root(world: World, config: RunConfig) -> None:
+    """A storage.root that does not exist (a typo: /nonexistent/dlio) used to be made silently by
+    the run's first write, on whatever file system holds its nearest existing parent (often the
+    root file system, not the storage meant). Rank 0 makes it before any rank writes (the others
+    wait for it in make_context's broadcast) and says so in one line, with that file system."""
+    if not world.is_root or config.storage.backend != "posix":
+        return
+    root = os.path.abspath(config.storage.root)
+    if os.path.isdir(root):
+        return
+    from dlio_ckpt.errors import storage_failure
+    from dlio_ckpt.storage.posix import file_system
+
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as exc:
+        raise storage_failure(exc, root) from None
+    print(f"dlio_ckpt: note: storage.root {root} did not exist; created it, on {file_system(root)} "
+          "(check storage.root if you meant an existing folder)", flush=True)
+
+
 def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan_runtime: Any = None) -> dict[str, Any] | None:
     """Run the job (run.repeats times) and return the summary on rank 0 (None on other ranks).
 
@@ -59,6 +80,7 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
 
         return run_plan_mode(config, run_dir) if world.is_root else None
 
+    announce_new_root(world, config)
     world.root_first(lambda: claim_run(config, run_dir, run_id, world.size))  # before anything under storage.root
     ctx = make_context(world, config, run_dir, run_id)
     sections: dict[str, Any] = {}

@@ -107,6 +107,23 @@ def dlio_steps_per_epoch(files: tuple[FileSpec, ...], batch_size: int, size: int
     return min(steps, total_steps) if total_steps else steps
 
 
+def last_training_step(num_files: int, samples_per_file: int, batch_size: int, drop_last: bool, size: int,
+                       whole_files: bool, dlio: bool, epochs: int, total_steps: int = 0) -> int:
+    """The last step any rank of a training run reaches (steps count from 1, over all epochs), as
+    engine/train.py counts them: DLIO's count per epoch times the epochs, or a rank's batches per
+    epoch (its share; the first ranks' shares are the larger) times the epochs, up to total_steps.
+    A failure planned after it (failures.at_steps) never strikes. Files hold equal sample counts."""
+    if dlio:
+        specs = tuple(FileSpec(index=i, path="", num_samples=samples_per_file, sample_bytes=0) for i in range(num_files))
+        return dlio_steps_per_epoch(specs, batch_size, size, whole_files, total_steps) * epochs
+    if whole_files:
+        share = -(-num_files // size) * samples_per_file
+    else:
+        share = -(-num_files * samples_per_file // size)
+    per_epoch = share // batch_size if drop_last else -(-share // batch_size)
+    return min(per_epoch * epochs, total_steps) if total_steps else per_epoch * epochs
+
+
 def transfer_end(file_bytes: int, num_samples: int, sample: int, transfer_size: int) -> int:
     """Bytes from the start of a file a sequential reader has read once `sample` is consumed.
 

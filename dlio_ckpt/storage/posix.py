@@ -90,6 +90,8 @@ class PosixFile(PositionalReads, io.RawIOBase):
         return True
 
     def fileno(self) -> int:
+        if self._fd < 0:
+            raise closed_file()
         return self._fd
 
     def tell(self) -> int:
@@ -105,6 +107,8 @@ class PosixFile(PositionalReads, io.RawIOBase):
         return self._position
 
     def size(self) -> int:
+        if self._fd < 0:
+            raise closed_file()
         return os.fstat(self._fd).st_size
 
     def write(self, data) -> int:
@@ -114,6 +118,8 @@ class PosixFile(PositionalReads, io.RawIOBase):
 
     def truncate(self, size: int | None = None) -> int:
         size = self._position if size is None else size
+        if self._fd < 0:
+            raise closed_file()
         os.ftruncate(self._fd, size)
         return size
 
@@ -121,12 +127,16 @@ class PosixFile(PositionalReads, io.RawIOBase):
         """Writes go straight to the kernel; durability is `fsync`."""
 
     def _release(self) -> None:
-        """Close the descriptors and mark the handle closed (publishing is the caller's business)."""
+        """Close the descriptors and mark the handle closed (publishing is the caller's business).
+        The descriptor numbers become -1 at once: the kernel hands a closed number to the next
+        file opened, so a read through a closed handle would read that file; with -1 it raises
+        ValueError, as a closed Python file does (closed_file)."""
         try:
             if self._direct_fd >= 0:
                 os.close(self._direct_fd)
                 self._direct_fd = -1
-            os.close(self._fd)
+            fd, self._fd = self._fd, -1
+            os.close(fd)
             if self._scratch is not None:
                 self._scratch.close()
                 self._scratch = None
@@ -171,6 +181,8 @@ class PosixFile(PositionalReads, io.RawIOBase):
 
     # explicit offsets ------------------------------------------------------------------
     def read_at(self, offset: int, size: int) -> bytes:
+        if self._fd < 0:
+            raise closed_file()
         if size <= 0:
             self.last_moved = 0
             return b""
@@ -186,9 +198,17 @@ class PosixFile(PositionalReads, io.RawIOBase):
     def read_at_into(self, buffer, offset: int) -> int:
         if not self.direct:
             # One system call and nothing around it: readers make one such call per transfer
-            # (a 4 KiB read from the page cache costs ~1 us, so Python work here shows).
-            self.last_moved = moved = os.preadv(self._fd, [buffer], offset)
+            # (a 4 KiB read from the page cache costs ~1 us, so Python work here shows); a
+            # closed handle's -1 fails in preadv (EBADF), told apart only then (no cost before).
+            try:
+                self.last_moved = moved = os.preadv(self._fd, [buffer], offset)
+            except OSError:
+                if self._fd < 0:
+                    raise closed_file() from None
+                raise
             return moved
+        if self._direct_fd < 0:
+            raise closed_file()
         view = memoryview(buffer).cast("B")
         size = len(view)
         if size == 0:
@@ -212,6 +232,8 @@ class PosixFile(PositionalReads, io.RawIOBase):
 
     def write_at(self, data, offset: int) -> int:
         """Write all of `data`: one pwrite may move less (2 GiB cap, signals, network file systems)."""
+        if self._fd < 0:
+            raise closed_file()
         view = memoryview(data).cast("B")
         done = 0
         while done < len(view):
@@ -236,8 +258,15 @@ class PosixFile(PositionalReads, io.RawIOBase):
         return written
 
     def fsync(self) -> None:
+        if self._fd < 0:
+            raise closed_file()
         os.fsync(self._fd)
         self._synced = True
+
+
+def closed_file() -> ValueError:
+    """What a closed Python file raises on I/O (io's own message)."""
+    return ValueError("I/O operation on closed file.")
 
 
 def _unlink_quietly(path: str) -> None:
@@ -327,11 +356,46 @@ class PosixStorage:
         if not self.root:
             return
         root = os.path.abspath(self.root)
+        kernel = system_folder(os.path.realpath(root))
+        if kernel is not None:
+            raise ConfigError(f"storage.root: {root} is under {kernel}, a kernel file system, not storage; choose a folder "
+                              "on a disk, a parallel file system or /dev/shm")
         probe = nearest_existing(root)
         if not os.path.isdir(probe):
             raise ConfigError(f"storage.root: {probe} is not a folder, so {root} cannot be used; choose a folder path")
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"storage.root: no permission to write in {probe}; choose a writable folder for storage.root")
+
+
+# Kernel file systems: what is written there configures the kernel or devices, it is not storage.
+# /dev/shm is the exception: a RAM disk, a node-local checkpoint level (docs/levels.md).
+KERNEL_FOLDERS = ("/proc", "/sys", "/dev")
+RAM_DISK = "/dev/shm"
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + os.sep)
+
+
+def system_folder(path: str) -> str | None:
+    """The kernel folder (/proc, /sys, /dev) that `path` (absolute, resolved) lies in, else None."""
+    if _under(path, RAM_DISK):
+        return None
+    return next((folder for folder in KERNEL_FOLDERS if _under(path, folder)), None)
+
+
+def file_system(path: str) -> str:
+    """'ext4 mounted at /data (/dev/nvme0n1p1)': the file system that holds `path` (or would, for
+    a path not made yet), from the mount table: the mount point that is the longest prefix."""
+    import psutil
+
+    where = os.path.realpath(nearest_existing(os.path.abspath(path)))
+    mounts = [m for m in psutil.disk_partitions(all=True) if _under(where, m.mountpoint.rstrip(os.sep) or os.sep)
+              or m.mountpoint == os.sep]
+    if not mounts:
+        return "an unknown file system"
+    mount = max(mounts, key=lambda m: len(m.mountpoint))
+    return f"{mount.fstype} mounted at {mount.mountpoint} ({mount.device})"
 
 
 def nearest_existing(path: str) -> str:

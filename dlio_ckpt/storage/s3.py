@@ -175,6 +175,39 @@ class S3ReadFile(PositionalReads, io.RawIOBase):
         self.close()
 
 
+class _Upload:
+    """A multipart upload in flight: the parts queue and the thread that streams it to obstore.
+
+    Kept apart from the handle so that the thread refers to this and never to the S3WriteFile: a
+    thread's target holds its object alive while the thread lives, and this thread lives until it
+    is told to end, so a handle dropped unclosed (an exception path) was never collected, its
+    __del__ (the abort) never ran, the thread waited forever and the upload stayed incomplete on
+    the server. Now the handle is collected as soon as it is dropped, and aborts."""
+
+    def __init__(self, store: S3Store, key: str, part_size: int, concurrency: int) -> None:
+        self.parts: queue.Queue = queue.Queue(maxsize=concurrency)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(store, key, part_size, concurrency),
+                                       name=f"s3-upload {key}", daemon=True)
+        self.thread.start()
+
+    def _part_iterator(self):
+        while True:
+            item = self.parts.get()
+            if item is _END:
+                return
+            if item is _ABORT:
+                raise _Aborted()
+            yield item
+
+    def _run(self, store: S3Store, key: str, part_size: int, concurrency: int) -> None:
+        try:
+            obstore.put(store, key, self._part_iterator(), use_multipart=True, chunk_size=part_size,
+                        max_concurrency=concurrency)
+        except BaseException as exc:  # reported by the writing thread, which owns the handle
+            self.error = exc
+
+
 class S3WriteFile(io.RawIOBase):
     """A streaming upload: nothing is visible at the key until fsync() or close() completes it."""
 
@@ -189,9 +222,7 @@ class S3WriteFile(io.RawIOBase):
         self._part: bytearray | None = None  # the part being filled
         self._filled = 0
         self._written = 0
-        self._parts: queue.Queue | None = None
-        self._uploader: threading.Thread | None = None
-        self._upload_error: BaseException | None = None
+        self._upload: _Upload | None = None  # from the first full part on
         self._published = False
         self.last_moved = 0
 
@@ -253,50 +284,27 @@ class S3WriteFile(io.RawIOBase):
 
     def _queue_part(self, item) -> None:
         """Hand a part (or _END/_ABORT) to the uploader; blocks while `concurrency` parts wait."""
-        if self._uploader is None:
-            self._parts = queue.Queue(maxsize=self._concurrency)
-            self._uploader = threading.Thread(target=self._upload, name=f"s3-upload {self._key}", daemon=True)
-            self._uploader.start()
+        if self._upload is None:
+            self._upload = _Upload(self._store, self._key, self._part_size, self._concurrency)
+        upload = self._upload
         while True:
-            if self._upload_error is not None and item is not _ABORT:
-                raise _object_error(self._upload_error, self._uri, "upload") from None
+            if upload.error is not None and item is not _ABORT:
+                raise _object_error(upload.error, self._uri, "upload") from None
             try:
-                self._parts.put(item, timeout=0.2)
+                upload.parts.put(item, timeout=0.2)
                 return
             except queue.Full:
-                if not self._uploader.is_alive():
+                if not upload.thread.is_alive():
                     if item is _ABORT:
                         return
-                    raise _object_error(self._upload_error or RuntimeError("uploader stopped"), self._uri, "upload") from None
-
-    def _part_iterator(self):
-        while True:
-            item = self._parts.get()
-            if item is _END:
-                return
-            if item is _ABORT:
-                raise _Aborted()
-            yield item
-
-    def _upload(self) -> None:
-        try:
-            obstore.put(
-                self._store,
-                self._key,
-                self._part_iterator(),
-                use_multipart=True,
-                chunk_size=self._part_size,
-                max_concurrency=self._concurrency,
-            )
-        except BaseException as exc:  # reported by the writing thread, which owns the handle
-            self._upload_error = exc
+                    raise _object_error(upload.error or RuntimeError("uploader stopped"), self._uri, "upload") from None
 
     def _publish(self) -> None:
         """One PUT for a small object, else the last part and CompleteMultipartUpload."""
         if self._published:
             return
         try:
-            if self._uploader is None:
+            if self._upload is None:
                 try:
                     obstore.put(self._store, self._key, self._pending(), use_multipart=False)
                 except Exception as exc:
@@ -305,9 +313,9 @@ class S3WriteFile(io.RawIOBase):
                 if self._filled:
                     self._queue_part(self._pending())
                 self._queue_part(_END)
-                self._uploader.join()
-                if self._upload_error is not None:
-                    raise _object_error(self._upload_error, self._uri, "upload") from None
+                self._upload.thread.join()
+                if self._upload.error is not None:
+                    raise _object_error(self._upload.error, self._uri, "upload") from None
         except BaseException:
             self._discard()
             raise
@@ -338,9 +346,9 @@ class S3WriteFile(io.RawIOBase):
 
     def _discard(self) -> None:
         self._part, self._filled = None, 0
-        if self._uploader is not None and self._uploader.is_alive():
+        if self._upload is not None and self._upload.thread.is_alive():
             self._queue_part(_ABORT)
-            self._uploader.join()
+            self._upload.thread.join()
 
     def __del__(self) -> None:
         # io.IOBase.__del__ would close(), which publishes; a handle nobody closed is discarded.

@@ -29,7 +29,7 @@ from dlio_ckpt.storage import events as _events
 from dlio_ckpt.storage.base import write_staged
 from dlio_ckpt.storage.events import (EVENT_BYTES, OP_CLOSE, OP_FSYNC, OP_OPEN, OP_READ, OP_WRITE, PHASE_CODE,
                                       RAW_TIMES, EventRecorder, pack_event)
-from dlio_ckpt.storage.posix import PosixFile
+from dlio_ckpt.storage.posix import PosixFile, closed_file
 
 
 def _record_close(trace: tuple, start: float, end: float) -> None:
@@ -75,6 +75,8 @@ class TracedFile(io.RawIOBase):
         return self._inner.size()
 
     def _timed(self, op: int, offset: int, call, *args):
+        if self.closed:
+            raise closed_file()
         start = perf_counter()
         result = call(*args)
         end = perf_counter()
@@ -162,7 +164,8 @@ class TracedPosixFile(PosixFile):
         puts a closure over what it records in its place (`_fast_read_at_into`). Building the
         closure costs several reads' look-ups, so a file read once (one 1 MiB sample) never pays
         for it; an O_DIRECT read is a device read, which a few look-ups do not weigh on. A
-        buffered read is the one preadv of PosixFile.read_at_into, made here: a call less."""
+        buffered read is the one preadv of PosixFile.read_at_into, made here: a call less. A
+        closed handle raises ValueError, as a closed Python file does."""
         if self.direct:
             start = perf_counter()
             count = PosixFile.read_at_into(self, buffer, offset)
@@ -173,7 +176,12 @@ class TracedPosixFile(PosixFile):
             return fast(buffer, offset)
         else:
             start = perf_counter()
-            self.last_moved = moved = count = preadv(self._fd, [buffer], offset)
+            try:
+                self.last_moved = moved = count = preadv(self._fd, [buffer], offset)
+            except OSError:
+                if self._fd < 0:  # closed: -1 (PosixFile._release)
+                    raise closed_file() from None
+                raise
             end = perf_counter()
             self._read_before = True
         phase, file, extend, _, _ = self._trace
@@ -185,13 +193,21 @@ class TracedPosixFile(PosixFile):
         io.RawIOBase subclass costs ~15 ns more to look up than one of a plain object, and a read
         looks up several. It makes the one preadv PosixFile.read_at_into makes and times just
         that. It keeps `last_moved` current through the handle's __dict__, not the handle (which
-        would then live until the garbage collector finds it); close() drops the closure."""
+        would then live until the garbage collector finds it); close() drops the closure. The
+        descriptor is read from there too, not kept: a caller holding the closure past close()
+        would otherwise read whatever file the kernel gave that number next; after close it is -1
+        (PosixFile._release), and the read raises ValueError, as a closed Python file does."""
         phase, file, extend, _, _ = self._trace
-        pack, fd, state = pack_event, self._fd, self.__dict__
+        pack, state = pack_event, self.__dict__
 
         def read_at_into(buffer, offset: int) -> int:
             start = perf_counter()
-            state["last_moved"] = count = preadv(fd, [buffer], offset)
+            try:
+                state["last_moved"] = count = preadv(state["_fd"], [buffer], offset)
+            except OSError:
+                if state["_fd"] < 0:
+                    raise closed_file() from None
+                raise
             end = perf_counter()
             extend(pack(OP_READ, phase, file, offset, count, start, end))
             return count
@@ -266,7 +282,12 @@ class TracedPosixFileC(TracedPosixFile):
     def read_at_into(self, buffer, offset: int) -> int:
         if self.direct:
             return TracedPosixFile.read_at_into(self, buffer, offset)
-        self.last_moved = count = _read_into(self._trace, OP_READ, self._fd, buffer, offset)
+        try:
+            self.last_moved = count = _read_into(self._trace, OP_READ, self._fd, buffer, offset)
+        except OSError:  # as os.preadv's; a closed handle's -1 (EBADF) is told apart only here, at no cost before
+            if self._fd < 0:
+                raise closed_file() from None
+            raise
         return count
 
     def close(self) -> None:
@@ -276,8 +297,9 @@ class TracedPosixFileC(TracedPosixFile):
         close_fd returns the number of events in the bytearray, for the compaction check."""
         if self.direct or self._publish_as is not None or self.closed:
             return TracedPosixFile.close(self)
+        fd, self._fd = self._fd, -1  # a closed handle's reads raise ValueError (PosixFile._release)
         try:
-            count = _close_fd(self._trace, OP_CLOSE, self._fd)
+            count = _close_fd(self._trace, OP_CLOSE, fd)
         finally:
             _iobase_close(self)
         if count >= _events.COMPACT_EVENTS:
