@@ -131,13 +131,35 @@ class Hdf5Format(CheckpointFormatSpec):
 
 @dataclass(frozen=True)
 class TorchFormat(CheckpointFormatSpec):
-    """torch.save of a dict of tensors (needs torch; holds one file's tensors in memory)."""
+    """torch.save of a dict of tensors, issuing the system calls torch.save(state, path) issues.
 
-    def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
+    torch.save into a path writes through a C++ std::ofstream; given our FilebufStream (filebuf.py)
+    instead, torch's own writer produces the same bytes (a valid torch.save file: torch.load reads
+    it) and the stream issues the same calls: one writev per tensor record of 1 KiB or more, straight
+    from the tensor's memory, and one write at the end. The bytes differ from a path's only in the
+    archive's folder name inside the zip (torch names it `archive/` for a stream, after the file for
+    a path): a few bytes per record.
+
+    `prepare` builds the state dict (one file's tensors in memory) before the file is opened: a
+    training program has its tensors in memory already, so assembling them from the emulated state
+    is not part of its save and not timed.
+    """
+
+    def prepare(self, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> dict:
         import torch
 
-        state = {tensor.name: torch.from_numpy(whole_tensor(tensor, chunks)) for tensor in tensors}
-        torch.save(state, handle)
+        return {tensor.name: torch.from_numpy(whole_tensor(tensor, chunks)) for tensor in tensors}
+
+    def write_prepared(self, handle: Any, state: dict) -> None:
+        import torch
+
+        from dlio_ckpt.checkpoint.filebuf import FilebufStream
+
+        stream = FilebufStream(handle)
+        torch.save(state, stream)  # ends with stream.flush(): the ofstream's close
+
+    def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
+        self.write_prepared(handle, self.prepare(tensors, chunks))
 
 
 @dataclass(frozen=True)

@@ -248,6 +248,7 @@ class CheckpointConfig:
     layout: str
     format: str
     checksum: Literal["xxh3_128", "blake3", "none"]
+    durability: Literal["framework", "commit"]  # framework: the framework's own calls only; commit: manifest, fsyncs, checksums (plan/durability.py)
     replicas: Literal["one", "all"]
     folder: str
     steps_between_checkpoints: int

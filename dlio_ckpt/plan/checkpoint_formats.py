@@ -40,6 +40,13 @@ class CheckpointFormatSpec:
     write_needs: frozenset[str] = frozenset()  # storage capabilities beyond appending through a handle
     writes_paths: bool = False  # the framework opens and names its own files (by path)
     needs_layout: str | None = None  # the layout whose names the framework insists on
+    # checkpoint.durability=framework: whether the framework fsyncs each data file (torch.save and
+    # TensorFlow never do); None: the format has no framework of its own, checkpoint.fsync decides
+    framework_fsync: bool | None = None
+    # how the writer hands bytes to the storage, said in the summary beside the serialization share:
+    # "zero-copy writev" (torch.save: one writev per record from the tensor's memory), "zero-copy
+    # write" (the state's chunks written as they are), "copying" (the library copies every tensor)
+    writer_kind: str = "zero-copy write"
 
     def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
         """Bytes of a file holding `tensors`, where the format makes that predictable."""
@@ -58,17 +65,19 @@ RAW = CheckpointFormatSpec("raw", "bin", sequential=True, writer=f"{_WRITERS}:Ra
 # One .npy array per file: the file's tensors as one flat uint8 vector after a numpy header.
 NPY = CheckpointFormatSpec("npy", "npy", sequential=True, writer=f"{_WRITERS}:NpyFormat", size_rule="npy")
 # An uncompressed .npz, one member per tensor; zipfile streams (data descriptors) where the handle cannot seek.
-NPZ = CheckpointFormatSpec("npz", "npz", sequential=False, writer=f"{_WRITERS}:NpzFormat")
+NPZ = CheckpointFormatSpec("npz", "npz", sequential=False, writer=f"{_WRITERS}:NpzFormat", writer_kind="copying")
 # One HDF5 dataset per tensor; HDF5 rewrites its metadata in place.
 HDF5 = CheckpointFormatSpec("hdf5", "h5", sequential=False, writer=f"{_WRITERS}:Hdf5Format", requires="h5py",
-                            write_needs=frozenset({"seekable_write"}))
-# torch.save of a dict of tensors: streams (appends only), holds one file's tensors in memory.
-TORCH = CheckpointFormatSpec("torch", "pt", sequential=False, writer=f"{_WRITERS}:TorchFormat", requires="torch")
+                            write_needs=frozenset({"seekable_write"}), writer_kind="copying")
+# torch.save of a dict of tensors with torch.save's own system calls (a std::ofstream: one writev per
+# record of 1 KiB or more, no fsync, no seek): appends only, holds one file's tensors in memory.
+TORCH = CheckpointFormatSpec("torch", "pt", sequential=True, writer=f"{_WRITERS}:TorchFormat", requires="torch",
+                             framework_fsync=False, writer_kind="zero-copy writev")
 # A real TensorFlow tensor bundle, written by TensorFlow itself: it opens, writes and renames files by path.
 TENSORFLOW = CheckpointFormatSpec("tensorflow", "data", sequential=False, writer=f"{_WRITERS}:TensorflowFormat",
                                   size_rule="payload", requires="tensorflow",
                                   write_needs=frozenset({"local_paths", "atomic_rename"}), writes_paths=True,
-                                  needs_layout="tensorflow")
+                                  needs_layout="tensorflow", framework_fsync=False, writer_kind="copying")
 
 
 CHECKPOINT_FORMATS = Registry(

@@ -40,6 +40,12 @@ def _group(pairs: Sequence[tuple[str, TensorSpec]]) -> Grouping:
 class Layout:
     name: str = "base"
     folder_pattern: str = r"^step_(\d+)$"
+    # checkpoint.durability=framework: how the framework writes its coordinator files and tag:
+    # "plain" (open, write, close: DeepSpeed's `latest`, Megatron's tracker), "renamed" (a temporary
+    # name renamed into place: TensorFlow's `checkpoint`), "renamed_fsync" (temporary name, fsync,
+    # rename: DCP's `.metadata`); and whether its writer fsyncs each data file (None: the format decides)
+    metadata_write: str = "plain"
+    data_fsync: bool | None = None
 
     def folder(self, step: int) -> str:
         return f"step_{step:08d}"
@@ -134,6 +140,8 @@ class PytorchDcpLayout(Layout):
 
     name: str = "pytorch_dcp"
     folder_pattern: str = r"^step_(\d+)$"
+    metadata_write: str = "renamed_fsync"  # FileSystemWriter.finish: `.metadata.tmp`, fsync, rename
+    data_fsync: bool | None = True  # FileSystemWriter(sync_files=True), the default: every .distcp fsynced
 
     def rank_files(self, model, rank, tensors, ext):
         return [(f"__{rank}_0.distcp", tensors)] if tensors else []
@@ -214,6 +222,7 @@ class TensorflowLayout(Layout):
 
     name: str = "tensorflow"
     folder_pattern: str = r"^ckpt-(\d+)$"
+    metadata_write: str = "renamed"  # update_checkpoint_state: atomic_write_string_to_file, no fsync
     # The plan asks for every rank's files in turn with one layout and one model; the running
     # count of writers is kept for that model only (a one-entry memo on this instance, holding the
     # model itself so it is never confused with another), so planning 1,024 ranks stays linear.

@@ -221,6 +221,24 @@ class PosixFile(PositionalReads, io.RawIOBase):
             done += count
         return done
 
+    def writev(self, buffers) -> int:
+        """Write `buffers` one after another at the current position in one pwritev (what a C++
+        stream's writev is; checkpoint/filebuf.py), more only when the kernel moves less."""
+        views = [memoryview(b).cast("B") for b in buffers]
+        total = sum(len(v) for v in views)
+        if self.direct:  # O_DIRECT needs aligned pieces: the usual aligned write path
+            done = PosixFile.write_at(self, b"".join(views), self._position)
+            self._position += done
+            return done
+        done = 0
+        while done < total:
+            count = os.pwritev(self._fd, _remaining(views, done), self._position + done)
+            if count <= 0:
+                raise OSError(f"write to {self.path} made no progress at offset {self._position + done}")
+            done += count
+        self._position += done
+        return done
+
     def _write_once(self, view: memoryview, offset: int) -> int:
         if not self.direct or offset % DIRECT_ALIGNMENT:
             return os.pwrite(self._fd, view, offset)
@@ -238,6 +256,18 @@ class PosixFile(PositionalReads, io.RawIOBase):
     def fsync(self) -> None:
         os.fsync(self._fd)
         self._synced = True
+
+
+def _remaining(views: list[memoryview], done: int) -> list[memoryview]:
+    """What is left of `views` after the first `done` bytes (a partial pwritev)."""
+    left = []
+    for view in views:
+        if done >= len(view):
+            done -= len(view)
+            continue
+        left.append(view[done:])
+        done = 0
+    return left
 
 
 def _unlink_quietly(path: str) -> None:
@@ -313,6 +343,10 @@ class PosixStorage:
         removed = sorted(os.path.join(folder, name) for folder, _, names in os.walk(path) for name in names)
         shutil.rmtree(path, ignore_errors=False)
         return removed
+
+    def rename(self, source: str, target: str) -> None:
+        """Move `source` to `target` (replacing it): a framework's own rename (DCP's `.metadata`)."""
+        os.replace(source, target)
 
     def fsync_dir(self, path: str) -> None:
         """Make renames in folder `path` durable (POSIX only: for files a framework wrote by path)."""
