@@ -119,15 +119,17 @@ class CheckpointPlan:
     def file_count(self) -> int:
         return self.files_summary(1)[1]
 
-    def file_names(self, step: int) -> list[str]:
-        return self.names_with_metadata(step, self.files_summary(step)[0])
+    def file_names(self, step: int, manifest: bool = True) -> list[str]:
+        return self.names_with_metadata(step, self.files_summary(step)[0], manifest)
 
-    def names_with_metadata(self, step: int, data_files: list[str]) -> list[str]:
-        """The data files' names plus the coordinator's files, the manifest and the tag."""
+    def names_with_metadata(self, step: int, data_files: list[str], manifest: bool = True) -> list[str]:
+        """The data files' names plus the coordinator's files, the manifest (only the commit
+        protocol writes one: checkpoint.durability) and the tag."""
         folder = self.layout.folder(step)
         names = list(data_files)
         names += [f"{folder}/{name}" for name in self.layout.coordinator_files(step, self.world_size)]
-        names.append(f"{folder}/{MANIFEST_NAME}")
+        if manifest:
+            names.append(f"{folder}/{MANIFEST_NAME}")
         tag = self.layout.tag(step)
         if tag:
             names.append(tag[0])
