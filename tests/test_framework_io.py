@@ -215,3 +215,84 @@ def test_a_framework_format_without_its_library_is_refused_before_anything_is_wr
     (line,) = done.stderr.strip().splitlines()
     assert "torch is needed for the torch.save checkpoint format" in line and "pip install torch" in line
     assert not store.exists() and not run.exists()
+
+
+# -- PyTorch DCP ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_dcp_layout_gives_each_replicated_tensor_to_the_rank_dcps_planner_picks(zero_stage):
+    """Every rank's save plan through torch's own DefaultSavePlanner functions and dedup, against
+    the layout's pure assignment: the same whole tensors on the same ranks, with no ZeRO setting."""
+    torch = pytest.importorskip("torch")
+    from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+    from torch.distributed.checkpoint.default_planner import create_default_local_save_plan
+
+    from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
+    from dlio_ckpt.plan.layouts import _held_by
+
+    config = load_config(["checkpoint.enabled=true", "checkpoint.layout=pytorch_dcp", "checkpoint.format=torch",
+                          "model.kind=explicit", "model.model_size_bytes=3000", "model.layer_parameters=[900,2000,300,4000,50]",
+                          "model.optimization_groups=[700,5000]", f"model.parallelism.zero_stage={zero_stage}"])
+    plan = build_checkpoint_plan(config, 3)
+    plans = [create_default_local_save_plan({t.name: torch.empty(t.numel, dtype=getattr(torch, t.dtype))
+                                             for t in _held_by(plan.model, rank)}, rank == 0) for rank in range(3)]
+    kept = [sorted(item.index.fqn for item in p.items) for p in dedup_save_plans(plans)]
+    ours = [sorted(t.name for pf in plan.files_by_rank[rank] for t in pf.tensors) for rank in range(3)]
+    assert ours == kept
+    assert all(ours) and sum(plan.per_rank_bytes()) == plan.model.total_bytes  # every byte once, every rank writes
+    if zero_stage == 0:
+        assert not any(name.endswith(".part0") for names in ours for name in names)  # whole tensors
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.skipif(not THREAD_IO.exists(), reason="the kernel offers no per-thread I/O counters (/proc/thread-self/io)")
+def test_dcp_layout_writes_what_dcp_save_writes(tmp_path):
+    """torch.distributed.checkpoint.save (one process, FileSystemWriter's defaults) against the
+    emulation of the same tensors: the write calls, the `.distcp` bytes, and the fsyncs and the
+    rename that DCP's source issues (sync_files=True: each file; `.metadata` through `.tmp`)."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    from dlio_ckpt.checkpoint.fileio import write_framework_metadata
+
+    values = arrays()
+    state = {name: torch.from_numpy(array) for name, array in values.items()}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "warm")))  # imports, first-call set-up
+    before = thread_io()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "real")))
+    after = thread_io()
+    real_calls = after["syscw"] - before["syscw"]
+    (tmp_path / "emulated").mkdir()
+    storage = traced(tmp_path)
+    data = str(tmp_path / "emulated" / "__0_0.distcp")
+    fmt = get_format("torch", "pytorch_dcp")
+    before = thread_io()
+    write_file(storage, data, TENSORS, fmt, lambda t: iter([memoryview(values[t.name].view(np.uint8))]),
+               fsync=True, checksum="none", chunk_bytes=1 << 16)
+    write_framework_metadata(storage, str(tmp_path / "emulated" / ".metadata"), b"m" * 1000, "renamed_fsync")
+    after = thread_io()
+    assert after["syscw"] - before["syscw"] == real_calls
+    assert Path(data).read_bytes() == (tmp_path / "real" / "__0_0.distcp").read_bytes()
+    assert ops_on(storage, data).count("fsync") == 1
+    meta = ops_on(storage, str(tmp_path / "emulated" / ".metadata.tmp"))
+    assert meta == ["open", "write", "fsync", "close", "rename"]
+    assert sorted(p.name for p in (tmp_path / "emulated").iterdir()) == [".metadata", "__0_0.distcp"]
+
+
+def test_dcp_checkpoint_under_framework_durability(tmp_path):
+    pytest.importorskip("torch")
+    ctx = make_ctx(tmp_path, [*FRAMEWORK, "checkpoint.format=torch", "checkpoint.layout=pytorch_dcp"])
+    engine = make_checkpoint_engine(ctx)
+    assert engine.data_fsync  # DCP fsyncs its files whatever checkpoint.fsync says
+    engine.save(1, 1)
+    engine.finish()
+    folder = Path(engine.root) / "step_00000001"
+    assert sorted(p.name for p in folder.iterdir()) == [".metadata", "__0_0.distcp"]
+    counts = {op: n for (phase, op), n in ctx.recorder.op_counts.items() if phase == "checkpoint"}
+    assert counts["fsync"] == 2 and counts["rename"] == 1 and "read" not in counts
+    (pf,) = engine.plan.files_by_rank[0]
+    # one torch.save container per tensor (all larger than the buffer here): the buffer flushed
+    # before its bytes, its bytes from its memory, the rest flushed after it; then `.metadata`
+    block = os.stat(folder).st_blksize
+    assert all(t.nbytes > block for t in pf.tensors)
+    assert counts["write"] == 3 * len(pf.tensors) + 1

@@ -56,7 +56,7 @@ class CheckpointEngineImpl:
         self.world = ctx.world
         self.plan = plan or build_checkpoint_plan(ctx.config, ctx.world.size)
         self.layout = self.plan.layout
-        self.fmt = get_format(self.cfg.format)
+        self.fmt = get_format(self.cfg.format, self.layout.name)
         needs = getattr(self.fmt, "needs_layout", None)
         if needs and needs != self.layout.name:
             raise ConfigError(f"checkpoint.format={self.fmt.name} writes {needs}'s own file names; "

@@ -162,6 +162,51 @@ class TorchFormat(CheckpointFormatSpec):
         self.write_prepared(handle, self.prepare(tensors, chunks))
 
 
+class _RawHandle(io.RawIOBase):
+    """A traced handle as the raw file under an io.BufferedWriter (what Python's open() builds)."""
+
+    def __init__(self, handle: Any) -> None:
+        super().__init__()
+        self._h = handle
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        return self._h.write(data)
+
+    def tell(self) -> int:
+        return self._h.tell()
+
+
+@dataclass(frozen=True)
+class DcpTorchFormat(TorchFormat):
+    """torch.distributed.checkpoint's FileSystemWriter: the `torch` format under the pytorch_dcp layout.
+
+    DCP opens each `.distcp` file with Python's open(path, "wb") (an io.BufferedWriter of the file's
+    block size) and, for each tensor in its plan, runs torch.save(tensor, stream) (a whole zip
+    container per tensor) and flushes the buffer (`_write_item` closes the NoCloseWriter around
+    the stream, which flushes it); then it fsyncs the file (the layout's `data_fsync`). The same
+    objects are used here, so the calls are CPython's BufferedWriter's: small pieces buffered, a
+    tensor's bytes larger than the buffer written straight from its memory, one flush per tensor.
+    """
+
+    def write_prepared(self, handle: Any, state: dict) -> None:
+        import torch
+
+        raw = _RawHandle(handle)
+        fileno = getattr(handle, "fileno", None)
+        try:
+            block = os.fstat(fileno()).st_blksize if fileno is not None else io.DEFAULT_BUFFER_SIZE
+        except (OSError, io.UnsupportedOperation):
+            block = io.DEFAULT_BUFFER_SIZE
+        stream = io.BufferedWriter(raw, buffer_size=block if block > 1 else io.DEFAULT_BUFFER_SIZE)
+        for tensor in state.values():
+            torch.save(tensor, stream)
+            stream.flush()
+        stream.detach()  # the engine closes (and fsyncs) the file itself
+
+
 @dataclass(frozen=True)
 class StagedFiles:
     """What a path-writing format wrote for one planned file, before the coordinator's merge."""
@@ -247,9 +292,10 @@ class TensorflowFormat(CheckpointFormatSpec):
                            written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged))
 
 
-def get_format(name: str):
-    """The writer of checkpoint format `name` (its spec's `writer`), its optional library checked."""
-    spec = format_spec(name)
+def get_format(name: str, layout: str | None = None):
+    """The writer of checkpoint format `name` (its spec's `writer`; under `layout`, the one its
+    framework uses there: torch under pytorch_dcp is DCP's writer), its optional library checked."""
+    spec = format_spec(name, layout)
     fmt = import_target(spec.writer)(**{field.name: getattr(spec, field.name) for field in fields(spec)})
     if fmt.requires:
         from dlio_ckpt.optional import require

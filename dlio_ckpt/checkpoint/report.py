@@ -90,7 +90,7 @@ def _writer_figures(config: Any, per_checkpoint: list[dict]) -> dict:
 
     ck = config.checkpoint
     durability = resolve_durability(config)
-    fmt = format_spec(ck.format)
+    fmt = format_spec(ck.format, get_layout(ck.layout).name)
     shares = [c["serialize_s"] for c in per_checkpoint]
     known = per_checkpoint and all(s is not None for s in shares)
     total = sum(c["write_calls_s"] + c["fsync_s"] + c["serialize_s"] for c in per_checkpoint) if known else 0.0

@@ -55,7 +55,7 @@ class PlannedRanks(Sequence):
             rank += len(self)
         if not 0 <= rank < len(self):
             raise IndexError(f"rank {rank} of {len(self)}")
-        grouped = self.layout.rank_files(self.model, rank, self.model.rank_tensors(rank), self.extension)
+        grouped = self.layout.rank_files(self.model, rank, self.layout.rank_tensors(self.model, rank), self.extension)
         return tuple(PlannedFile(name, rank, ts) for name, ts in grouped if ts)
 
 
@@ -77,7 +77,8 @@ class CheckpointPlan:
     @cached_property
     def _per_rank_bytes(self) -> tuple[int, ...]:
         # Every tensor a rank owns goes in one of its files, so its files' payload is its share.
-        return tuple(sum(self.model.rank_bytes(r)) for r in range(self.world_size))
+        layout = self.layout
+        return tuple(sum(layout.rank_bytes(self.model, r)) for r in range(self.world_size))
 
     def rank_bytes(self, rank: int) -> int:
         return self._per_rank_bytes[rank]

@@ -94,6 +94,23 @@ CHECKPOINT_FORMATS = Registry(
 )
 
 
-def format_spec(name: str) -> CheckpointFormatSpec:
-    """The spec of checkpoint format `name` (ConfigError with a close match when unknown)."""
-    return CHECKPOINT_FORMATS.load(name)
+# A framework that writes a format its own way under its own layout: (format, layout) -> the spec.
+# torch under pytorch_dcp is DCP's FileSystemWriter: a torch.save per tensor through a Python
+# BufferedWriter, zero copy for tensors larger than its buffer.
+TORCH_DCP = CheckpointFormatSpec("torch", "distcp", sequential=True, writer=f"{_WRITERS}:DcpTorchFormat",
+                                 requires="torch", framework_fsync=False, writer_kind="zero-copy write")
+_UNDER_LAYOUT = {("torch", "pytorch_dcp"): "dlio_ckpt.plan.checkpoint_formats:TORCH_DCP"}
+
+
+def format_spec(name: str, layout: str | None = None) -> CheckpointFormatSpec:
+    """The spec of checkpoint format `name` (ConfigError with a close match when unknown); given
+    `layout`, the spec its framework writes under that layout, where that differs."""
+    spec = CHECKPOINT_FORMATS.load(name)
+    under = _UNDER_LAYOUT.get((spec.name, layout))
+    return CHECKPOINT_FORMATS.load(name) if under is None else _load(under)
+
+
+def _load(target: str) -> CheckpointFormatSpec:
+    from dlio_ckpt.registry import import_target
+
+    return import_target(target)
