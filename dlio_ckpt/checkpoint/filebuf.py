@@ -35,6 +35,8 @@ class FilebufStream(io.RawIOBase):
         self._buffer = bytearray(FILEBUF_BYTES)
         self._fill = 0
         self._writev = getattr(handle, "writev", None)
+        # write(2) at the descriptor's offset where the handle offers it (POSIX), as the stream issues
+        self._write = getattr(handle, "write_stream", handle.write)
 
     def writable(self) -> bool:
         return True
@@ -48,8 +50,8 @@ class FilebufStream(io.RawIOBase):
                 self._writev([pending, view])
             else:  # libstdc++ without writev: the buffer, then the new bytes
                 if self._fill:
-                    self._h.write(pending)
-                self._h.write(view)
+                    self._write(pending)
+                self._write(view)
             self._fill = 0
         else:
             self._buffer[self._fill : self._fill + size] = view
@@ -59,7 +61,7 @@ class FilebufStream(io.RawIOBase):
     def flush(self) -> None:
         """The ofstream's close: what the buffer holds, in one write()."""
         if self._fill:
-            self._h.write(memoryview(self._buffer)[: self._fill])
+            self._write(memoryview(self._buffer)[: self._fill])
             self._fill = 0
 
     def close(self) -> None:

@@ -101,6 +101,8 @@ class _Hashing(io.RawIOBase):
         self.calls_s = 0.0  # inside the write calls
         if hasattr(handle, "writev"):
             self.writev = self._writev  # only where the handle has it (filebuf.py falls back without)
+        if hasattr(handle, "write_stream"):
+            self.write_stream = self._write_stream  # write(2) at the descriptor's offset (buffered streams)
 
     def readable(self) -> bool:
         return True
@@ -125,11 +127,16 @@ class _Hashing(io.RawIOBase):
             self.sequential = False
         return count
 
-    def _writev(self, buffers) -> int:
+    def _write_stream(self, data) -> int:
         position = self._h.tell()
         start = time.perf_counter()
-        count = self._h.writev(buffers)
+        count = self._h.write_stream(data)
         self.calls_s += time.perf_counter() - start
+        self._passed(position, count, (data,))
+        return count
+
+    def _passed(self, position: int, count: int, buffers) -> None:
+        """Count what a write call moved, and hash it while the writer only appends."""
         self.moved += count
         if self.sequential and position == self.expected and count == sum(len(memoryview(b).cast("B")) for b in buffers):
             if self._hasher is not None:
@@ -138,6 +145,13 @@ class _Hashing(io.RawIOBase):
             self.expected += count
         else:
             self.sequential = False
+
+    def _writev(self, buffers) -> int:
+        position = self._h.tell()
+        start = time.perf_counter()
+        count = self._h.writev(buffers)
+        self.calls_s += time.perf_counter() - start
+        self._passed(position, count, buffers)
         return count
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
@@ -327,7 +341,7 @@ def write_framework_metadata(storage: Any, path: str, data: bytes, how: str) -> 
     if how == "plain" or not hasattr(storage, "rename"):
         handle = storage.open_write(path) if how == "plain" else storage.open_staged(path)
         try:
-            handle.write(data)
+            getattr(handle, "write_stream", handle.write)(data)  # a program's write(2)
             if how == "renamed_fsync" and storage.capabilities.fsync:
                 handle.fsync()
         except BaseException:
@@ -338,7 +352,7 @@ def write_framework_metadata(storage: Any, path: str, data: bytes, how: str) -> 
     temporary = f"{path}.tmp"
     handle = storage.open_write(temporary)
     try:
-        handle.write(data)
+        getattr(handle, "write_stream", handle.write)(data)  # a program's write(2)
         if how == "renamed_fsync":
             handle.fsync()
     except BaseException:

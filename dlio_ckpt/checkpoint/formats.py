@@ -168,12 +168,13 @@ class _RawHandle(io.RawIOBase):
     def __init__(self, handle: Any) -> None:
         super().__init__()
         self._h = handle
+        self._write = getattr(handle, "write_stream", handle.write)  # write(2), as a file's raw layer issues
 
     def writable(self) -> bool:
         return True
 
     def write(self, data) -> int:
-        return self._h.write(data)
+        return self._write(data)
 
     def tell(self) -> int:
         return self._h.tell()

@@ -222,22 +222,50 @@ class PosixFile(PositionalReads, io.RawIOBase):
         return done
 
     def writev(self, buffers) -> int:
-        """Write `buffers` one after another at the current position in one pwritev (what a C++
-        stream's writev is; checkpoint/filebuf.py), more only when the kernel moves less."""
+        """Write `buffers` one after another at the current position in one writev(2), at the
+        descriptor's own offset, as a C++ stream does (checkpoint/filebuf.py); more calls only
+        when the kernel moves less."""
         views = [memoryview(b).cast("B") for b in buffers]
-        total = sum(len(v) for v in views)
         if self.direct:  # O_DIRECT needs aligned pieces: the usual aligned write path
             done = PosixFile.write_at(self, b"".join(views), self._position)
             self._position += done
             return done
-        done = 0
+        self._seek_descriptor()
+        total, done = sum(len(v) for v in views), 0
         while done < total:
-            count = os.pwritev(self._fd, _remaining(views, done), self._position + done)
+            count = os.writev(self._fd, _remaining(views, done))
             if count <= 0:
                 raise OSError(f"write to {self.path} made no progress at offset {self._position + done}")
             done += count
         self._position += done
+        self._fd_offset = self._position
         return done
+
+    def write_stream(self, data) -> int:
+        """write(2) of all of `data` at the descriptor's own offset: what a buffered stream (a C++
+        ofstream, Python's BufferedWriter) issues, where `write` is a positional pwrite."""
+        view = memoryview(data).cast("B")
+        if self.direct:
+            done = PosixFile.write_at(self, view, self._position)
+            self._position += done
+            return done
+        self._seek_descriptor()
+        done = 0
+        while done < len(view):
+            count = os.write(self._fd, view[done:])
+            if count <= 0:
+                raise OSError(f"write to {self.path} made no progress at offset {self._position + done}")
+            done += count
+        self._position += done
+        self._fd_offset = self._position
+        return done
+
+    def _seek_descriptor(self) -> None:
+        """The descriptor's offset to the handle's position, where a positional call or a seek
+        left them apart (never for a stream that only appends: no lseek is issued then)."""
+        if getattr(self, "_fd_offset", 0) != self._position:  # set on first use only: reads never pay for it
+            os.lseek(self._fd, self._position, os.SEEK_SET)
+            self._fd_offset = self._position
 
     def _write_once(self, view: memoryview, offset: int) -> int:
         if not self.direct or offset % DIRECT_ALIGNMENT:

@@ -225,6 +225,15 @@ class TracedPosixFile(PosixFile):
         extend(pack_event(OP_WRITE, phase, file, offset, count, start, end))
         return count
 
+    def write_stream(self, data) -> int:
+        offset = self._position
+        start = perf_counter()
+        count = PosixFile.write_stream(self, data)
+        end = perf_counter()
+        phase, file, extend, _, _ = self._trace
+        extend(pack_event(OP_WRITE, phase, file, offset, count, start, end))
+        return count
+
     def fsync(self) -> None:
         start = perf_counter()
         PosixFile.fsync(self)
