@@ -134,8 +134,8 @@ def setup(root: Path):
 
     arrays = checkpoint_arrays()
     state = {name: torch.from_numpy(a) for name, a in arrays.items()}
-    tensors = tuple(TensorSpec(name, a.size, a.itemsize, "model") for name, a in arrays.items())
-    # int64 counters: the emulation's 8-byte dtype is float64; the bytes per record are the same
+    # the BatchNorm counters are int64 (model.layer_dtypes in a workload); the rest float32
+    tensors = tuple(TensorSpec(name, a.size, a.itemsize, "model", str(a.dtype)) for name, a in arrays.items())
     views = {name: memoryview(a.view(np.uint8)) for name, a in arrays.items()}
     storage = TracedStorage(PosixStorage(), EventRecorder(rank=0, clock=JobClock.start()))
     for side in ("real", "emulated"):

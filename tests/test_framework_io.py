@@ -35,9 +35,10 @@ FRAMEWORK = ["checkpoint.durability=framework"]  # ckpt_util's helpers ask for c
 THREAD_IO = Path("/proc/thread-self/io")
 
 # Records below 1 KiB (buffered by the C++ stream), between 1 KiB and the 8 KiB buffer, and above it.
+# Element types as a framework records them (model.layer_dtypes): bfloat16, an int64 step counter.
 TENSORS = (TensorSpec("embed.weight", 40_000, 4, "model"), TensorSpec("norm.weight", 7, 4, "model"),
-           TensorSpec("head.bias", 300, 2, "model"), TensorSpec("layer.0", 256, 4, "model"),
-           TensorSpec("layer.1", 3_000, 2, "model"), TensorSpec("step", 1, 8, "optimizer"),
+           TensorSpec("head.bias", 300, 2, "model", "bfloat16"), TensorSpec("layer.0", 256, 4, "model"),
+           TensorSpec("layer.1", 3_000, 2, "model"), TensorSpec("step", 1, 8, "optimizer", "int64"),
            TensorSpec("exp_avg", 50_000, 4, "optimizer"), TensorSpec("scale", 2_048, 1, "optimizer"))
 
 
@@ -49,6 +50,12 @@ def thread_io() -> dict[str, int]:
 def arrays() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)
     return {t.name: rng.integers(0, 256, t.nbytes, dtype=np.uint8).view(t.dtype) for t in TENSORS}
+
+
+def torch_state(torch, values: dict[str, np.ndarray]) -> dict:
+    """The tensors a program holds: `values` with each tensor's framework type (bfloat16 from its bits)."""
+    types = {t.name: t.framework_dtype for t in TENSORS}
+    return {name: torch.from_numpy(array).view(getattr(torch, types[name])) for name, array in values.items()}
 
 
 def traced(tmp_path: Path) -> TracedStorage:
@@ -68,7 +75,7 @@ def test_torch_format_issues_torch_saves_calls_and_bytes(tmp_path):
     # the real thing: torch.save into a path (named `archive`, the name torch gives a stream's archive)
     (tmp_path / "real").mkdir()
     real = tmp_path / "real" / "archive.pt"
-    state = {name: torch.from_numpy(array) for name, array in values.items()}
+    state = torch_state(torch, values)
     before = thread_io()
     torch.save(state, str(real))
     after = thread_io()
@@ -91,8 +98,11 @@ def test_torch_format_issues_torch_saves_calls_and_bytes(tmp_path):
     assert Path(emulated).read_bytes() == real.read_bytes()  # byte for byte torch.save's file
     loaded = torch.load(emulated, weights_only=True)
     assert set(loaded) == set(values)
-    for name, array in values.items():
-        assert loaded[name].numpy().tobytes() == array.tobytes() and loaded[name].numpy().dtype == array.dtype
+    for tensor in TENSORS:  # each with the type the framework records, bit for bit
+        value = loaded[tensor.name]
+        assert value.dtype == getattr(torch, tensor.framework_dtype)
+        assert value.view(torch.uint8).numpy().tobytes() == values[tensor.name].tobytes()
+    assert str(loaded["head.bias"].dtype) == "torch.bfloat16" and loaded["step"].dtype == torch.int64
     assert done.checksum == "" and done.verify_s == 0.0 and done.fsync_s == 0.0
     assert 0.0 < done.write_calls_s < done.write_s  # the rest is torch building its container
 
@@ -256,7 +266,7 @@ def test_dcp_layout_writes_what_dcp_save_writes(tmp_path):
     from dlio_ckpt.checkpoint.fileio import write_framework_metadata
 
     values = arrays()
-    state = {name: torch.from_numpy(array) for name, array in values.items()}
+    state = torch_state(torch, values)
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "warm")))  # imports, first-call set-up
     before = thread_io()
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "real")))
@@ -296,3 +306,32 @@ def test_dcp_checkpoint_under_framework_durability(tmp_path):
     block = os.stat(folder).st_blksize
     assert all(t.nbytes > block for t in pf.tensors)
     assert counts["write"] == 3 * len(pf.tensors) + 1
+
+
+# -- per-tensor element types (model.layer_dtypes) -----------------------------------------------
+
+def test_explicit_layers_keep_their_element_types_through_the_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch")
+    ctx = make_ctx(tmp_path, [*FRAMEWORK, "checkpoint.format=torch", "model.model_size_bytes=0",
+                              "model.optimization_groups=[]", "model.layer_parameters=[5000,1,300,70]",
+                              "model.layer_dtypes=[bfloat16,int64,float32,bool]"])
+    engine = make_checkpoint_engine(ctx)
+    engine.save(1, 1)
+    (pf,) = engine.plan.files_by_rank[0]
+    assert [t.nbytes for t in pf.tensors] == [10_000, 8, 1_200, 70]  # each type's own size
+    loaded = torch.load(Path(engine.root) / "step_00000001" / pf.path_for(1), weights_only=True)
+    assert [str(loaded[f"layers.{i}"].dtype) for i in range(4)] == ["torch.bfloat16", "torch.int64", "torch.float32",
+                                                                    "torch.bool"]
+    assert engine.plan.total_bytes == 11_278
+
+
+@pytest.mark.parametrize("dtypes, message", [
+    ("[bf16,int64]", "model.layer_dtypes: unknown element type 'bf16'; choose from float16, bfloat16"),
+    ("[int64]", "model.layer_dtypes: 1 types for 2 layer_parameters; give one per layer"),
+])
+def test_layer_dtypes_are_checked(dtypes, message):
+    from dlio_ckpt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(["model.kind=explicit", "model.layer_parameters=[10,20]", f"model.layer_dtypes={dtypes}"])
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)

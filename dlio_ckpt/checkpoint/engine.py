@@ -344,7 +344,7 @@ class CheckpointEngineImpl:
             "step": step,
             "layout": self.layout.name,
             "files": [{"path": f["path"], "owner": f["owner"], "size": f["size"]} for f in files],
-            "tensors": {pf.path_for(step): [[t.name, t.numel, t.dtype] for t in pf.tensors]
+            "tensors": {pf.path_for(step): [[t.name, t.numel, t.framework_dtype] for t in pf.tensors]
                         for rank_files in self.plan.files_by_rank for pf in rank_files},
         }).encode()
 

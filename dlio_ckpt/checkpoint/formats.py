@@ -148,7 +148,13 @@ class TorchFormat(CheckpointFormatSpec):
     def prepare(self, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> dict:
         import torch
 
-        return {tensor.name: torch.from_numpy(whole_tensor(tensor, chunks)) for tensor in tensors}
+        state = {}
+        for tensor in tensors:
+            value = torch.from_numpy(whole_tensor(tensor, chunks))
+            if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, viewed as torch's type
+                value = value.view(getattr(torch, tensor.framework_dtype))
+            state[tensor.name] = value
+        return state
 
     def write_prepared(self, handle: Any, state: dict) -> None:
         import torch
@@ -271,7 +277,10 @@ class TensorflowFormat(CheckpointFormatSpec):
         prefix = self.staging_prefix(data_path)
         values = []
         for tensor in tensors:  # one numpy buffer at a time; TF keeps its own copy of each
-            values.append(tf.constant(whole_tensor(tensor, chunks)))
+            value = tf.constant(whole_tensor(tensor, chunks))
+            if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, as TF's type
+                value = tf.bitcast(value, getattr(tf, tensor.framework_dtype))
+            values.append(value)
         tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[self.variable_name(owner, t) for t in tensors],
                           shape_and_slices=[""] * len(tensors), tensors=values)
         return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))
