@@ -335,3 +335,25 @@ def test_layer_dtypes_are_checked(dtypes, message):
     with pytest.raises(ConfigError) as caught:
         load_config(["model.kind=explicit", "model.layer_parameters=[10,20]", f"model.layer_dtypes={dtypes}"])
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+# -- TensorFlow ----------------------------------------------------------------------------------
+
+def test_tensorflow_under_framework_durability_renames_and_never_fsyncs(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    ctx = make_ctx(tmp_path, [*FRAMEWORK, "checkpoint.format=tensorflow", "checkpoint.layout=tensorflow"])
+    engine = make_checkpoint_engine(ctx)
+    engine.save(3, 1)
+    engine.finish()
+    root = Path(engine.root)
+    assert sorted(p.name for p in (root / "ckpt-3").iterdir()) == ["ckpt-3.data-00000-of-00001", "ckpt-3.index"]
+    assert tf.train.latest_checkpoint(str(root)) == str(root / "ckpt-3" / "ckpt-3")  # the `checkpoint` tag
+    reader = tf.train.load_checkpoint(str(root / "ckpt-3" / "ckpt-3"))
+    (pf,) = engine.plan.files_by_rank[0]
+    assert {name for name in reader.get_variable_to_shape_map()} >= {f"rank_00000/{t.name}" for t in pf.tensors}
+    counts = {op: n for (phase, op), n in ctx.recorder.op_counts.items() if phase == "checkpoint"}
+    assert "fsync" not in counts and "read" not in counts  # no fsync, no checksum read-back
+    # MergeV2Checkpoints renames the data file; the tag goes in through a temporary name
+    assert counts["rename"] == 2
+    assert ops_on(ctx.storage, str(root / "checkpoint.tmp")) == ["open", "write", "close", "rename"]
+    assert engine.records[-1].write_calls_s is None  # TF's own calls: the split is unknown
