@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -306,6 +307,18 @@ def test_dcp_checkpoint_under_framework_durability(tmp_path):
     block = os.stat(folder).st_blksize
     assert all(t.nbytes > block for t in pf.tensors)
     assert counts["write"] == 3 * len(pf.tensors) + 1
+    # DCP's own reader reads it back, bit for bit, through the coordinator's pickled Metadata
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from dlio_ckpt.checkpoint.fileio import tensor_key
+
+    state = {t.name: torch.zeros(t.numel, dtype=getattr(torch, t.framework_dtype)) for t in pf.tensors}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process"
+        dcp.load(state, checkpoint_id=str(folder))
+    for t in pf.tensors:
+        expected = b"".join(bytes(c) for c in engine.source.chunks(tensor_key(0, t.name, 1), t.nbytes))
+        assert state[t.name].view(torch.uint8).numpy().tobytes() == expected
 
 
 # -- per-tensor element types (model.layer_dtypes) -----------------------------------------------

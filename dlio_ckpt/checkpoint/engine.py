@@ -190,7 +190,7 @@ class CheckpointEngineImpl:
                 entries.append(FileEntry(rel, done.size, done.checksum, pf.owner, self.world.rank,
                                          done.bytes_written, done.write_s, done.verify_s, payload.encoding,
                                          pf.payload_bytes, payload.encode_s, payload.stats or None,
-                                         done.write_calls_s, done.fsync_s, done.prepare_s))
+                                         done.write_calls_s, done.fsync_s, done.prepare_s, done.records))
                 fault_point(f"checkpoint-step:{step}", self.world.rank)
         except OSError as exc:  # a full disk, say: name the file, and leave no partial files behind
             self._remove_files(started)
@@ -266,6 +266,8 @@ class CheckpointEngineImpl:
     def _write_manifest(self, index: int, step: int, epoch: int, files: list[dict]) -> int:
         folder = self.folder_path(step)
         metadata = 0
+        records = files  # with each file's records (DCP) for the coordinator's files; the manifest lists none
+        files = [{k: v for k, v in f.items() if k != "records"} for f in files]
         coordinator_files = self.layout.coordinator_files(step, self.world.size)
         if self.framework_writes:  # the framework writes its own index when it merges the shards
             for path, size, digest in merge_framework_files(self.storage, folder, [f["path"] for f in files], self.fmt,
@@ -274,7 +276,7 @@ class CheckpointEngineImpl:
                 metadata += size
             coordinator_files = []
         for name in coordinator_files:
-            content = self._coordinator_content(step, files)
+            content = self._coordinator_content(step, records)
             self.storage.write_atomic(os.path.join(folder, name), content)
             files = files + [{"path": name, "size": len(content), "checksum": _digest(content, self.cfg.checksum),
                               "owner": 0, "writer": 0}]
@@ -339,7 +341,13 @@ class CheckpointEngineImpl:
         return metadata
 
     def _coordinator_content(self, step: int, files: list[dict]) -> bytes:
-        """A layout's coordinator file (DCP's `.metadata`): where every tensor of the checkpoint is."""
+        """A layout's coordinator file (DCP's `.metadata`): where every tensor of the checkpoint is;
+        the framework's own where the format writes it (torch under DCP: its pickled Metadata),
+        else a JSON list of the files and their tensors."""
+        own = getattr(self.fmt, "coordinator_content", None)
+        if own is not None:
+            tensors = {pf.path_for(step): pf.tensors for rank_files in self.plan.files_by_rank for pf in rank_files}
+            return own(files, tensors, self.folder_path(step))
         return json.dumps({
             "step": step,
             "layout": self.layout.name,

@@ -57,6 +57,7 @@ class FileWrite:
     write_calls_s: float | None = 0.0
     fsync_s: float = 0.0
     prepare_s: float = 0.0  # assembling the tensors in memory before a framework save (torch): not in write_s
+    records: tuple | None = None  # (tensor, offset, length) per record where the format reports them (DCP)
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,14 @@ class FileEntry:
     write_calls_s: float | None = 0.0  # the part of write_s inside write calls (None: the framework's own calls)
     fsync_s: float = 0.0  # the part of write_s inside fsync
     prepare_s: float = 0.0  # the tensors assembled in memory before the save (see FileWrite)
+    records: tuple | None = None  # (tensor, offset, length): for the coordinator's index (DCP), not the manifest
 
     def as_dict(self) -> dict[str, Any]:
         entry = {"path": self.path, "size": self.size, "checksum": self.checksum, "owner": self.owner, "writer": self.writer}
         if self.encoding is not None:
             entry["encoding"] = self.encoding
+        if self.records is not None:  # travels to the coordinator; _write_manifest leaves it out
+            entry["records"] = [list(r) for r in self.records]
         return entry
 
 
@@ -226,9 +230,9 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
     try:
         wrapper = _Hashing(handle, new_hasher(checksum))
         if prepare is not None:
-            fmt.write_prepared(wrapper, prepared)
+            records = fmt.write_prepared(wrapper, prepared)
         else:
-            fmt.write(wrapper, tensors, chunks)
+            records = fmt.write(wrapper, tensors, chunks)
         if fsync:
             synced = clock.now()
             handle.fsync()
@@ -249,7 +253,7 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
         digest = wrapper._hasher.hexdigest()
     else:
         digest, verify_s = _checksum_by_reading(storage, abspath, size, checksum, chunk_bytes)
-    return FileWrite(size, digest, wrapper.moved, write_s, verify_s, wrapper.calls_s, fsync_s, prepare_s)
+    return FileWrite(size, digest, wrapper.moved, write_s, verify_s, wrapper.calls_s, fsync_s, prepare_s, records)
 
 
 def settle_file(storage: Any, abspath: str, fsync: bool, checksum: str, chunk_bytes: int) -> FileWrite:

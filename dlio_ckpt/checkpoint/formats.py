@@ -208,10 +208,41 @@ class DcpTorchFormat(TorchFormat):
         except (OSError, io.UnsupportedOperation):
             block = io.DEFAULT_BUFFER_SIZE
         stream = io.BufferedWriter(raw, buffer_size=block if block > 1 else io.DEFAULT_BUFFER_SIZE)
-        for tensor in state.values():
+        records = []
+        for name, tensor in state.items():
+            start = stream.tell()
             torch.save(tensor, stream)
             stream.flush()
+            records.append((name, start, stream.tell() - start))
         stream.detach()  # the engine closes (and fsyncs) the file itself
+        return tuple(records)
+
+    def coordinator_content(self, files: list[dict], tensors: dict[str, tuple[TensorSpec, ...]], folder: str) -> bytes:
+        """DCP's `.metadata`: the pickled Metadata FileSystemWriter.finish writes, from every
+        rank's records (tensor, offset, length in its `.distcp`), so that
+        torch.distributed.checkpoint.load reads the checkpoint back. `tensors`: each file's planned
+        tensors by path; `folder`: the checkpoint's folder (DCP's checkpoint_id)."""
+        import pickle
+        import uuid
+
+        import torch
+        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
+        from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
+                                                           TensorProperties, TensorStorageMetadata)
+
+        specs = {t.name: t for path in tensors for t in tensors[path]}
+        state, storage = {}, {}
+        for entry in files:
+            for name, offset, length in entry.get("records", ()):
+                spec = specs[name]
+                size = torch.Size([spec.numel])
+                state[name] = TensorStorageMetadata(TensorProperties(dtype=getattr(torch, spec.framework_dtype)), size,
+                                                    [ChunkStorageMetadata(torch.Size([0]), size)])
+                storage[MetadataIndex(name, torch.Size([0]), 0)] = _StorageInfo(entry["path"], offset, length)
+        metadata = Metadata(state_dict_metadata=state, planner_data={name: (name,) for name in state},
+                            storage_data=storage, storage_meta=StorageMeta(checkpoint_id=folder, save_id=str(uuid.uuid4())),
+                            version=CURRENT_DCP_VERSION)
+        return pickle.dumps(metadata)
 
 
 @dataclass(frozen=True)
