@@ -108,14 +108,50 @@ def emulated_save(storage, path: str, tensors, fmt, chunks) -> tuple[float, floa
         1 - done.write_calls_s / done.write_s
 
 
-def strace_counts(kind: str, folder: Path) -> dict[str, int] | None:
+def real_dcp_save(torch, state: dict, folder: Path) -> tuple[float, int, int]:
+    """torch.distributed.checkpoint.save in one process (FileSystemWriter's defaults)."""
+    import torch.distributed.checkpoint as dcp
+
+    shutil.rmtree(folder, ignore_errors=True)
+    before = thread_io()
+    start = time.perf_counter()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)))
+    seconds = time.perf_counter() - start
+    after = thread_io()
+    return seconds, after["syscw"] - before["syscw"], after["wchar"] - before["wchar"]
+
+
+def emulated_dcp_save(storage, folder: Path, tensors, fmt, chunks) -> tuple[float, float, int, int, float]:
+    """The pytorch_dcp layout's calls for one rank: its `.distcp` (fsynced), then the coordinator's
+    `.metadata` (pickled from the rank's records) through `.tmp`, fsync, rename. Returns the
+    data file's write_s, the whole save's time (write_s, close, metadata), calls, bytes, share."""
+    from dlio_ckpt.checkpoint.fileio import write_file, write_framework_metadata
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    data = str(folder / "__0_0.distcp")
+    before = thread_io()
+    done = write_file(storage, data, tensors, fmt, chunks, fsync=True, checksum="none", chunk_bytes=4 << 20)
+    close = storage.recorder.array()[-1]
+    start = time.perf_counter()
+    content = fmt.coordinator_content([{"path": "__0_0.distcp", "records": done.records}], {"__0_0.distcp": tensors},
+                                      str(folder))
+    write_framework_metadata(storage, str(folder / ".metadata"), content, "renamed_fsync")
+    metadata_s = time.perf_counter() - start
+    after = thread_io()
+    total = done.write_s + float(close["end"] - close["start"]) + metadata_s
+    return done.write_s, total, after["syscw"] - before["syscw"], after["wchar"] - before["wchar"], \
+        1 - (done.write_calls_s + done.fsync_s) / done.write_s
+
+
+def strace_counts(kind: str, folder: Path, extra: list[str] | None = None) -> dict[str, int] | None:
     """fsync, rename and write-call counts of one save in a child process under strace -f -c."""
     if shutil.which("strace") is None:
         return None
     out = folder / f"strace-{kind}.txt"
     subprocess.run(["strace", "-f", "-c", "-o", str(out), "-e", "trace=write,writev,pwrite64,pwritev,fsync,fdatasync,"
-                    "rename,renameat,renameat2", sys.executable, __file__, "--one", kind, "--root", str(folder)],
-                   check=True, capture_output=True)
+                    "rename,renameat,renameat2", sys.executable, __file__, "--one", kind, "--root", str(folder),
+                    *(extra or [])], check=True, capture_output=True)
     counts = {}
     for line in out.read_text().splitlines():
         parts = line.split()
@@ -149,10 +185,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--root", default="", help="folder for the checkpoints (default: a temporary folder)")
+    parser.add_argument("--dcp", action="store_true", help="torch.distributed.checkpoint.save against the "
+                        "pytorch_dcp layout instead (one rank)")
     parser.add_argument("--one", choices=("real", "emulated"), help=argparse.SUPPRESS)  # one save, for strace
     args = parser.parse_args()
     root = Path(args.root or tempfile.mkdtemp(prefix="torch_save_fidelity-"))
     torch, state, tensors, chunks, fmt, storage = setup(root)
+    if args.dcp:
+        return compare_dcp(args, root, torch, state, tensors, chunks, storage)
     if args.one:
         if args.one == "real":
             torch.save(state, str(root / "real" / "archive.pt"))
@@ -194,6 +234,53 @@ def main() -> None:
     print(f"time per save (median of {args.repeats}): real {real_t:.4f} s, emulated write_s {emu_t:.4f} s "
           f"({ratio(emu_t, real_t):.2f}x), with close {emu_close:.4f} s ({ratio(emu_close, real_t):.2f}x)")
     print(f"serialization share (emulated): {summary['serialization_share_median']:.2f}; results in {RESULTS}")
+    if not args.root:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def compare_dcp(args, root: Path, torch, state: dict, tensors, chunks, storage) -> None:
+    import warnings
+
+    from dlio_ckpt.checkpoint.formats import get_format
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    fmt = get_format("torch", "pytorch_dcp")
+    real_dir, emu_dir = root / "real_dcp", root / "emulated_dcp"
+    if args.one:
+        if args.one == "real":
+            real_dcp_save(torch, state, real_dir)
+        else:
+            emulated_dcp_save(storage, emu_dir, tensors, fmt, chunks)
+        return
+    real_dcp_save(torch, state, real_dir)
+    emulated_dcp_save(storage, emu_dir, tensors, fmt, chunks)
+    rows = []
+    for _ in range(args.repeats):
+        r_s, r_calls, r_bytes = real_dcp_save(torch, state, real_dir)
+        e_s, e_total, e_calls, e_bytes, e_share = emulated_dcp_save(storage, emu_dir, tensors, fmt, chunks)
+        rows.append({"real_s": r_s, "emulated_data_write_s": e_s, "emulated_s": e_total, "real_calls": r_calls,
+                     "emulated_calls": e_calls, "real_bytes": r_bytes, "emulated_bytes": e_bytes,
+                     "emulated_serialization_share": e_share})
+    identical = (real_dir / "__0_0.distcp").read_bytes() == (emu_dir / "__0_0.distcp").read_bytes()
+    straced = {kind: strace_counts(kind, root, ["--dcp"]) for kind in ("real", "emulated")}
+    real_t, emu_t = median([r["real_s"] for r in rows]), median([r["emulated_s"] for r in rows])
+    summary = {"commit": git_commit(), "environment": environment(str(root)), "tensors": len(tensors),
+               "distcp_identical": identical, "metadata_bytes": {"real": (real_dir / ".metadata").stat().st_size,
+                                                                 "emulated": (emu_dir / ".metadata").stat().st_size},
+               "write_calls": {"real": rows[-1]["real_calls"], "emulated": rows[-1]["emulated_calls"]},
+               "bytes_written": {"real": rows[-1]["real_bytes"], "emulated": rows[-1]["emulated_bytes"]},
+               "strace": straced,
+               "time_per_save_s": {"real_median": real_t, "emulated_median": emu_t, "ratio": ratio(emu_t, real_t),
+                                   "pair_ratios": [ratio(r["emulated_s"], r["real_s"]) for r in rows]},
+               "serialization_share_median": median([r["emulated_serialization_share"] for r in rows]), "rows": rows}
+    write_json(RESULTS.with_name("dcp_save_fidelity.json"), summary)
+    print(f"DCP, one rank: {len(tensors)} tensors, .distcp identical: {identical}, .metadata "
+          f"{summary['metadata_bytes']['real']} vs {summary['metadata_bytes']['emulated']} bytes")
+    print(f"write calls per save: real {summary['write_calls']['real']}, emulated {summary['write_calls']['emulated']}; "
+          f"bytes {summary['bytes_written']['real']:,} vs {summary['bytes_written']['emulated']:,}")
+    for kind, counts in straced.items():
+        print(f"strace -c {kind}: {counts}")
+    print(f"time per save (median of {args.repeats}): real {real_t:.4f} s, emulated {emu_t:.4f} s ({ratio(emu_t, real_t):.2f}x)")
     if not args.root:
         shutil.rmtree(root, ignore_errors=True)
 
