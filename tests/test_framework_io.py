@@ -370,3 +370,20 @@ def test_tensorflow_under_framework_durability_renames_and_never_fsyncs(tmp_path
     assert counts["rename"] == 2
     assert ops_on(ctx.storage, str(root / "checkpoint.tmp")) == ["open", "write", "close", "rename"]
     assert engine.records[-1].write_calls_s is None  # TF's own calls: the split is unknown
+
+
+def test_dcp_metadata_records_tensor_parallel_shards_as_chunks_of_one_tensor():
+    torch = pytest.importorskip("torch")
+    import pickle
+
+    fmt = get_format("torch", "pytorch_dcp")
+    shard = TensorSpec("layers.0", 6, 2, "model", "bfloat16")
+    other = TensorSpec("layers.0", 4, 2, "model", "bfloat16")
+    files = [{"path": "__0_0.distcp", "records": [["layers.0", 0, 900]]},
+             {"path": "__1_0.distcp", "records": [["layers.0", 0, 880]]}]
+    metadata = pickle.loads(fmt.coordinator_content(files, {"__0_0.distcp": (shard,), "__1_0.distcp": (other,)}, "/ck"))
+    stored = metadata.state_dict_metadata["layers.0"]
+    assert stored.size == torch.Size([10]) and stored.properties.dtype == torch.bfloat16
+    assert [(c.offsets[0], c.sizes[0]) for c in stored.chunks] == [(0, 6), (6, 4)]
+    assert sorted((i.offset[0], info.relative_path, info.length) for i, info in metadata.storage_data.items()) == \
+        [(0, "__0_0.distcp", 900), (6, "__1_0.distcp", 880)]

@@ -230,15 +230,22 @@ class DcpTorchFormat(TorchFormat):
         from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
                                                            TensorProperties, TensorStorageMetadata)
 
-        specs = {t.name: t for path in tensors for t in tensors[path]}
-        state, storage = {}, {}
+        # A name saved by several ranks (the tensor-parallel shards of one weight) is one tensor
+        # of several chunks, one after another in rank order, as DCP records a sharded tensor.
+        chunks: dict[str, list] = {}
         for entry in files:
+            specs = {t.name: t for t in tensors[entry["path"]]}
             for name, offset, length in entry.get("records", ()):
-                spec = specs[name]
-                size = torch.Size([spec.numel])
-                state[name] = TensorStorageMetadata(TensorProperties(dtype=getattr(torch, spec.framework_dtype)), size,
-                                                    [ChunkStorageMetadata(torch.Size([0]), size)])
-                storage[MetadataIndex(name, torch.Size([0]), 0)] = _StorageInfo(entry["path"], offset, length)
+                chunks.setdefault(name, []).append((specs[name], entry["path"], offset, length))
+        state, storage = {}, {}
+        for name, parts in chunks.items():
+            at, pieces = 0, []
+            for spec, path, offset, length in parts:
+                pieces.append(ChunkStorageMetadata(torch.Size([at]), torch.Size([spec.numel])))
+                storage[MetadataIndex(name, torch.Size([at]), 0)] = _StorageInfo(path, offset, length)
+                at += spec.numel
+            dtype = getattr(torch, parts[0][0].framework_dtype)
+            state[name] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size([at]), pieces)
         metadata = Metadata(state_dict_metadata=state, planner_data={name: (name,) for name in state},
                             storage_data=storage, storage_meta=StorageMeta(checkpoint_id=folder, save_id=str(uuid.uuid4())),
                             version=CURRENT_DCP_VERSION)
