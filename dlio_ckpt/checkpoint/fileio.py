@@ -122,13 +122,7 @@ class _Hashing(io.RawIOBase):
         start = time.perf_counter()
         count = self._h.write(data)
         self.calls_s += time.perf_counter() - start
-        self.moved += count
-        if self.sequential and position == self.expected and count == len(memoryview(data).cast("B")):
-            if self._hasher is not None:
-                self._hasher.update(data)
-            self.expected += count
-        else:
-            self.sequential = False
+        self._passed(position, count, (data,))
         return count
 
     def _write_stream(self, data) -> int:
