@@ -329,7 +329,7 @@ class CheckpointEngineImpl:
                 write_framework_metadata(self.storage, os.path.join(folder, name), content, self.layout.metadata_write)
                 metadata += len(content)
         tag = self.layout.tag(step)
-        if tag:
+        for _ in range(self.layout.tag_writes if tag else 0):
             write_framework_metadata(self.storage, os.path.join(self.root, tag[0]), tag[1].encode(),
                                      self.layout.metadata_write)
             metadata += len(tag[1])

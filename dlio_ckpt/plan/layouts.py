@@ -46,6 +46,7 @@ class Layout:
     # rename: DCP's `.metadata`); and whether its writer fsyncs each data file (None: the format decides)
     metadata_write: str = "plain"
     data_fsync: bool | None = None
+    tag_writes: int = 1  # how many times the framework writes its tag per checkpoint
 
     def folder(self, step: int) -> str:
         return f"step_{step:08d}"
@@ -298,6 +299,9 @@ class TensorflowLayout(Layout):
     name: str = "tensorflow"
     folder_pattern: str = r"^ckpt-(\d+)$"
     metadata_write: str = "renamed"  # update_checkpoint_state: atomic_write_string_to_file, no fsync
+    # tf.train.CheckpointManager.save updates the checkpoint state twice per save (strace of TF 2.21:
+    # two `checkpoint.tmp<hex>` writes and renames per save)
+    tag_writes: int = 2
     # The plan asks for every rank's files in turn with one layout and one model; the running
     # count of writers is kept for that model only (a one-entry memo on this instance, holding the
     # model itself so it is never confused with another), so planning 1,024 ranks stays linear.
