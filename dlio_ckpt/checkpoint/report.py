@@ -113,9 +113,10 @@ def writer_rows(ckpt: dict) -> list[tuple[str, str]]:
     text += f"; writer: {ckpt['writer']}, data files {'fsynced' if ckpt['data_fsync'] else 'not fsynced'}"
     rows = ckpt.get("per_checkpoint") or []
     if ckpt.get("serialization_share") is not None and rows:
+        per_save = {key: sum(r[key] for r in rows) / len(rows) for key in ("write_calls_s", "fsync_s", "serialize_s")}
         text += (f"; serialization {100 * ckpt['serialization_share']:.0f} % of the write time "
-                 f"(write calls {sum(r['write_calls_s'] for r in rows) / len(rows):.3f} s, "
-                 f"serialization {sum(r['serialize_s'] for r in rows) / len(rows):.3f} s per save, all ranks)")
+                 f"(write calls {per_save['write_calls_s']:.3f} s, fsync {per_save['fsync_s']:.3f} s, "
+                 f"serialization {per_save['serialize_s']:.3f} s per save, all ranks)")
     elif rows:
         text += "; serialization share unknown (the framework makes its own write calls)"
     return [("durability", text)]
