@@ -17,6 +17,9 @@ SMALL_MODEL = [
     "model.model_size_bytes=3MiB",
     "model.optimization_groups=[262144]",
     "checkpoint.enabled=true",
+    # these helpers serve the tests of the project's own commit protocol (manifests, checksums,
+    # restore); the framework-faithful default is tested in test_framework_io.py
+    "checkpoint.durability=commit",
     "checkpoint.write_chunk_bytes=256KiB",
     "generate.pool_bytes=4MiB",
 ]

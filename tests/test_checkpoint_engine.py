@@ -18,6 +18,7 @@ from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.checkpoint.fileio import tensor_key
 from dlio_ckpt.checkpoint.report import checkpoint_summary
 from dlio_ckpt.engine.checkpoint_mode import run_checkpoint_mode
+from dlio_ckpt.config.load import load_config
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,10 +226,7 @@ def test_triggers_steps_epochs_and_no_double_save(tmp_path):
 
 
 def test_summary_rates_come_from_averaged_times():
-    class Cfg:
-        class checkpoint:
-            strategy, layout, format = "sharded", "raw", "raw"
-
+    Cfg = load_config(["checkpoint.strategy=sharded", "checkpoint.layout=raw", "checkpoint.format=raw"])
     gib = 1 << 30
     rec = lambda i, b, w, blk: {"index": i, "step": i, "epoch": 1, "bytes": b, "files": 1, "write_s": w,
                                 "blocking_s": blk, "persist_s": blk, "peak_rss_bytes": 10}

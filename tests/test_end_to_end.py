@@ -369,7 +369,8 @@ def test_mpi_sweep_runs_every_job_on_every_rank(workdir):
 @pytest.mark.mpi
 def test_a_rank_killed_mid_checkpoint_leaves_a_torn_checkpoint_that_restore_skips(workdir):
     root = workdir / "store"
-    common = ["workload=llama3_8b", "scale=tiny", "progress=false", "checkpoint.drop_caches=false", f"storage.root={root}"]
+    common = ["workload=llama3_8b", "scale=tiny", "progress=false", "checkpoint.drop_caches=false", f"storage.root={root}",
+              "checkpoint.durability=commit"]  # the commit protocol is what tells a torn checkpoint apart
     env = cli_env()
     env["DLIO_CKPT_FAULT"] = "checkpoint-step:2@1:kill"  # rank 1 dies (SIGKILL) after its first file of step 2
     crashed = subprocess.run([str(BIN / "mpirun"), "-n", "2", str(BIN / "dlio_ckpt"), *common, "mode=train",

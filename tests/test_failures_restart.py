@@ -20,7 +20,8 @@ RUN = ["workload=unet3d", "scale=tiny", "dataset.num_files_train=32", "dataset.n
        "reader.batch_size=2", "train.epochs=2", "train.computation_time=0.001", "model.kind=explicit",
        "model.model_size_bytes=2MiB", "model.optimization_groups=[65536]", "model.layer_parameters=[]",
        "model.parallelism.zero_stage=3", "checkpoint.enabled=true", "checkpoint.update=sparse",
-       "checkpoint.update_chunk_bytes=4KiB", "checkpoint.keep_last=0", "progress=false"]
+       "checkpoint.update_chunk_bytes=4KiB", "checkpoint.keep_last=0", "progress=false",
+       "checkpoint.durability=commit"]  # the uninterrupted reference run too (runs with failures use commit anyway)
 
 
 def run(workdir: Path, name: str, extra: list[str], ranks: int = 0):

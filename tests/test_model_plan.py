@@ -191,13 +191,17 @@ def test_rank_bytes_without_tensors_equal_the_files_payload(layout, zero):
                           "model.parallelism.tensor=2", "model.parallelism.pipeline=2", "model.parallelism.data=3",
                           f"checkpoint.layout={layout}"])
     plan = build_checkpoint_plan(config, 12)
+    layout = plan.layout  # the layout decides who saves what (pytorch_dcp: DCP's planner; the others: ZeRO's rule)
     for rank, files in enumerate(plan.files_by_rank):
         tensors = [t for f in files for t in f.tensors]
         model = sum(t.nbytes for t in tensors if t.kind == "model")
         optimizer = sum(t.nbytes for t in tensors if t.kind == "optimizer")
-        assert plan.model.rank_bytes(rank) == (model, optimizer)
+        assert layout.rank_bytes(plan.model, rank) == (model, optimizer)
         assert plan.rank_bytes(rank) == model + optimizer
-        assert sorted(t.name for t in tensors) == sorted(t.name for t in plan.model.rank_tensors(rank))
+        assert sorted(t.name for t in tensors) == sorted(t.name for t in layout.rank_tensors(plan.model, rank))
+        if layout.name != "pytorch_dcp":
+            assert plan.model.rank_bytes(rank) == (model, optimizer)
+    assert plan.total_bytes == plan.model.total_bytes  # one copy of the state, whoever saves it
     names, count, encoded = plan.files_summary(4)
     assert count == sum(len(files) for files in plan.files_by_rank) == len(names)
     assert encoded == plan.total_bytes  # the raw format: payload only

@@ -40,7 +40,7 @@ def run_ok(args, cwd, ranks=0):
 def test_train_run_counts_the_bytes_the_server_holds(workdir, s3_server, s3_bucket):
     root, run = workdir / "store", workdir / "run"
     run_ok(["workload=unet3d", "scale=tiny", "dataset.format=raw", "progress=false", "checkpoint.drop_caches=false",
-            "trace.chrome=true", *s3_args(s3_server, s3_bucket, root), f"hydra.run.dir={run}"], workdir / "cwd")
+            "checkpoint.durability=commit", "trace.chrome=true", *s3_args(s3_server, s3_bucket, root), f"hydra.run.dir={run}"], workdir / "cwd")
     summary = load_summary(run)
     data = server_objects(s3_server, s3_bucket, "data/unet3d/")
     train = {k: v for k, v in data.items() if "/train/" in k}
@@ -95,7 +95,7 @@ def test_every_strategy_writes_objects_and_restores_them(workdir, s3_server, s3_
 
 def test_restore_rejects_a_corrupted_object(workdir, s3_server, s3_bucket):
     root = workdir / "store"
-    common = TINY_CKPT + s3_args(s3_server, s3_bucket, root) + ["checkpoint.checksum=blake3"]
+    common = TINY_CKPT + s3_args(s3_server, s3_bucket, root) + ["checkpoint.checksum=blake3", "checkpoint.durability=commit"]
     run_ok(common + ["mode=train", "train.total_steps=2", "checkpoint.steps_between_checkpoints=1",
                      f"hydra.run.dir={workdir / 'first'}"], workdir / "cwd")
     objects = server_objects(s3_server, s3_bucket, "checkpoints/")
@@ -185,6 +185,7 @@ def test_retention_deletes_only_this_runs_older_checkpoints(workdir, s3_server, 
     (workdir / "real").mkdir()
     (workdir / "link").symlink_to(workdir / "real")
     run_ok(TINY_CKPT + [*s3_args(s3_server, s3_bucket, workdir / "link" / "store"), "mode=train", "train.total_steps=3",
+                        "checkpoint.durability=commit",
                         "checkpoint.steps_between_checkpoints=1", "checkpoint.keep_last=1", f"hydra.run.dir={workdir / 'run'}"],
            workdir / "cwd")
     objects = server_objects(s3_server, s3_bucket, "checkpoints/")

@@ -36,6 +36,13 @@ class CheckpointRecord:
     encode_s: float = 0.0  # encoding this rank's files (hashing, quantising): in blocking_s when synchronous
     codec: dict = field(default_factory=dict)  # the codec's figures over this rank's files (encoded.merge_stats)
     level: str = ""  # checkpoint.levels: the level the checkpoint was written to ("": a single level)
+    # write_s split (docs/metrics.md): inside write calls, inside fsync, and the rest, the format
+    # building its container (serialization); None: the framework made its own calls (TensorFlow)
+    write_calls_s: float | None = 0.0
+    fsync_s: float = 0.0
+    # the emulator assembling tensors in memory before a framework's save (torch.save takes whole
+    # tensors a real program already holds): in blocking_s, not in write_s
+    prepare_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

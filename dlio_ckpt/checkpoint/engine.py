@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
 from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, tensor_key,
-                                         verify_file, write_file, write_framework_file)
+                                         verify_file, write_file, write_framework_file, write_framework_metadata)
 from dlio_ckpt.checkpoint.encoded import (Payload, Window, check_encoding, digest_view, encoded_payload, make_decoder,
                                          make_encoder, payload_offset, tensor_chunks_of)
 from dlio_ckpt.codec.base import ChainLink
@@ -40,6 +40,7 @@ from dlio_ckpt.faults import fault_point
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics.report import plural
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
+from dlio_ckpt.plan.durability import data_fsync, resolve_durability
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.storage.durable import backend_root, entry_folders, sync_folders
 
@@ -58,7 +59,7 @@ class CheckpointEngineImpl:
         self.world = ctx.world
         self.plan = plan or build_checkpoint_plan(ctx.config, ctx.world.size)
         self.layout = self.plan.layout
-        self.fmt = get_format(self.cfg.format)
+        self.fmt = get_format(self.cfg.format, self.layout.name)
         needs = getattr(self.fmt, "needs_layout", None)
         if needs and needs != self.layout.name:
             raise ConfigError(f"checkpoint.format={self.fmt.name} writes {needs}'s own file names; "
@@ -66,6 +67,12 @@ class CheckpointEngineImpl:
         # Formats whose framework opens and names its own files (TensorFlow) are staged per rank
         # and merged by the coordinator at commit; see formats.py.
         self.framework_writes = bool(getattr(self.fmt, "writes_paths", False))
+        # checkpoint.durability (plan/durability.py): under `framework` only the framework's own
+        # calls are issued (its fsyncs, if any; no checksum, no manifest); `commit` is the protocol below.
+        self.durability = resolve_durability(ctx.config)
+        self.data_fsync = data_fsync(self.durability, self.fmt, self.layout, self.cfg.fsync)
+        self.checksum = self.cfg.checksum if self.durability.commit else "none"
+        self._framework_steps: list[int] = []  # framework durability: the checkpoints written, for retention
         check_encoding(self.cfg)
         base_storage = storage if storage is not None else ctx.storage
         self.storage = base_storage.with_phase("checkpoint")
@@ -181,13 +188,14 @@ class CheckpointEngineImpl:
                 chunks = self._with_write_fault_point(payload.chunks, step, path)
                 if self.framework_writes:
                     done = write_framework_file(self.storage, path, pf.owner, payload.tensors, self.fmt, chunks,
-                                                self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes)
+                                                self.data_fsync, self.checksum, self.cfg.write_chunk_bytes)
                 else:
-                    done = write_file(self.storage, path, payload.tensors, self.fmt, chunks, self.cfg.fsync,
-                                      self.cfg.checksum, self.cfg.write_chunk_bytes)
+                    done = write_file(self.storage, path, payload.tensors, self.fmt, chunks, self.data_fsync,
+                                      self.checksum, self.cfg.write_chunk_bytes)
                 entries.append(FileEntry(rel, done.size, done.checksum, pf.owner, self.world.rank,
                                          done.bytes_written, done.write_s, done.verify_s, payload.encoding,
-                                         pf.payload_bytes, payload.encode_s, payload.stats or None))
+                                         pf.payload_bytes, payload.encode_s, payload.stats or None,
+                                         done.write_calls_s, done.fsync_s, done.prepare_s, done.records))
                 fault_point(f"checkpoint-step:{step}", self.world.rank)
         except OSError as exc:  # a full disk, say: name the file, and leave no partial files behind
             self._remove_files(started)
@@ -258,7 +266,8 @@ class CheckpointEngineImpl:
             else:
                 try:
                     files = [e for part, _ in gathered for e in part]
-                    status = ("ok", self._write_manifest(index, step, epoch, files))
+                    status = ("ok", self._write_manifest(index, step, epoch, files) if self.durability.commit
+                              else self._write_framework_metadata(step, files))
                 except Exception as exc:  # every rank must hear of it, or they wait forever
                     self.discard_failed(step)
                     mine = failure_text(exc)
@@ -317,6 +326,8 @@ class CheckpointEngineImpl:
     def _write_manifest(self, index: int, step: int, epoch: int, files: list[dict]) -> int:
         folder = self.folder_path(step)
         metadata = 0
+        records = files  # with each file's records (DCP) for the coordinator's files; the manifest lists none
+        files = [{k: v for k, v in f.items() if k != "records"} for f in files]
         coordinator_files = self.layout.coordinator_files(step, self.world.size)
         if self.framework_writes:  # the framework writes its own index when it merges the shards
             for path, size, digest in merge_framework_files(self.storage, folder, [f["path"] for f in files], self.fmt,
@@ -325,13 +336,7 @@ class CheckpointEngineImpl:
                 metadata += size
             coordinator_files = []
         for name in coordinator_files:
-            content = json.dumps({
-                "step": step,
-                "layout": self.layout.name,
-                "files": [{"path": f["path"], "owner": f["owner"], "size": f["size"]} for f in files],
-                "tensors": {pf.path_for(step): [[t.name, t.numel, t.dtype] for t in pf.tensors]
-                            for rank_files in self.plan.files_by_rank for pf in rank_files},
-            }).encode()
+            content = self._coordinator_content(step, records)
             self.storage.write_atomic(os.path.join(folder, name), content)
             files = files + [{"path": name, "size": len(content), "checksum": _digest(content, self.cfg.checksum),
                               "owner": 0, "writer": 0}]
@@ -359,6 +364,50 @@ class CheckpointEngineImpl:
         })
         self.publish_manifest(step, manifest)
         return metadata + len(manifest)
+
+    def _write_framework_metadata(self, step: int, files: list[dict]) -> int:
+        """checkpoint.durability=framework, on the coordinator: the files the framework itself
+        writes after the data (TensorFlow's merged index, DCP's `.metadata`, the layout's "latest"
+        tag), written as the framework writes them (`Layout.metadata_write`), then retention over
+        the checkpoints this run wrote. No manifest: a real program writes none."""
+        folder = self.folder_path(step)
+        metadata = 0
+        if self.framework_writes:
+            for _, size, _ in merge_framework_files(self.storage, folder, [f["path"] for f in files], self.fmt,
+                                                    False, "none", self.cfg.write_chunk_bytes):
+                metadata += size
+        else:
+            for name in self.layout.coordinator_files(step, self.world.size):
+                content = self._coordinator_content(step, files)
+                write_framework_metadata(self.storage, os.path.join(folder, name), content, self.layout.metadata_write)
+                metadata += len(content)
+        tag = self.layout.tag(step)
+        for _ in range(self.layout.tag_writes if tag else 0):
+            write_framework_metadata(self.storage, os.path.join(self.root, tag[0]), tag[1].encode(),
+                                     self.layout.metadata_write)
+            metadata += len(tag[1])
+        self._framework_steps.append(step)
+        while self.cfg.keep_last and len(self._framework_steps) > self.cfg.keep_last:
+            path = self._own_folder(self.layout.folder(self._framework_steps.pop(0)))
+            if path is not None and self.storage.isdir(path):
+                self.storage.remove_tree(path)
+        return metadata
+
+    def _coordinator_content(self, step: int, files: list[dict]) -> bytes:
+        """A layout's coordinator file (DCP's `.metadata`): where every tensor of the checkpoint is;
+        the framework's own where the format writes it (torch under DCP: its pickled Metadata),
+        else a JSON list of the files and their tensors."""
+        own = getattr(self.fmt, "coordinator_content", None)
+        if own is not None:
+            tensors = {pf.path_for(step): pf.tensors for rank_files in self.plan.files_by_rank for pf in rank_files}
+            return own(files, tensors, self.folder_path(step))
+        return json.dumps({
+            "step": step,
+            "layout": self.layout.name,
+            "files": [{"path": f["path"], "owner": f["owner"], "size": f["size"]} for f in files],
+            "tensors": {pf.path_for(step): [[t.name, t.numel, t.framework_dtype] for t in pf.tensors]
+                        for rank_files in self.plan.files_by_rank for pf in rank_files},
+        }).encode()
 
     # retention -----------------------------------------------------------------------------
     def checkpoint_folders(self) -> list[tuple[int, str, bool]]:

@@ -42,7 +42,11 @@ def tensor_key(owner: int, name: str, step: int) -> int:
 class FileWrite:
     """What writing one file did: its size on disk and checksum (for the manifest), the bytes
     its write calls moved as the tracer counted them, and its two timed parts, kept apart
-    because the read-back for a checksum is not part of the write (MLPerf times the write)."""
+    because the read-back for a checksum is not part of the write (MLPerf times the write).
+
+    `write_calls_s` and `fsync_s` are the parts of `write_s` spent inside the write and fsync
+    calls; the rest is the format building its container (pickling, headers, CRCs, copies): the
+    serialization share. None where the framework makes its own calls (TensorFlow)."""
 
     size: int
     checksum: str
@@ -50,6 +54,10 @@ class FileWrite:
     write_s: float  # from just before its open to just after its fsync (its last write when fsync is off;
     #                 its close, which publishes it, on a backend without fsync)
     verify_s: float = 0.0  # reading it back for the checksum (formats that seek back)
+    write_calls_s: float | None = 0.0
+    fsync_s: float = 0.0
+    prepare_s: float = 0.0  # assembling the tensors in memory before a framework save (torch): not in write_s
+    records: tuple | None = None  # (tensor, offset, length) per record where the format reports them (DCP)
 
 
 @dataclass(frozen=True)
@@ -69,16 +77,23 @@ class FileEntry:
     logical_bytes: int = 0  # the state the file represents
     encode_s: float = 0.0
     stats: dict | None = None  # the codec's figures for this file (not in the manifest)
+    write_calls_s: float | None = 0.0  # the part of write_s inside write calls (None: the framework's own calls)
+    fsync_s: float = 0.0  # the part of write_s inside fsync
+    prepare_s: float = 0.0  # the tensors assembled in memory before the save (see FileWrite)
+    records: tuple | None = None  # (tensor, offset, length): for the coordinator's index (DCP), not the manifest
 
     def as_dict(self) -> dict[str, Any]:
         entry = {"path": self.path, "size": self.size, "checksum": self.checksum, "owner": self.owner, "writer": self.writer}
         if self.encoding is not None:
             entry["encoding"] = self.encoding
+        if self.records is not None:  # travels to the coordinator; _write_manifest leaves it out
+            entry["records"] = [list(r) for r in self.records]
         return entry
 
 
 class _Hashing(io.RawIOBase):
-    """Forwards to the traced file and checksums bytes as long as the writer only appends."""
+    """Forwards to the traced file, times the write calls (the rest of a file's write time is the
+    format's own work) and checksums bytes as long as the writer only appends (no hasher: none)."""
 
     def __init__(self, handle: Any, hasher: Any) -> None:
         super().__init__()
@@ -87,6 +102,11 @@ class _Hashing(io.RawIOBase):
         self.expected = 0
         self.sequential = True
         self.moved = 0  # what the traced write calls returned: the bytes the tracer counted
+        self.calls_s = 0.0  # inside the write calls
+        if hasattr(handle, "writev"):
+            self.writev = self._writev  # only where the handle has it (filebuf.py falls back without)
+        if hasattr(handle, "write_stream"):
+            self.write_stream = self._write_stream  # write(2) at the descriptor's offset (buffered streams)
 
     def readable(self) -> bool:
         return True
@@ -99,14 +119,37 @@ class _Hashing(io.RawIOBase):
 
     def write(self, data) -> int:
         position = self._h.tell()
+        start = time.perf_counter()
         count = self._h.write(data)
+        self.calls_s += time.perf_counter() - start
+        self._passed(position, count, (data,))
+        return count
+
+    def _write_stream(self, data) -> int:
+        position = self._h.tell()
+        start = time.perf_counter()
+        count = self._h.write_stream(data)
+        self.calls_s += time.perf_counter() - start
+        self._passed(position, count, (data,))
+        return count
+
+    def _passed(self, position: int, count: int, buffers) -> None:
+        """Count what a write call moved, and hash it while the writer only appends."""
         self.moved += count
-        if self.sequential and position == self.expected and count == len(memoryview(data).cast("B")):
+        if self.sequential and position == self.expected and count == sum(len(memoryview(b).cast("B")) for b in buffers):
             if self._hasher is not None:
-                self._hasher.update(data)
+                for buffer in buffers:
+                    self._hasher.update(buffer)
             self.expected += count
         else:
             self.sequential = False
+
+    def _writev(self, buffers) -> int:
+        position = self._h.tell()
+        start = time.perf_counter()
+        count = self._h.writev(buffers)
+        self.calls_s += time.perf_counter() - start
+        self._passed(position, count, buffers)
         return count
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
@@ -167,20 +210,33 @@ def _checksum_by_reading(storage: Any, abspath: str, size: int, checksum: str, c
 def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt: Any,
                chunks: Callable[[TensorSpec], Iterator[memoryview]], fsync: bool, checksum: str,
                chunk_bytes: int) -> FileWrite:
-    """Write one file, fsync it, and checksum it (as it passes, or by reading it back)."""
+    """Write one file, fsync it (when `fsync`), and checksum it (as it passes, or by reading it
+    back; `checksum` "none": not at all). A format with `prepare` (torch) gets the file's tensors
+    into memory before the file is opened: that is the program's state, not its save."""
+    prepare = getattr(fmt, "prepare", None)
     clock = storage.recorder.clock
     start = clock.now()
+    prepared = prepare(tensors, chunks) if prepare is not None else None
+    prepare_s = clock.now() - start
+    start = clock.now()
     handle = storage.open_write(abspath)
+    fsync_s = 0.0
     try:
         wrapper = _Hashing(handle, new_hasher(checksum))
-        fmt.write(wrapper, tensors, chunks)
+        if prepare is not None:
+            records = fmt.write_prepared(wrapper, prepared)
+        else:
+            records = fmt.write(wrapper, tensors, chunks)
         if fsync:
+            synced = clock.now()
             handle.fsync()
+            fsync_s = clock.now() - synced
         write_s = clock.now() - start
         size = handle.size()
     except BaseException:
         handle.abort()
         raise
+    del prepared
     handle.close()  # an object store publishes the file here; the manifest still commits the checkpoint
     if not storage.capabilities.fsync:  # no fsync: the file is durable once close() has published it
         write_s = clock.now() - start
@@ -191,7 +247,7 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
         digest = wrapper._hasher.hexdigest()
     else:
         digest, verify_s = _checksum_by_reading(storage, abspath, size, checksum, chunk_bytes)
-    return FileWrite(size, digest, wrapper.moved, write_s, verify_s)
+    return FileWrite(size, digest, wrapper.moved, write_s, verify_s, wrapper.calls_s, fsync_s, prepare_s, records)
 
 
 def settle_file(storage: Any, abspath: str, fsync: bool, checksum: str, chunk_bytes: int) -> FileWrite:
@@ -231,14 +287,17 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
     start = clock.now()
     staged = fmt.write_paths(abspath, owner, tensors, chunks)
     end = clock.now()
-    recorded = storage.file_size(staged.data)
+    data_size = recorded = storage.file_size(staged.data)
     storage.recorder.record("write", storage.phase, staged.data, 0, recorded, start, end)
     for other in staged.others:
         size = storage.file_size(other)
         storage.recorder.record("write", storage.phase, other, 0, size, end, end)
         recorded += size
+    if not fsync and checksum == "none":  # checkpoint.durability=framework: what TF did, nothing more
+        return FileWrite(data_size, "", recorded, end - start, 0.0, None)
     settled = settle_file(storage, staged.data, fsync, checksum, chunk_bytes)
-    return FileWrite(settled.size, settled.checksum, recorded, end - start + settled.write_s, settled.verify_s)
+    return FileWrite(settled.size, settled.checksum, recorded, end - start + settled.write_s, settled.verify_s, None,
+                     settled.write_s)
 
 
 def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt: Any, fsync: bool, checksum: str,
@@ -262,11 +321,43 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
         storage.recorder.record("unlink", storage.phase, path, -1, 0, end, end)
     entries = []
     for path in merged.written:
+        if not fsync and checksum == "none":  # checkpoint.durability=framework: what TF did, nothing more
+            entries.append((os.path.relpath(path, folder), sizes[path], ""))
+            continue
         settled = settle_file(storage, path, fsync, checksum, chunk_bytes)
         entries.append((os.path.relpath(path, folder), settled.size, settled.checksum))
     if fsync:
         storage.fsync_dir(folder)
     return entries
+
+
+def write_framework_metadata(storage: Any, path: str, data: bytes, how: str) -> None:
+    """A framework's small metadata file (a tag, DCP's `.metadata`) as the framework writes it:
+    `how` is "plain" (open, write, close), "renamed" (under `<name>.tmp`, then renamed) or
+    "renamed_fsync" (the same, fsynced before the rename; the folder is not fsynced: no framework
+    does). A backend that cannot rename (object storage) publishes the file on close instead."""
+    if how == "plain" or not hasattr(storage, "rename"):
+        handle = storage.open_write(path) if how == "plain" else storage.open_staged(path)
+        try:
+            getattr(handle, "write_stream", handle.write)(data)  # a program's write(2)
+            if how == "renamed_fsync" and storage.capabilities.fsync:
+                handle.fsync()
+        except BaseException:
+            handle.abort()
+            raise
+        handle.close()
+        return
+    temporary = f"{path}.tmp"
+    handle = storage.open_write(temporary)
+    try:
+        getattr(handle, "write_stream", handle.write)(data)  # a program's write(2)
+        if how == "renamed_fsync":
+            handle.fsync()
+    except BaseException:
+        handle.abort()
+        raise
+    handle.close()
+    storage.rename(temporary, path)
 
 
 def verify_file(storage: Any, abspath: str, size: int, checksum: str, algorithm: str,

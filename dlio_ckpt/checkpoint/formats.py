@@ -131,13 +131,125 @@ class Hdf5Format(CheckpointFormatSpec):
 
 @dataclass(frozen=True)
 class TorchFormat(CheckpointFormatSpec):
-    """torch.save of a dict of tensors (needs torch; holds one file's tensors in memory)."""
+    """torch.save of a dict of tensors, issuing the system calls torch.save(state, path) issues.
 
-    def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
+    torch.save into a path writes through a C++ std::ofstream; given our FilebufStream (filebuf.py)
+    instead, torch's own writer produces the same bytes (a valid torch.save file: torch.load reads
+    it) and the stream issues the same calls: one writev per tensor record of 1 KiB or more, straight
+    from the tensor's memory, and one write at the end. The bytes differ from a path's only in the
+    archive's folder name inside the zip (torch names it `archive/` for a stream, after the file for
+    a path): a few bytes per record.
+
+    `prepare` builds the state dict (one file's tensors in memory) before the file is opened: a
+    training program has its tensors in memory already, so assembling them from the emulated state
+    is not part of its save and not timed.
+    """
+
+    def prepare(self, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> dict:
         import torch
 
-        state = {tensor.name: torch.from_numpy(whole_tensor(tensor, chunks)) for tensor in tensors}
-        torch.save(state, handle)
+        state = {}
+        for tensor in tensors:
+            value = torch.from_numpy(whole_tensor(tensor, chunks))
+            if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, viewed as torch's type
+                value = value.view(getattr(torch, tensor.framework_dtype))
+            state[tensor.name] = value
+        return state
+
+    def write_prepared(self, handle: Any, state: dict) -> None:
+        import torch
+
+        from dlio_ckpt.checkpoint.filebuf import FilebufStream
+
+        stream = FilebufStream(handle)
+        torch.save(state, stream)  # ends with stream.flush(): the ofstream's close
+
+    def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
+        self.write_prepared(handle, self.prepare(tensors, chunks))
+
+
+class _RawHandle(io.RawIOBase):
+    """A traced handle as the raw file under an io.BufferedWriter (what Python's open() builds)."""
+
+    def __init__(self, handle: Any) -> None:
+        super().__init__()
+        self._h = handle
+        self._write = getattr(handle, "write_stream", handle.write)  # write(2), as a file's raw layer issues
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        return self._write(data)
+
+    def tell(self) -> int:
+        return self._h.tell()
+
+
+@dataclass(frozen=True)
+class DcpTorchFormat(TorchFormat):
+    """torch.distributed.checkpoint's FileSystemWriter: the `torch` format under the pytorch_dcp layout.
+
+    DCP opens each `.distcp` file with Python's open(path, "wb") (an io.BufferedWriter of the file's
+    block size) and, for each tensor in its plan, runs torch.save(tensor, stream) (a whole zip
+    container per tensor) and flushes the buffer (`_write_item` closes the NoCloseWriter around
+    the stream, which flushes it); then it fsyncs the file (the layout's `data_fsync`). The same
+    objects are used here, so the calls are CPython's BufferedWriter's: small pieces buffered, a
+    tensor's bytes larger than the buffer written straight from its memory, one flush per tensor.
+    """
+
+    def write_prepared(self, handle: Any, state: dict) -> None:
+        import torch
+
+        raw = _RawHandle(handle)
+        fileno = getattr(handle, "fileno", None)
+        try:
+            block = os.fstat(fileno()).st_blksize if fileno is not None else io.DEFAULT_BUFFER_SIZE
+        except (OSError, io.UnsupportedOperation):
+            block = io.DEFAULT_BUFFER_SIZE
+        stream = io.BufferedWriter(raw, buffer_size=block if block > 1 else io.DEFAULT_BUFFER_SIZE)
+        records = []
+        for name, tensor in state.items():
+            start = stream.tell()
+            torch.save(tensor, stream)
+            stream.flush()
+            records.append((name, start, stream.tell() - start))
+        stream.detach()  # the engine closes (and fsyncs) the file itself
+        return tuple(records)
+
+    def coordinator_content(self, files: list[dict], tensors: dict[str, tuple[TensorSpec, ...]], folder: str) -> bytes:
+        """DCP's `.metadata`: the pickled Metadata FileSystemWriter.finish writes, from every
+        rank's records (tensor, offset, length in its `.distcp`), so that
+        torch.distributed.checkpoint.load reads the checkpoint back. `tensors`: each file's planned
+        tensors by path; `folder`: the checkpoint's folder (DCP's checkpoint_id)."""
+        import pickle
+        import uuid
+
+        import torch
+        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
+        from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
+                                                           TensorProperties, TensorStorageMetadata)
+
+        # A name saved by several ranks (the tensor-parallel shards of one weight) is one tensor
+        # of several chunks, one after another in rank order, as DCP records a sharded tensor.
+        chunks: dict[str, list] = {}
+        for entry in files:
+            specs = {t.name: t for t in tensors[entry["path"]]}
+            for name, offset, length in entry.get("records", ()):
+                chunks.setdefault(name, []).append((specs[name], entry["path"], offset, length))
+        state, storage = {}, {}
+        for name, parts in chunks.items():
+            at, pieces = 0, []
+            for spec, path, offset, length in parts:
+                pieces.append(ChunkStorageMetadata(torch.Size([at]), torch.Size([spec.numel])))
+                storage[MetadataIndex(name, torch.Size([at]), 0)] = _StorageInfo(path, offset, length)
+                at += spec.numel
+            dtype = getattr(torch, parts[0][0].framework_dtype)
+            state[name] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size([at]), pieces)
+        metadata = Metadata(state_dict_metadata=state, planner_data={name: (name,) for name in state},
+                            storage_data=storage, storage_meta=StorageMeta(checkpoint_id=folder, save_id=str(uuid.uuid4())),
+                            version=CURRENT_DCP_VERSION)
+        return pickle.dumps(metadata)
 
 
 @dataclass(frozen=True)
@@ -203,7 +315,10 @@ class TensorflowFormat(CheckpointFormatSpec):
         prefix = self.staging_prefix(data_path)
         values = []
         for tensor in tensors:  # one numpy buffer at a time; TF keeps its own copy of each
-            values.append(tf.constant(whole_tensor(tensor, chunks)))
+            value = tf.constant(whole_tensor(tensor, chunks))
+            if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, as TF's type
+                value = tf.bitcast(value, getattr(tf, tensor.framework_dtype))
+            values.append(value)
         tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[self.variable_name(owner, t) for t in tensors],
                           shape_and_slices=[""] * len(tensors), tensors=values)
         return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))
@@ -225,9 +340,10 @@ class TensorflowFormat(CheckpointFormatSpec):
                            written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged))
 
 
-def get_format(name: str):
-    """The writer of checkpoint format `name` (its spec's `writer`), its optional library checked."""
-    spec = format_spec(name)
+def get_format(name: str, layout: str | None = None):
+    """The writer of checkpoint format `name` (its spec's `writer`; under `layout`, the one its
+    framework uses there: torch under pytorch_dcp is DCP's writer), its optional library checked."""
+    spec = format_spec(name, layout)
     fmt = import_target(spec.writer)(**{field.name: getattr(spec, field.name) for field in fields(spec)})
     if fmt.requires:
         from dlio_ckpt.optional import require

@@ -67,6 +67,62 @@ def _codec_figures(rows: list[dict], data_bytes: int) -> dict:
     return figures
 
 
+def _serialization_figures(rows: list[dict]) -> dict:
+    """One save's write time split over every rank: inside write calls, inside fsync, and the rest,
+    the format building its container (`serialize_s`: pickling, headers, CRCs, copies), with the
+    share of the write time that serialization took. None where a framework made its own write
+    calls (TensorFlow), which cannot be timed apart."""
+    write_s = sum(r["write_s"] for r in rows)
+    fsync_s = sum(r.get("fsync_s", 0.0) for r in rows)
+    calls = [r.get("write_calls_s", 0.0) for r in rows]
+    if any(c is None for c in calls):
+        return {"write_calls_s": None, "fsync_s": fsync_s, "serialize_s": None, "serialization_share": None}
+    serialize_s = max(write_s - sum(calls) - fsync_s, 0.0)
+    return {"write_calls_s": sum(calls), "fsync_s": fsync_s, "serialize_s": serialize_s,
+            "serialization_share": serialize_s / write_s if write_s > 0 else 0.0}
+
+
+def _writer_figures(config: Any, per_checkpoint: list[dict]) -> dict:
+    """Which protocol and writer ran (checkpoint.durability, the format's writer kind, whether data
+    files were fsynced), and the serialization share over every save (docs/metrics.md)."""
+    from dlio_ckpt.plan.checkpoint_formats import format_spec
+    from dlio_ckpt.plan.durability import data_fsync, resolve_durability
+    from dlio_ckpt.plan.layouts import get_layout
+
+    ck = config.checkpoint
+    durability = resolve_durability(config)
+    fmt = format_spec(ck.format, get_layout(ck.layout).name)
+    shares = [c["serialize_s"] for c in per_checkpoint]
+    known = per_checkpoint and all(s is not None for s in shares)
+    total = sum(c["write_calls_s"] + c["fsync_s"] + c["serialize_s"] for c in per_checkpoint) if known else 0.0
+    return {
+        **durability.describe(),
+        "writer": fmt.writer_kind,
+        "data_fsync": data_fsync(durability, fmt, get_layout(ck.layout), ck.fsync),
+        "serialization_share": (sum(shares) / total if total > 0 else 0.0) if known else None,
+    }
+
+
+def writer_rows(ckpt: dict) -> list[tuple[str, str]]:
+    """The printed table's line naming the protocol and writer that ran, and how the write time
+    split between building the container and the write calls."""
+    if "durability" not in ckpt:
+        return []
+    text = f"{ckpt['durability']}"
+    if ckpt.get("durability_reason"):
+        text += f" ({ckpt['durability_reason']})"
+    text += f"; writer: {ckpt['writer']}, data files {'fsynced' if ckpt['data_fsync'] else 'not fsynced'}"
+    rows = ckpt.get("per_checkpoint") or []
+    if ckpt.get("serialization_share") is not None and rows:
+        per_save = {key: sum(r[key] for r in rows) / len(rows) for key in ("write_calls_s", "fsync_s", "serialize_s")}
+        text += (f"; serialization {100 * ckpt['serialization_share']:.0f} % of the write time "
+                 f"(write calls {per_save['write_calls_s']:.3f} s, fsync {per_save['fsync_s']:.3f} s, "
+                 f"serialization {per_save['serialize_s']:.3f} s per save, all ranks)")
+    elif rows:
+        text += "; serialization share unknown (the framework makes its own write calls)"
+    return [("durability", text)]
+
+
 def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list[dict | None],
                        train_wall_s: float, config: Any) -> dict:
     ck = config.checkpoint
@@ -93,12 +149,14 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
             "write_gib_per_s": _rate(nbytes, write_max),
             "write_gib_per_s_min_rank": _min_rank_rate({k: (r["bytes"], r["write_s"]) for k, r in ranks.items()}),
             "verify_s_max": max(r.get("verify_s", 0.0) for r in rows),
+            "prepare_s_max": max(r.get("prepare_s", 0.0) for r in rows),
             "blocking_s_max": max(r["blocking_s"] for r in rows),
             "blocking_s_mean": mean(r["blocking_s"] for r in rows),
             "persist_s_max": max(r["persist_s"] for r in rows),
             "wait_s_max": max(r.get("wait_s", 0.0) for r in rows),
             "snapshot_s_max": max(r.get("snapshot_s", 0.0) for r in rows),
             "committed": all(r.get("committed", True) for r in rows),
+            **_serialization_figures(rows),
             **_codec_figures(rows, nbytes),
         })
 
@@ -107,6 +165,7 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
         "strategy": ck.strategy,
         "layout": ck.layout,
         "format": ck.format,
+        **_writer_figures(config, per_checkpoint),
         "writes": writes,
         "bytes": 0,
         "total_bytes_written": sum(c["bytes"] for c in per_checkpoint),

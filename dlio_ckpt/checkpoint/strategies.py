@@ -33,6 +33,15 @@ from dlio_ckpt.plan.checkpoint import PlannedFile
 from dlio_ckpt.state.base import BytesView
 
 
+def add_write_figures(record: CheckpointRecord, entries: list[FileEntry]) -> None:
+    """The parts of the record's write time spent in write calls and in fsync (the rest is the
+    format's serialization); write calls unknown (None) when a framework made them itself."""
+    calls = [e.write_calls_s for e in entries]
+    record.write_calls_s = None if any(c is None for c in calls) else sum(calls)
+    record.fsync_s = sum(e.fsync_s for e in entries)
+    record.prepare_s = sum(e.prepare_s for e in entries)
+
+
 def add_codec_figures(record: CheckpointRecord, encoding: str, entries: list[FileEntry],
                       encoded_elsewhere: list[tuple[int, float, dict]]) -> None:
     """The state this rank's checkpoint represents and what encoding it cost: from the files it
@@ -74,6 +83,7 @@ class SyncStrategy:
             peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries),
         )
         add_codec_figures(record, e.cfg.encoding, entries, self.encoded_here)
+        add_write_figures(record, entries)
         return record
 
     def write_or_failure(self, index: int, step: int) -> tuple[list[FileEntry], BaseException | None]:
@@ -337,6 +347,7 @@ class AsyncStrategy:
             record.commit_s = commit_s
             record.committed = True
             add_codec_figures(record, e.cfg.encoding, entries, [])
+            add_write_figures(record, entries)
             if record.persist_s == 0.0:
                 record.persist_s = record.blocking_s
             if not record.bytes:

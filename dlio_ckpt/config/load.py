@@ -610,7 +610,12 @@ def explicit_checkpoint_bytes(model: Any) -> int:
     """Bytes an explicit model's checkpoint holds: the blob, the layer tensors, the optimizer state."""
     if model.kind != "explicit":
         return 0
-    layers = sum(model.layer_parameters) * model.model_dtype_bytes
+    if model.layer_dtypes:
+        from dlio_ckpt.config.schema import TENSOR_DTYPES
+
+        layers = sum(n * TENSOR_DTYPES[d] for n, d in zip(model.layer_parameters, model.layer_dtypes))
+    else:
+        layers = sum(model.layer_parameters) * model.model_dtype_bytes
     optimizer = sum(model.optimization_groups) * model.optimizer_states * model.optimizer_dtype_bytes
     return model.model_size_bytes + layers + optimizer
 

@@ -172,6 +172,11 @@ class ParallelismConfig:
         require(self.zero_stage in (0, 1, 2, 3), f"{key}zero_stage: must be 0, 1, 2 or 3 (got {self.zero_stage})")
 
 
+# Element types a tensor of an explicit model may have (model.layer_dtypes), and their sizes.
+TENSOR_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+                 "int32": 4, "int64": 8, "bool": 1}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
@@ -179,6 +184,7 @@ class ModelConfig:
     model_size_bytes: Bytes
     optimization_groups: list[int]
     layer_parameters: list[int]
+    layer_dtypes: list[str]  # explicit models: one element type per layer_parameters entry; empty: model_dtype_bytes
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -198,6 +204,12 @@ class ModelConfig:
         require(self.optimizer_dtype_bytes in (1, 2, 4, 8), f"{key}optimizer_dtype_bytes: must be 1, 2, 4 or 8")
         require(all(v >= 0 for v in self.optimization_groups), f"{key}optimization_groups: sizes cannot be negative")
         require(all(v >= 0 for v in self.layer_parameters), f"{key}layer_parameters: sizes cannot be negative")
+        for dtype in self.layer_dtypes:
+            require(dtype in TENSOR_DTYPES, f"{key}layer_dtypes: unknown element type {dtype!r}; choose from "
+                                            f"{', '.join(TENSOR_DTYPES)}")
+        require(not self.layer_dtypes or len(self.layer_dtypes) == len(self.layer_parameters),
+                f"{key}layer_dtypes: {len(self.layer_dtypes)} types for {len(self.layer_parameters)} layer_parameters; "
+                "give one per layer (or none: model_dtype_bytes for all)")
 
 
 @dataclass(frozen=True)
@@ -256,6 +268,7 @@ class CheckpointConfig:
     layout: str
     format: str
     checksum: Literal["xxh3_128", "blake3", "none"]
+    durability: Literal["framework", "commit"]  # framework: the framework's own calls only; commit: manifest, fsyncs, checksums (plan/durability.py)
     replicas: Literal["one", "all"]
     folder: str
     steps_between_checkpoints: int

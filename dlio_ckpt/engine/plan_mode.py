@@ -30,15 +30,18 @@ def plan_world_size(config: RunConfig) -> int:
 
 
 def build_plan_report(config: RunConfig) -> dict:
+    from dlio_ckpt.plan.durability import resolve_durability
+
     start = time.perf_counter()
     world = plan_world_size(config)
     plan = build_checkpoint_plan(config, world)
     model = plan.model
     per_rank = plan.per_rank_bytes()
-    split = [model.rank_bytes(r) for r in range(model.world_size)]
+    layout = plan.layout
+    split = [layout.rank_bytes(model, r) for r in range(model.world_size)]
     step = max(config.checkpoint.steps_between_checkpoints, 1)
     data_files, data_file_count, encoded_bytes = plan.files_summary(step)  # one walk over the ranks
-    names = plan.names_with_metadata(step, data_files)
+    names = plan.names_with_metadata(step, data_files, manifest=resolve_durability(config).commit)
     ck = config.checkpoint
     report = {
         "workload": config.workload,

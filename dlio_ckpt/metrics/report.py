@@ -98,8 +98,9 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("checkpoint", f"{plural(ckpt['writes'], 'write')} of {ckpt['bytes'] / GIB:.3f} GiB, slowest rank "
                                    f"{ckpt['write_s_max']:.3f} s, {ckpt['write_gib_per_s']:.3f} GiB/s{verify}"))
         rows += async_persist_row(ckpt)
-        from dlio_ckpt.checkpoint.report import encoding_rows  # checkpoint/report.py uses plural() from here
+        from dlio_ckpt.checkpoint.report import encoding_rows, writer_rows  # checkpoint/report.py uses plural() from here
 
+        rows += writer_rows(ckpt)
         rows += encoding_rows(ckpt)
         rows += mlperf_rows(ckpt)
         if ckpt.get("restore_verified") is not None and ckpt.get("restore_s_max") is not None:

@@ -55,7 +55,7 @@ class PlannedRanks(Sequence):
             rank += len(self)
         if not 0 <= rank < len(self):
             raise IndexError(f"rank {rank} of {len(self)}")
-        grouped = self.layout.rank_files(self.model, rank, self.model.rank_tensors(rank), self.extension)
+        grouped = self.layout.rank_files(self.model, rank, self.layout.rank_tensors(self.model, rank), self.extension)
         return tuple(PlannedFile(name, rank, ts) for name, ts in grouped if ts)
 
 
@@ -77,7 +77,8 @@ class CheckpointPlan:
     @cached_property
     def _per_rank_bytes(self) -> tuple[int, ...]:
         # Every tensor a rank owns goes in one of its files, so its files' payload is its share.
-        return tuple(sum(self.model.rank_bytes(r)) for r in range(self.world_size))
+        layout = self.layout
+        return tuple(sum(layout.rank_bytes(self.model, r)) for r in range(self.world_size))
 
     def rank_bytes(self, rank: int) -> int:
         return self._per_rank_bytes[rank]
@@ -119,15 +120,17 @@ class CheckpointPlan:
     def file_count(self) -> int:
         return self.files_summary(1)[1]
 
-    def file_names(self, step: int) -> list[str]:
-        return self.names_with_metadata(step, self.files_summary(step)[0])
+    def file_names(self, step: int, manifest: bool = True) -> list[str]:
+        return self.names_with_metadata(step, self.files_summary(step)[0], manifest)
 
-    def names_with_metadata(self, step: int, data_files: list[str]) -> list[str]:
-        """The data files' names plus the coordinator's files, the manifest and the tag."""
+    def names_with_metadata(self, step: int, data_files: list[str], manifest: bool = True) -> list[str]:
+        """The data files' names plus the coordinator's files, the manifest (only the commit
+        protocol writes one: checkpoint.durability) and the tag."""
         folder = self.layout.folder(step)
         names = list(data_files)
         names += [f"{folder}/{name}" for name in self.layout.coordinator_files(step, self.world_size)]
-        names.append(f"{folder}/{MANIFEST_NAME}")
+        if manifest:
+            names.append(f"{folder}/{MANIFEST_NAME}")
         tag = self.layout.tag(step)
         if tag:
             names.append(tag[0])

@@ -40,6 +40,13 @@ class CheckpointFormatSpec:
     write_needs: frozenset[str] = frozenset()  # storage capabilities beyond appending through a handle
     writes_paths: bool = False  # the framework opens and names its own files (by path)
     needs_layout: str | None = None  # the layout whose names the framework insists on
+    # checkpoint.durability=framework: whether the framework fsyncs each data file (torch.save and
+    # TensorFlow never do); None: the format has no framework of its own, checkpoint.fsync decides
+    framework_fsync: bool | None = None
+    # how the writer hands bytes to the storage, said in the summary beside the serialization share:
+    # "zero-copy writev" (torch.save: one writev per record from the tensor's memory), "zero-copy
+    # write" (the state's chunks written as they are), "copying" (the library copies every tensor)
+    writer_kind: str = "zero-copy write"
 
     def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
         """Bytes of a file holding `tensors`, where the format makes that predictable."""
@@ -58,17 +65,19 @@ RAW = CheckpointFormatSpec("raw", "bin", sequential=True, writer=f"{_WRITERS}:Ra
 # One .npy array per file: the file's tensors as one flat uint8 vector after a numpy header.
 NPY = CheckpointFormatSpec("npy", "npy", sequential=True, writer=f"{_WRITERS}:NpyFormat", size_rule="npy")
 # An uncompressed .npz, one member per tensor; zipfile streams (data descriptors) where the handle cannot seek.
-NPZ = CheckpointFormatSpec("npz", "npz", sequential=False, writer=f"{_WRITERS}:NpzFormat")
+NPZ = CheckpointFormatSpec("npz", "npz", sequential=False, writer=f"{_WRITERS}:NpzFormat", writer_kind="copying")
 # One HDF5 dataset per tensor; HDF5 rewrites its metadata in place.
 HDF5 = CheckpointFormatSpec("hdf5", "h5", sequential=False, writer=f"{_WRITERS}:Hdf5Format", requires="h5py",
-                            write_needs=frozenset({"seekable_write"}))
-# torch.save of a dict of tensors: streams (appends only), holds one file's tensors in memory.
-TORCH = CheckpointFormatSpec("torch", "pt", sequential=False, writer=f"{_WRITERS}:TorchFormat", requires="torch")
+                            write_needs=frozenset({"seekable_write"}), writer_kind="copying")
+# torch.save of a dict of tensors with torch.save's own system calls (a std::ofstream: one writev per
+# record of 1 KiB or more, no fsync, no seek): appends only, holds one file's tensors in memory.
+TORCH = CheckpointFormatSpec("torch", "pt", sequential=True, writer=f"{_WRITERS}:TorchFormat", requires="torch",
+                             framework_fsync=False, writer_kind="zero-copy writev")
 # A real TensorFlow tensor bundle, written by TensorFlow itself: it opens, writes and renames files by path.
 TENSORFLOW = CheckpointFormatSpec("tensorflow", "data", sequential=False, writer=f"{_WRITERS}:TensorflowFormat",
                                   size_rule="payload", requires="tensorflow",
                                   write_needs=frozenset({"local_paths", "atomic_rename"}), writes_paths=True,
-                                  needs_layout="tensorflow")
+                                  needs_layout="tensorflow", framework_fsync=False, writer_kind="copying")
 
 
 CHECKPOINT_FORMATS = Registry(
@@ -85,6 +94,23 @@ CHECKPOINT_FORMATS = Registry(
 )
 
 
-def format_spec(name: str) -> CheckpointFormatSpec:
-    """The spec of checkpoint format `name` (ConfigError with a close match when unknown)."""
-    return CHECKPOINT_FORMATS.load(name)
+# A framework that writes a format its own way under its own layout: (format, layout) -> the spec.
+# torch under pytorch_dcp is DCP's FileSystemWriter: a torch.save per tensor through a Python
+# BufferedWriter, zero copy for tensors larger than its buffer.
+TORCH_DCP = CheckpointFormatSpec("torch", "distcp", sequential=True, writer=f"{_WRITERS}:DcpTorchFormat",
+                                 requires="torch", framework_fsync=False, writer_kind="zero-copy write")
+_UNDER_LAYOUT = {("torch", "pytorch_dcp"): "dlio_ckpt.plan.checkpoint_formats:TORCH_DCP"}
+
+
+def format_spec(name: str, layout: str | None = None) -> CheckpointFormatSpec:
+    """The spec of checkpoint format `name` (ConfigError with a close match when unknown); given
+    `layout`, the spec its framework writes under that layout, where that differs."""
+    spec = CHECKPOINT_FORMATS.load(name)
+    under = _UNDER_LAYOUT.get((spec.name, layout))
+    return CHECKPOINT_FORMATS.load(name) if under is None else _load(under)
+
+
+def _load(target: str) -> CheckpointFormatSpec:
+    from dlio_ckpt.registry import import_target
+
+    return import_target(target)

@@ -40,6 +40,13 @@ def _group(pairs: Sequence[tuple[str, TensorSpec]]) -> Grouping:
 class Layout:
     name: str = "base"
     folder_pattern: str = r"^step_(\d+)$"
+    # checkpoint.durability=framework: how the framework writes its coordinator files and tag:
+    # "plain" (open, write, close: DeepSpeed's `latest`, Megatron's tracker), "renamed" (a temporary
+    # name renamed into place: TensorFlow's `checkpoint`), "renamed_fsync" (temporary name, fsync,
+    # rename: DCP's `.metadata`); and whether its writer fsyncs each data file (None: the format decides)
+    metadata_write: str = "plain"
+    data_fsync: bool | None = None
+    tag_writes: int = 1  # how many times the framework writes its tag per checkpoint
 
     def folder(self, step: int) -> str:
         return f"step_{step:08d}"
@@ -50,6 +57,14 @@ class Layout:
 
     def rank_files(self, model: ModelPlan, rank: int, tensors: tuple[TensorSpec, ...], ext: str) -> Grouping:
         raise NotImplementedError
+
+    def rank_tensors(self, model: ModelPlan, rank: int) -> tuple[TensorSpec, ...]:
+        """What rank `rank` saves: the model's DP/ZeRO rule, unless the framework decides itself (DCP)."""
+        return model.rank_tensors(rank)
+
+    def rank_bytes(self, model: ModelPlan, rank: int) -> tuple[int, int]:
+        """(model bytes, optimizer bytes) of `rank_tensors`."""
+        return model.rank_bytes(rank)
 
     def coordinator_files(self, step: int, world: int) -> list[str]:
         """Small metadata files rank 0 writes after the data and before the manifest."""
@@ -130,13 +145,44 @@ def _last_layer(model: ModelPlan) -> int:
 
 @dataclass(frozen=True)
 class PytorchDcpLayout(Layout):
-    """PyTorch distributed checkpoint: __{rank}_0.distcp per rank, `.metadata` by the coordinator."""
+    """PyTorch distributed checkpoint: __{rank}_0.distcp per rank, `.metadata` by the coordinator.
+
+    Who saves what is DCP's DefaultSavePlanner's decision, not a ZeRO setting: every rank plans
+    the tensors it holds, and the coordinator's dedup (torch/distributed/checkpoint/
+    _dedup_save_plans.py) gives each tensor that several ranks hold (the data-parallel replicas of
+    the state DDP replicates) to the one whose plan is smallest so far, in the order the plans list
+    them: whole tensors, spread over the replicas (`dcp_assignment`). Partitioned state (ZeRO /
+    FSDP shards) is unique to its rank and stays there. `checkpoint.replicas=all` keeps every
+    replica's copy, as asked.
+    """
 
     name: str = "pytorch_dcp"
     folder_pattern: str = r"^step_(\d+)$"
+    metadata_write: str = "renamed_fsync"  # FileSystemWriter.finish: `.metadata.tmp`, fsync, rename
+    data_fsync: bool | None = True  # FileSystemWriter(sync_files=True), the default: every .distcp fsynced
+    # one-entry memo (as TensorflowLayout's): the dedup of the model planned last, for every rank's files
+    _dedup: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def rank_files(self, model, rank, tensors, ext):
         return [(f"__{rank}_0.distcp", tensors)] if tensors else []
+
+    def rank_tensors(self, model, rank):
+        if model.replicas == "all" or model.dp == 1:
+            return model.rank_tensors(rank)
+        kept = self._assignment(model)
+        return tuple(t for t in _held_by(model, rank) if kept.get((model.mp_rank(rank), t.name), rank) == rank)
+
+    def rank_bytes(self, model, rank):
+        if model.replicas == "all" or model.dp == 1:
+            return model.rank_bytes(rank)
+        tensors = self.rank_tensors(model, rank)
+        return (sum(t.nbytes for t in tensors if t.kind == "model"), sum(t.nbytes for t in tensors if t.kind != "model"))
+
+    def _assignment(self, model: ModelPlan) -> dict:
+        if self._dedup.get("model") is not model:
+            self._dedup.clear()
+            self._dedup.update(model=model, kept=dcp_assignment(model))
+        return self._dedup["kept"]
 
     def coordinator_files(self, step, world):
         return [".metadata"]
@@ -172,6 +218,44 @@ class MegatronLayout(Layout):
 
     def tag(self, step):
         return "latest_checkpointed_iteration.txt", str(step)
+
+
+def _held_by(model: ModelPlan, rank: int) -> tuple[TensorSpec, ...]:
+    """Every tensor rank `rank` holds in memory and puts in its DCP save plan, in state-dict order:
+    its model-parallel shard's replicated state whole, its own ZeRO partitions."""
+    c = model.coords(rank)
+    model_part, optimizer = model.mp_shards[c.pp * model.tp + c.tp]
+    if model.zero_stage == 0:
+        return model_part + optimizer
+    if model.zero_stage >= 3:
+        return model.rank_tensors(rank)
+    return model_part + tuple(t for t in model.rank_tensors(rank) if t.kind == "optimizer")
+
+
+def dcp_assignment(model: ModelPlan) -> dict[tuple[int, str], int]:
+    """DCP's dedup_save_plans over the running ranks: (model-parallel shard, tensor name) -> the
+    rank that saves it. Keys go in the order the plans first list them (rank order, each plan in
+    state-dict order); each goes to the holder with the least bytes planned so far, the lowest rank
+    on a tie (torch's `min` over a set of small ints); every key, unique ones too, adds its bytes to
+    the plan that keeps it. Holders of a key share a model-parallel shard, so each shard's group of
+    ranks is deduplicated on its own, which is the same order restricted to the group."""
+    groups: dict[int, list[int]] = {}
+    for rank in range(model.world_size):
+        groups.setdefault(model.mp_rank(rank), []).append(rank)
+    kept: dict[tuple[int, str], int] = {}
+    for shard, ranks in groups.items():
+        holders: dict[str, list[int]] = {}
+        sizes: dict[str, int] = {}
+        for rank in ranks:
+            for tensor in _held_by(model, rank):
+                holders.setdefault(tensor.name, []).append(rank)
+                sizes[tensor.name] = tensor.nbytes or 1
+        planned = dict.fromkeys(ranks, 0)
+        for name, holding in holders.items():
+            chosen = min(holding, key=lambda r: (planned[r], r))
+            planned[chosen] += sizes[name]
+            kept[(shard, name)] = chosen
+    return kept
 
 
 def writing_ranks(model: ModelPlan) -> np.ndarray:
@@ -214,6 +298,10 @@ class TensorflowLayout(Layout):
 
     name: str = "tensorflow"
     folder_pattern: str = r"^ckpt-(\d+)$"
+    metadata_write: str = "renamed"  # update_checkpoint_state: atomic_write_string_to_file, no fsync
+    # tf.train.CheckpointManager.save updates the checkpoint state twice per save (strace of TF 2.21:
+    # two `checkpoint.tmp<hex>` writes and renames per save)
+    tag_writes: int = 2
     # The plan asks for every rank's files in turn with one layout and one model; the running
     # count of writers is kept for that model only (a one-entry memo on this instance, holding the
     # model itself so it is never confused with another), so planning 1,024 ranks stays linear.

@@ -35,7 +35,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dlio_ckpt.config.schema import ModelConfig
+from dlio_ckpt.config.schema import TENSOR_DTYPES, ModelConfig
 from dlio_ckpt.errors import ConfigError
 
 OPTIMIZER_STATE_NAMES = ("fp32_master", "exp_avg", "exp_avg_sq")
@@ -60,15 +60,22 @@ class TensorSpec:
     numel: int
     dtype_bytes: int
     kind: str  # "model" | "optimizer"
+    dtype_name: str = ""  # the element type a framework records (model.layer_dtypes); "": by dtype_bytes
 
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype_bytes
 
     @property
+    def framework_dtype(self) -> str:
+        """The element type as the framework names it (torch.bfloat16, tf.int64, ...)."""
+        return self.dtype_name or {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}[self.dtype_bytes]
+
+    @property
     def dtype(self) -> str:
-        """A numpy dtype name, for formats that record one."""
-        return {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}[self.dtype_bytes]
+        """A numpy dtype name, for formats that record one (bfloat16, which numpy lacks, as its
+        16-bit patterns: uint16)."""
+        return "uint16" if self.framework_dtype == "bfloat16" else self.framework_dtype
 
 
 @dataclass(frozen=True)
@@ -236,7 +243,7 @@ class _DpSplit:
         if self.parts == 1:
             return list(tensors)
         sizes = (self.base + (index < self.extra)).tolist()
-        return [TensorSpec(f"{t.name}.part{index}", n, t.dtype_bytes, t.kind) for t, n in zip(tensors, sizes)]
+        return [TensorSpec(f"{t.name}.part{index}", n, t.dtype_bytes, t.kind, t.dtype_name) for t, n in zip(tensors, sizes)]
 
 
 def transformer_parameters(cfg: ModelConfig) -> int:
@@ -312,6 +319,10 @@ def _state_names(count: int) -> tuple[str, ...]:
 def _explicit_shards(cfg: ModelConfig, tp: int, pp: int):
     """DLIO's explicit model: a `model` blob of model_size_bytes, layer tensors, optimizer groups.
 
+    Layer i's element type is `layer_dtypes[i]` where given (its size then replaces
+    model_dtype_bytes for that layer), so a state dict of mixed types (bf16 weights, int64 step
+    counters) is saved with the types the framework records.
+
     The blob and the optimizer groups are split over all model-parallel ranks; layers go to
     pipeline stages in contiguous runs and are split over tensor ranks.
     """
@@ -329,7 +340,9 @@ def _explicit_shards(cfg: ModelConfig, tp: int, pp: int):
             if cfg.model_size_bytes:
                 model.append(TensorSpec("model", split(cfg.model_size_bytes, mp, index), 1, "model"))
             for i in layers:
-                model.append(TensorSpec(f"layers.{i}", split(cfg.layer_parameters[i], tp, t), mdt, "model"))
+                dtype = cfg.layer_dtypes[i] if cfg.layer_dtypes else ""
+                size = TENSOR_DTYPES[dtype] if dtype else mdt
+                model.append(TensorSpec(f"layers.{i}", split(cfg.layer_parameters[i], tp, t), size, "model", dtype))
             optimizer = [
                 TensorSpec(f"optimizer.group{g}.{s}", split(size, mp, index), odt, "optimizer")
                 for g, size in enumerate(cfg.optimization_groups)

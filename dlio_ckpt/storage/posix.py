@@ -243,6 +243,56 @@ class PosixFile(PositionalReads, io.RawIOBase):
             done += count
         return done
 
+    def writev(self, buffers) -> int:
+        """Write `buffers` one after another at the current position in one writev(2), at the
+        descriptor's own offset, as a C++ stream does (checkpoint/filebuf.py); more calls only
+        when the kernel moves less."""
+        if self._fd < 0:
+            raise closed_file()
+        views = [memoryview(b).cast("B") for b in buffers]
+        if self.direct:  # O_DIRECT needs aligned pieces: the usual aligned write path
+            done = PosixFile.write_at(self, b"".join(views), self._position)
+            self._position += done
+            return done
+        self._seek_descriptor()
+        total, done = sum(len(v) for v in views), 0
+        while done < total:
+            count = os.writev(self._fd, _remaining(views, done))
+            if count <= 0:
+                raise OSError(f"write to {self.path} made no progress at offset {self._position + done}")
+            done += count
+        self._position += done
+        self._fd_offset = self._position
+        return done
+
+    def write_stream(self, data) -> int:
+        """write(2) of all of `data` at the descriptor's own offset: what a buffered stream (a C++
+        ofstream, Python's BufferedWriter) issues, where `write` is a positional pwrite."""
+        if self._fd < 0:
+            raise closed_file()
+        view = memoryview(data).cast("B")
+        if self.direct:
+            done = PosixFile.write_at(self, view, self._position)
+            self._position += done
+            return done
+        self._seek_descriptor()
+        done = 0
+        while done < len(view):
+            count = os.write(self._fd, view[done:])
+            if count <= 0:
+                raise OSError(f"write to {self.path} made no progress at offset {self._position + done}")
+            done += count
+        self._position += done
+        self._fd_offset = self._position
+        return done
+
+    def _seek_descriptor(self) -> None:
+        """The descriptor's offset to the handle's position, where a positional call or a seek
+        left them apart (never for a stream that only appends: no lseek is issued then)."""
+        if getattr(self, "_fd_offset", 0) != self._position:  # set on first use only: reads never pay for it
+            os.lseek(self._fd, self._position, os.SEEK_SET)
+            self._fd_offset = self._position
+
     def _write_once(self, view: memoryview, offset: int) -> int:
         if not self.direct or offset % DIRECT_ALIGNMENT:
             return os.pwrite(self._fd, view, offset)
@@ -267,6 +317,18 @@ class PosixFile(PositionalReads, io.RawIOBase):
 def closed_file() -> ValueError:
     """What a closed Python file raises on I/O (io's own message)."""
     return ValueError("I/O operation on closed file.")
+
+
+def _remaining(views: list[memoryview], done: int) -> list[memoryview]:
+    """What is left of `views` after the first `done` bytes (a partial pwritev)."""
+    left = []
+    for view in views:
+        if done >= len(view):
+            done -= len(view)
+            continue
+        left.append(view[done:])
+        done = 0
+    return left
 
 
 def _unlink_quietly(path: str) -> None:
@@ -342,6 +404,10 @@ class PosixStorage:
         removed = sorted(os.path.join(folder, name) for folder, _, names in os.walk(path) for name in names)
         shutil.rmtree(path, ignore_errors=False)
         return removed
+
+    def rename(self, source: str, target: str) -> None:
+        """Move `source` to `target` (replacing it): a framework's own rename (DCP's `.metadata`)."""
+        os.replace(source, target)
 
     def fsync_dir(self, path: str) -> None:
         """Make renames in folder `path` durable (POSIX only: for files a framework wrote by path)."""

@@ -230,6 +230,26 @@ class TracedPosixFile(PosixFile):
         extend(pack_event(OP_WRITE, phase, file, offset, count, start, end))
         return count
 
+    def writev(self, buffers) -> int:
+        """One write event per writev (a partial one retried is one call more to the kernel, but
+        rare enough on local files that one event keeps the count of the caller's calls)."""
+        offset = self._position
+        start = perf_counter()
+        count = PosixFile.writev(self, buffers)
+        end = perf_counter()
+        phase, file, extend, _, _ = self._trace
+        extend(pack_event(OP_WRITE, phase, file, offset, count, start, end))
+        return count
+
+    def write_stream(self, data) -> int:
+        offset = self._position
+        start = perf_counter()
+        count = PosixFile.write_stream(self, data)
+        end = perf_counter()
+        phase, file, extend, _, _ = self._trace
+        extend(pack_event(OP_WRITE, phase, file, offset, count, start, end))
+        return count
+
     def fsync(self) -> None:
         start = perf_counter()
         PosixFile.fsync(self)
@@ -409,6 +429,15 @@ class TracedStorage:
 
     def remove(self, path: str) -> None:
         self._meta("unlink", path, self.inner.remove, path)
+
+    @property
+    def rename(self):
+        """`rename(source, target)` traced as one rename of `source`, where the backend has one
+        (POSIX); absent otherwise, so callers can tell (hasattr)."""
+        inner = getattr(self.inner, "rename", None)
+        if inner is None:
+            raise AttributeError("rename")
+        return lambda source, target: self._meta("rename", source, inner, source, target)
 
     def remove_tree(self, path: str) -> list[str]:
         """Deleting a folder (retention, a failed checkpoint) is recorded as one unlink per file
