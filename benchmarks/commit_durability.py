@@ -32,7 +32,7 @@ from _common import REPO, tool
 sys.path.insert(0, str(REPO / "tests"))
 from syscall_order import check_commits, strace_calls  # noqa: E402
 
-BASE = ["workload=bert", "scale=tiny", "progress=false", "checkpoint.enabled=true", "checkpoint.keep_last=0",
+BASE = ["workload=bert", "scale=tiny", "progress=false", "checkpoint.enabled=true", "checkpoint.durability=commit", "checkpoint.keep_last=0",
         "train.epochs=1", "checkpoint.steps_between_checkpoints=2", "train.computation_time=0"]
 SPARSE = ["checkpoint.update=sparse", "checkpoint.update_fraction=0.01"]
 CASES = {

@@ -149,7 +149,7 @@ def test_a_run_under_strace_commits_durably(workdir, layout="megatron"):
     command = [strace, "-f", "-y", "-qq", "-o", str(log),
                "-e", "trace=open,openat,mkdir,mkdirat,rename,renameat,renameat2,fsync,fdatasync",
                str(BIN / "dlio_ckpt"), "workload=bert", "scale=tiny", "checkpoint.enabled=true", "checkpoint.keep_last=0",
-               f"checkpoint.layout={layout}", "train.epochs=1", "checkpoint.steps_between_checkpoints=2",
+               "checkpoint.durability=commit", f"checkpoint.layout={layout}", "train.epochs=1", "checkpoint.steps_between_checkpoints=2",
                "progress=false", f"storage.root={store}", f"hydra.run.dir={workdir / 'run'}"]
     done = subprocess.run(command, cwd=workdir, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

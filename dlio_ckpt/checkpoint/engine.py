@@ -251,7 +251,7 @@ class CheckpointEngineImpl:
         the tag and retention, which come after the commit and never undo it. The encoder adopts
         what it encoded for this checkpoint only once the manifest is written."""
         start = now()
-        if error is None:
+        if error is None and self.durability.commit:  # framework durability: only the framework's own calls
             try:
                 self.sync_file_folders(step, [e.path for e in entries])
             except OSError as exc:  # reported like a failed write: the checkpoint is not committed
@@ -272,7 +272,7 @@ class CheckpointEngineImpl:
                     self.discard_failed(step)
                     mine = failure_text(exc)
                     status = ("failed", 0)
-                if status[0] == "ok":
+                if status[0] == "ok" and self.durability.commit:  # framework: its tag and retention are written above
                     status, mine = self._after_commit(step, status[1])
         status = self.world.bcast(status)
         if self._encoder is not None:
