@@ -113,6 +113,7 @@ def main(argv=None) -> None:
             with open(args.metrics, "w") as f:
                 json.dump(result, f)
         print(json.dumps(result))
+    dist.barrier()  # every rank is done with the group before any tears it down (the tutorials' cleanup)
     dist.destroy_process_group()
 
 

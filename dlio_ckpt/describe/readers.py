@@ -23,6 +23,10 @@ from pathlib import Path
 from dlio_ckpt.errors import MissingDependency, UserError
 
 FORMATS = ("torch", "npz", "safetensors", "dcp", "tensorflow")
+# A Keras 3 optimizer tracks the model's weights as `_trainable_variables`, and a TensorFlow
+# checkpoint names each variable by the first object-graph path that reaches it, so the weights
+# of a tf.train.Checkpoint(optimizer=..., net=...) appear as optimizer/_trainable_variables/<i>.
+_MODEL_REFERENCE = "/_trainable_variables/"
 _OPTIMIZER_PART = re.compile(r"(^|[._/])(optim\w*|opt_state\w*)($|[._/])", re.IGNORECASE)
 # safetensors' dtype codes (huggingface/safetensors, the format's README) and their element sizes
 _SAFETENSORS_DTYPES = {
@@ -53,6 +57,8 @@ class Tensor:
 
     @property
     def role(self) -> str:
+        if _MODEL_REFERENCE in self.name:
+            return "model"
         return "optimizer" if _OPTIMIZER_PART.search(self.name) else "model"
 
 
