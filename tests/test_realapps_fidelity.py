@@ -139,3 +139,38 @@ def test_emulation_issues_the_programs_io(measured, name):
     # neither side writes the dataset during training
     assert real["dataset"]["bytes_written"] == emu["dataset"]["bytes_written"] == 0
     assert saves >= 2
+
+
+def test_strace_lines_are_tallied_per_file_class(tmp_path):
+    """The counter itself, on lines as strace -ff -y -s 0 writes them (no strace needed)."""
+    from strace_io import Classifier, tally
+
+    lines = [
+        'openat(AT_FDCWD</w>, "/r/data/x/f1.npz", O_RDONLY|O_CLOEXEC) = 3</r/data/x/f1.npz>',
+        'read(3</r/data/x/f1.npz>, ""..., 4096) = 3328',
+        'lseek(3</r/data/x/f1.npz>, -22, SEEK_END)  = 3306',
+        'read(3</r/data/x/f1.npz>, "", 1)           = 0',
+        'openat(AT_FDCWD</w>, "/r/data/x", O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_DIRECTORY) = 4</r/data/x>',
+        'openat(AT_FDCWD</w>, "/r/data/x/.dlio_ckpt_dataset.json", O_RDONLY) = 5</r/data/x/.dlio_ckpt_dataset.json>',
+        'read(5</r/data/x/.dlio_ckpt_dataset.json>, ""..., 8192) = 700',
+        'openat(AT_FDCWD</w>, "/r/ck/a.tmp", O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC, 0666) = 6</r/ck/a.tmp>',
+        'writev(6</r/ck/a.tmp>, [...], 3)          = 70000',
+        'pwrite64(6</r/ck/a.tmp>, ""..., 64, 0) = 64',
+        'fsync(6</r/ck/a.tmp>)                     = 0',
+        'renameat2(AT_FDCWD</r/ck>, "a.tmp", AT_FDCWD</r/ck>, "a", RENAME_NOREPLACE) = 0',
+        'rename("/r/ck/b.tmp", "/r/ck/b") = 0',
+        'unlink("/r/ck/old") = 0',
+        'openat(AT_FDCWD</w>, "/r/ck/missing", O_RDONLY) = -1 ENOENT (No such file or directory)',
+        'read(7</usr/lib/python3/os.py>, ""..., 4096) = 4096',
+        '--- SIGCHLD {si_signo=SIGCHLD} ---',
+    ]
+    (tmp_path / "trace.1").write_text("\n".join(lines[:9]) + "\n")
+    (tmp_path / "trace.2").write_text("\n".join(lines[9:]) + "\n")
+    got = tally(sorted(tmp_path.glob("trace.*")), Classifier("/r", "/r/data/x", ".npz", ("/r/ck",)))
+    d, c, o = (got[k].as_dict() for k in ("dataset", "checkpoint", "other"))
+    assert (d["opens"], d["reads"], d["seeks"], d["bytes_read"], d["files"]) == (1, 2, 1, 3328, 1)
+    assert d["read_sizes"] == {"0": 1, "4KiB": 1}
+    assert (o["opens"], o["reads"], o["bytes_read"]) == (1, 1, 700)
+    assert (c["opens"], c["writes"], c["bytes_written"], c["fsyncs"], c["renames"], c["unlinks"]) == (1, 2, 70064, 1, 2, 1)
+    assert c["write_sizes"] == {"64B": 1, "128KiB": 1}
+    assert c["files"] == 4  # a.tmp, a, b, old
