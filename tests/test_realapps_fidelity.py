@@ -127,7 +127,7 @@ def test_emulation_issues_the_programs_io(measured, name):
     _check_ratio(name, "checkpoint", "bytes_written", real["checkpoint"]["bytes_written"], emu["checkpoint"]["bytes_written"], BYTES_TOLERANCE)
     _check_ratio(name, "checkpoint", "writes", real["checkpoint"]["writes"], emu["checkpoint"]["writes"], CALLS_TOLERANCE)
     _check_ratio(name, "checkpoint", "opens", real["checkpoint"]["opens"], emu["checkpoint"]["opens"], CALLS_TOLERANCE)
-    for key in ("fsyncs", "renames"):
+    for key in ("fsyncs", "renames", "unlinks"):
         _check_equal(name, "checkpoint", key, real["checkpoint"][key], emu["checkpoint"][key])
     # no read-back the program does not do (TensorFlow's CheckpointManager reads its `checkpoint` tag)
     assert emu["checkpoint"]["bytes_read"] <= real["checkpoint"]["bytes_read"], (real["checkpoint"], emu["checkpoint"])
