@@ -23,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,13 +48,21 @@ class CommandFailed(RuntimeError):
 def run(cmd: list[str], log: Path, timeout: float) -> float:
     """Run a command, its output appended to `log`; the wall seconds, or CommandFailed with the tail."""
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    # its own process group: on a timeout every process it started (torchrun's workers, MPI
+    # ranks, DataLoader workers) is killed with it, not only the first
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise CommandFailed(f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n{stderr[-3000:]}") from None
     wall = time.perf_counter() - start
     with open(log, "a") as out:
-        out.write(f"$ {' '.join(cmd)}\n# rc={proc.returncode} wall={wall:.3f}s\n{proc.stdout}\n{proc.stderr}\n")
+        out.write(f"$ {' '.join(cmd)}\n# rc={proc.returncode} wall={wall:.3f}s\n{stdout}\n{stderr}\n")
     if proc.returncode != 0:
-        raise CommandFailed(f"rc={proc.returncode}: {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise CommandFailed(f"rc={proc.returncode}: {' '.join(cmd)}\n{stdout[-2000:]}\n{stderr[-3000:]}")
     return wall
 
 
