@@ -114,6 +114,11 @@ def main(argv=None) -> None:
                 json.dump(result, f)
         print(json.dumps(result))
     dist.barrier()  # every rank is done with the group before any tears it down (the tutorials' cleanup)
+    # torch 2.13 + gloo can deadlock at teardown: the main thread, holding the GIL, joins gloo's
+    # run-loop thread (~ProcessGroupGloo, when DDP's Reducer drops the group), while that thread
+    # waits for the GIL to free the Python tensors of the work it just finished (seen with gdb,
+    # about one run in five). A moment's pause lets it finish first.
+    time.sleep(0.2)
     dist.destroy_process_group()
 
 
