@@ -93,3 +93,16 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, name, content
     assert expected in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ([name] if content is not None else [])
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_dcp_folder_is_read_from_its_metadata(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {"w": torch.zeros(16, 4), "b": torch.zeros(16, dtype=torch.bfloat16)},
+             "optim": {"state": {"w": {"exp_avg": torch.zeros(16, 4)}}}}
+    dcp.save(state, checkpoint_id=str(tmp_path / "epoch_1"))  # no process group: DCP saves as one rank
+    m = describe(capsys, tmp_path / "epoch_1")
+    assert (m["model_dtype_bytes"], m["layer_parameters"], m["model_size_bytes"]) == (4, [64], 32)
+    assert (m["optimizer_dtype_bytes"], m["optimization_groups"]) == (4, [64])
