@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import struct
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
 
-from conftest import BIN, load_summary, run_cli  # noqa: F401
+from conftest import BIN, run_cli
 
 from dlio_ckpt.describe.cli import main
 
