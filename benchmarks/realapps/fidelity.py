@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from programs import PROGRAMS, Program, Size  # noqa: E402
-from strace_io import CLASSES, Classifier, strace_command, tally  # noqa: E402
+from strace_io import CLASSES, Classifier, strace_available, strace_command, tally  # noqa: E402
 
 COUNT_KEYS = ("opens", "reads", "writes", "seeks", "fsyncs", "renames", "unlinks", "bytes_read", "bytes_written")
 
@@ -228,10 +228,18 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     from _common import environment, write_json
 
-    results = []
-    for name in args.programs.split(","):
+    names = args.programs.split(",")
+    for name in names:
         if name not in PROGRAMS:
             p.error(f"--programs: no program {name!r}; choose from {', '.join(PROGRAMS)}")
+        try:
+            __import__(PROGRAMS[name].needs)
+        except ImportError:
+            p.error(f"{name} needs {PROGRAMS[name].needs}: install it, or leave {name} out of --programs")
+    if not args.no_trace and strace_available():
+        p.error(f"{strace_available()}; or pass --no-trace for the times only")
+    results = []
+    for name in names:
         workdir = Path(tempfile.mkdtemp(prefix=f"realapps-{name}-", dir=args.workdir))
         try:
             result = measure(PROGRAMS[name], args.size, workdir, args.repeats, trace=not args.no_trace)
