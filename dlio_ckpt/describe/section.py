@@ -1,0 +1,105 @@
+"""A tensor list -> the explicit model section the current schema accepts (pure), and its YAML.
+
+The schema (config/schema.py ModelConfig, plan/model.py `_explicit_shards`) declares an explicit
+model as a list of tensor element counts at one model element size (`layer_parameters` x
+`model_dtype_bytes`), a list of optimizer tensors at one optimizer element size
+(`optimization_groups` x `optimizer_dtype_bytes`, one state each) and a byte blob
+(`model_size_bytes`). Names, shapes and per-tensor dtypes have no key yet, so:
+
+- the element size holding most of a role's bytes becomes that role's dtype size;
+- every tensor of that size is one entry (its element count), in the checkpoint's order;
+- tensors of any other size (BatchNorm's int64 `num_batches_tracked`, an int32 step counter)
+  are added, byte for byte, to `model_size_bytes`;
+- each entry carries its name, shape and dtype as a YAML comment, so nothing is lost to a reader
+  and a later schema with per-tensor dtypes can be filled from the same output.
+
+Bytes are exact (the sum of the section equals the sum of the tensors); the tensor count differs
+only by the folded tensors, which become one blob.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from dlio_ckpt.describe.readers import Tensor, TensorList
+
+_SIZES = (1, 2, 4, 8)  # the element sizes model_dtype_bytes / optimizer_dtype_bytes accept
+
+
+def dominant_size(tensors: list[Tensor], default: int = 4) -> int:
+    weights = Counter()
+    for t in tensors:
+        if t.itemsize in _SIZES:
+            weights[t.itemsize] += t.nbytes
+    return max(weights, key=lambda size: (weights[size], size)) if weights else default
+
+
+def model_section(listing: TensorList, name: str) -> dict:
+    """The `model:` mapping plus, under '_notes', what each entry stands for (for the YAML comments)."""
+    model = [t for t in listing.tensors if t.role == "model" and t.numel]
+    optimizer = [t for t in listing.tensors if t.role == "optimizer" and t.numel]
+    mdt, odt = dominant_size(model), dominant_size(optimizer)
+    layers = [t for t in model if t.itemsize == mdt]
+    groups = [t for t in optimizer if t.itemsize == odt]
+    folded = [t for t in model if t.itemsize != mdt] + [t for t in optimizer if t.itemsize != odt]
+    return {
+        "name": name,
+        "kind": "explicit",
+        "model_size_bytes": sum(t.nbytes for t in folded),
+        "model_dtype_bytes": mdt,
+        "layer_parameters": [t.numel for t in layers],
+        "optimizer_dtype_bytes": odt,
+        "optimizer_states": 1,
+        "optimization_groups": [t.numel for t in groups],
+        "_notes": {"layer_parameters": layers, "optimization_groups": groups, "model_size_bytes": folded},
+    }
+
+
+def section_bytes(section: dict) -> int:
+    """The bytes the section declares (what the emulation writes per full checkpoint)."""
+    return (section["model_size_bytes"] + section["model_dtype_bytes"] * sum(section["layer_parameters"])
+            + section["optimizer_dtype_bytes"] * section["optimizer_states"] * sum(section["optimization_groups"]))
+
+
+def _describe(t: Tensor) -> str:
+    return f"{t.name} {list(t.shape)} {t.dtype}"
+
+
+def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
+    notes = section["_notes"]
+    by_dtype = Counter()
+    for t in listing.tensors:
+        by_dtype[t.dtype] += t.nbytes
+    total = sum(t.nbytes for t in listing.tensors)
+    on_disk = f", {file_bytes:,} bytes on disk" if file_bytes is not None else ""
+    lines = [
+        f"# Written by dlio_ckpt-describe-model from {Path(listing.path).name} ({listing.format}{on_disk}).",
+        f"# {len(listing.tensors)} tensors, {total:,} bytes: "
+        + ", ".join(f"{dtype} {nbytes:,} B" for dtype, nbytes in by_dtype.most_common())
+        + (f"; {listing.other_entries} non-tensor entries not described" if listing.other_entries else "") + ".",
+        "# Per-tensor dtypes have no key in the schema yet: tensors whose element size differs from",
+        "# model_dtype_bytes / optimizer_dtype_bytes are counted byte for byte in model_size_bytes.",
+        "model:",
+        f"  name: {section['name']}",
+        "  kind: explicit",
+    ]
+    folded = notes["model_size_bytes"]
+    if folded:
+        lines.append("  # model_size_bytes holds these tensors of another element size:")
+        lines += [f"  #   {_describe(t)}: {t.nbytes} B" for t in folded]
+    lines.append(f"  model_size_bytes: {section['model_size_bytes']}")
+    lines.append(f"  model_dtype_bytes: {section['model_dtype_bytes']}")
+    lines += _list("layer_parameters", section["layer_parameters"], notes["layer_parameters"])
+    lines.append(f"  optimizer_dtype_bytes: {section['optimizer_dtype_bytes']}")
+    lines.append("  optimizer_states: 1   # each optimizer tensor below is its own group")
+    lines += _list("optimization_groups", section["optimization_groups"], notes["optimization_groups"])
+    lines.append(f"# declared bytes: {section_bytes(section):,} (= the tensors' {total:,})")
+    return "\n".join(lines) + "\n"
+
+
+def _list(key: str, values: list[int], tensors: list[Tensor]) -> list[str]:
+    if not values:
+        return [f"  {key}: []"]
+    width = max(len(str(v)) for v in values)
+    return [f"  {key}:"] + [f"    - {v:<{width}}   # {_describe(t)}" for v, t in zip(values, tensors)]

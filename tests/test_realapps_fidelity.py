@@ -1,0 +1,176 @@
+"""The reference programs (benchmarks/realapps/) against their emulations, counted by strace.
+
+Each test runs one tiny program and its emulation once each under strace (fidelity.py's
+`measure`, no timing repeats: no time is asserted) and checks, per file class, the bytes, read
+and write calls, fsyncs, renames and checkpoint read-back against issue 21's targets:
+bytes within 1 %, calls within 10 %, fsyncs and renames equal, no read-back.
+
+Where the emulation is known to differ today and another branch is fixing it (issue 21 items 1
+and 2: framework-faithful checkpoint I/O, worker processes and np.load's read pattern), the
+accepted range is widened in NOT_YET_FAITHFUL below, and only there; every range also holds the
+target, so a fix passes at once and the coordinator then deletes the entry. A regression beyond
+today's figures fails. Skips, with the reason, without strace, torch or TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REALAPPS = Path(__file__).resolve().parents[1] / "benchmarks" / "realapps"
+sys.path.insert(0, str(REALAPPS))
+
+from fidelity import measure  # noqa: E402
+from programs import PROGRAMS  # noqa: E402
+from strace_io import strace_available  # noqa: E402
+
+# Issue 21's targets, emulated / real.
+BYTES_TOLERANCE = 0.01
+CALLS_TOLERANCE = 0.10
+
+# Known differences being fixed on other branches: (program, file class, count) -> the
+# emulated/real range accepted until the fix is merged (None in an "extra" entry: calls the real
+# program never makes). Figures measured at this commit (tiny sizes) are in the comments; each
+# range holds both today's figure (with a margin) and the target.
+NOT_YET_FAITHFUL: dict[tuple[str, str, str], tuple[float, float]] = {
+    # np.load: the real program reads through a 4 KiB buffer with seeks and header re-reads
+    # (234,496 B, 192 reads for 16 files x 2 epochs); the emulation preads each zip member (0.49x
+    # the bytes, 2.0x the calls). Branch "loaders".
+    ("pytorch_cnn", "dataset", "bytes_read"): (0.40, 1.01),
+    ("pytorch_cnn", "dataset", "reads"): (0.90, 2.50),
+    ("ddp_dcp", "dataset", "bytes_read"): (0.40, 1.01),
+    ("ddp_dcp", "dataset", "reads"): (0.90, 2.50),
+    # torch.save: one write per tensor record (94 for 2 saves); the emulation today writes every
+    # zip field apart (1,080: 11.5x). Branch "ckpt-faithful".
+    ("pytorch_cnn", "checkpoint", "writes"): (0.90, 14.0),
+    ("pytorch_cnn", "checkpoint", "opens"): (0.90, 3.6),   # 2 -> 6: + its manifest, written and renamed
+    # DCP: whole tensors split over the ranks by DCP's planner, each tensor's bytes through
+    # torch.save's serializer, a 36,712-byte .metadata (10,070,146 B per save, 350 writes, 6
+    # fsyncs, 2 renames); the emulation writes everything from rank 0 in the torch container
+    # with a 3,813-byte .metadata (0.981x the bytes, 3.09x the writes, 1.67x the opens).
+    ("ddp_dcp", "checkpoint", "bytes_written"): (0.97, 1.01),
+    ("ddp_dcp", "checkpoint", "writes"): (0.90, 3.6),
+    ("ddp_dcp", "checkpoint", "opens"): (0.90, 2.0),
+    # TensorFlow: opens 12 -> 20 (the manifest and fsyncs of the folders)
+    ("keras_tfdata", "checkpoint", "opens"): (0.90, 2.0),
+}
+# Calls the real program never makes, accepted today: (program, file class, count) -> how many
+# more the emulation may issue in the whole tiny run (target: 0). Branch "ckpt-faithful".
+EXTRA_CALLS_NOT_YET: dict[tuple[str, str, str], int] = {
+    ("pytorch_cnn", "checkpoint", "fsyncs"): 4,    # today: file + folder per save (torch.save: none)
+    ("pytorch_cnn", "checkpoint", "renames"): 2,   # today: the manifest (torch.save: none)
+    ("ddp_dcp", "checkpoint", "fsyncs"): 4,        # today 10 (DCP: 6, one per file)
+    ("ddp_dcp", "checkpoint", "renames"): 2,       # today 4 (DCP: 2, .metadata through a temporary name)
+    ("keras_tfdata", "checkpoint", "fsyncs"): 8,   # today 8 (TensorFlow: none)
+}
+
+# The traced tiny runs of these take 30-60 s on two busy cores (TensorFlow's and torchrun's
+# start-up under strace), beyond the suite's budget: they run when this variable is "all".
+SLOW = {"ddp_dcp", "keras_tfdata"}
+SLOW_SWITCH = "DLIO_CKPT_TEST_REALAPPS"
+
+
+def _skip_reason(program) -> str | None:
+    if program.name in SLOW and os.environ.get(SLOW_SWITCH) != "all":
+        return f"{program.name}: its traced run takes 30-60 s here; set {SLOW_SWITCH}=all to run it"
+    reason = strace_available()
+    if reason:
+        return reason
+    try:
+        __import__(program.needs)
+    except ImportError:
+        return f"{program.name} needs {program.needs}, which is not installed"
+    return None
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """Each program measured once (lazily) for all the checks on it."""
+    cache: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        program = PROGRAMS[name]
+        reason = _skip_reason(program)
+        if reason:
+            pytest.skip(reason)
+        if name not in cache:
+            cache[name] = measure(program, "tiny", tmp_path_factory.mktemp(name), repeats=0, timeout=240)
+        return cache[name]
+
+    return get
+
+
+def _check_ratio(name: str, cls: str, key: str, real: int, emulated: int, tolerance: float) -> None:
+    lo, hi = NOT_YET_FAITHFUL.get((name, cls, key), (1 - tolerance, 1 + tolerance))
+    assert real > 0, f"{name}: the real program has no {cls} {key}: the check would mean nothing"
+    assert lo <= emulated / real <= hi, f"{name} {cls} {key}: emulated {emulated:,} / real {real:,} = {emulated / real:.3f}, accepted {lo}..{hi}"
+
+
+def _check_equal(name: str, cls: str, key: str, real: int, emulated: int) -> None:
+    extra = EXTRA_CALLS_NOT_YET.get((name, cls, key), 0)
+    assert real <= emulated <= real + extra, f"{name} {cls} {key}: emulated {emulated}, real {real} (+{extra} accepted)"
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_emulation_issues_the_programs_io(measured, name):
+    result = measured(name)
+    real, emu = result["io"]["real"], result["io"]["emulated"]
+    saves = result["sizes"]["epochs"]
+    # checkpoint bytes per save: issue 21's target, met today by every program
+    per_save = result["io_ratio"]["checkpoint_bytes_per_save"]
+    assert per_save["real"] > 0
+    lo, hi = NOT_YET_FAITHFUL.get((name, "checkpoint", "bytes_written"), (1 - BYTES_TOLERANCE, 1 + BYTES_TOLERANCE))
+    assert lo <= per_save["emulated"] / per_save["real"] <= hi, per_save
+    _check_ratio(name, "checkpoint", "bytes_written", real["checkpoint"]["bytes_written"], emu["checkpoint"]["bytes_written"], BYTES_TOLERANCE)
+    _check_ratio(name, "checkpoint", "writes", real["checkpoint"]["writes"], emu["checkpoint"]["writes"], CALLS_TOLERANCE)
+    _check_ratio(name, "checkpoint", "opens", real["checkpoint"]["opens"], emu["checkpoint"]["opens"], CALLS_TOLERANCE)
+    for key in ("fsyncs", "renames", "unlinks"):
+        _check_equal(name, "checkpoint", key, real["checkpoint"][key], emu["checkpoint"][key])
+    # no read-back the program does not do (TensorFlow's CheckpointManager reads its `checkpoint` tag)
+    assert emu["checkpoint"]["bytes_read"] <= real["checkpoint"]["bytes_read"], (real["checkpoint"], emu["checkpoint"])
+    # the dataset: every file opened as often, bytes and calls
+    assert real["dataset"]["files"] == emu["dataset"]["files"] == result["sizes"]["files"]
+    _check_ratio(name, "dataset", "opens", real["dataset"]["opens"], emu["dataset"]["opens"], CALLS_TOLERANCE)
+    _check_ratio(name, "dataset", "bytes_read", real["dataset"]["bytes_read"], emu["dataset"]["bytes_read"], BYTES_TOLERANCE)
+    _check_ratio(name, "dataset", "reads", real["dataset"]["reads"], emu["dataset"]["reads"], CALLS_TOLERANCE)
+    # neither side writes the dataset during training
+    assert real["dataset"]["bytes_written"] == emu["dataset"]["bytes_written"] == 0
+    assert saves >= 2
+
+
+def test_strace_lines_are_tallied_per_file_class(tmp_path):
+    """The counter itself, on lines as strace -ff -y -s 0 writes them (no strace needed)."""
+    from strace_io import Classifier, tally
+
+    lines = [
+        'openat(AT_FDCWD</w>, "/r/data/x/f1.npz", O_RDONLY|O_CLOEXEC) = 3</r/data/x/f1.npz>',
+        'read(3</r/data/x/f1.npz>, ""..., 4096) = 3328',
+        'lseek(3</r/data/x/f1.npz>, -22, SEEK_END)  = 3306',
+        'read(3</r/data/x/f1.npz>, "", 1)           = 0',
+        'openat(AT_FDCWD</w>, "/r/data/x", O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_DIRECTORY) = 4</r/data/x>',
+        'openat(AT_FDCWD</w>, "/r/data/x/.dlio_ckpt_dataset.json", O_RDONLY) = 5</r/data/x/.dlio_ckpt_dataset.json>',
+        'read(5</r/data/x/.dlio_ckpt_dataset.json>, ""..., 8192) = 700',
+        'openat(AT_FDCWD</w>, "/r/ck/a.tmp", O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC, 0666) = 6</r/ck/a.tmp>',
+        'writev(6</r/ck/a.tmp>, [...], 3)          = 70000',
+        'pwrite64(6</r/ck/a.tmp>, ""..., 64, 0) = 64',
+        'fsync(6</r/ck/a.tmp>)                     = 0',
+        'renameat2(AT_FDCWD</r/ck>, "a.tmp", AT_FDCWD</r/ck>, "a", RENAME_NOREPLACE) = 0',
+        'rename("/r/ck/b.tmp", "/r/ck/b") = 0',
+        'unlink("/r/ck/old") = 0',
+        'openat(AT_FDCWD</w>, "/r/ck/missing", O_RDONLY) = -1 ENOENT (No such file or directory)',
+        'read(7</usr/lib/python3/os.py>, ""..., 4096) = 4096',
+        '--- SIGCHLD {si_signo=SIGCHLD} ---',
+    ]
+    (tmp_path / "trace.1").write_text("\n".join(lines[:9]) + "\n")
+    (tmp_path / "trace.2").write_text("\n".join(lines[9:]) + "\n")
+    got = tally(sorted(tmp_path.glob("trace.*")), Classifier("/r", "/r/data/x", ".npz", ("/r/ck",)))
+    d, c, o = (got[k].as_dict() for k in ("dataset", "checkpoint", "other"))
+    assert (d["opens"], d["reads"], d["seeks"], d["bytes_read"], d["files"]) == (1, 2, 1, 3328, 1)
+    assert d["read_sizes"] == {"0": 1, "4KiB": 1}
+    assert (o["opens"], o["reads"], o["bytes_read"]) == (1, 1, 700)
+    assert (c["opens"], c["writes"], c["bytes_written"], c["fsyncs"], c["renames"], c["unlinks"]) == (1, 2, 70064, 1, 2, 1)
+    assert c["write_sizes"] == {"64B": 1, "128KiB": 1}
+    assert c["files"] == 4  # a.tmp, a, b, old
