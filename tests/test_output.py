@@ -132,6 +132,15 @@ def test_the_page_cache_is_part_of_the_one_verdict(train_run):
     assert summary["train"]["run_verdict"]["line"] in _line(stdout, "verdict")
 
 
+def test_plan_mode_without_an_accelerator_says_the_figures_are_the_workloads(workdir):
+    done = run_cli(["workload=llama3_8b", "mode=plan", "metric.au=0.8", f"hydra.run.dir={workdir / 'plan'}"], workdir / "cwd")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((workdir / "plan" / "plan.json").read_text())
+    assert plan["accelerator"] is None and plan["au_target"] == 0.8
+    assert _line(done.stdout, "accelerator").split("accelerator", 1)[1].strip().startswith("none named: the workload's own figures")
+    assert "0.80 (metric.au)" in _line(done.stdout, "AU target")
+
+
 def test_plan_mode_shows_the_dataset_side(workdir):
     run = workdir / "plan"
     done = run_cli(["workload=resnet", "mode=plan", "world.size=8", f"hydra.run.dir={run}"], workdir / "cwd")
@@ -144,6 +153,11 @@ def test_plan_mode_shows_the_dataset_side(workdir):
     assert f"{data['required_mib_per_s']:.1f} MiB/s" in _line(done.stdout, "dataset read needed")
     assert _line(done.stdout, "dataset").split("dataset", 1)[1].strip().startswith(f"{data['files_train']:,} files")
     assert plan["checkpoint"]["enabled"] is False  # resnet does not checkpoint: the table says so
+    # the accelerator the compute time stands for, and the AU target a run must reach
+    assert plan["accelerator"] == "h100" and plan["au_target"] == 0.9
+    assert _line(done.stdout, "accelerator").endswith(f"h100: {data['compute_s_per_step']:.3f} s compute per step, "
+                                                      f"batch {data['batch_size']} (accelerator=NAME picks another of the workload's)")
+    assert "0.90 (metric.au)" in _line(done.stdout, "AU target")
     assert "off in this workload" in _line(done.stdout, "checkpointing")
 
 
