@@ -16,6 +16,7 @@ from typing import Any
 from dlio_ckpt.clean import created_paths
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.engine.left_on_disk import left_on_disk
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency, mlperf
 from dlio_ckpt.metrics import summary as summaries
@@ -115,6 +116,7 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
     summary["warnings"] = warnings
     wrote_checkpoints = bool((summary.get("checkpoint") or {}).get("writes"))
     summary["created"] = created_paths(config, ctx.checkpoint_root() if wrote_checkpoints else None, summary.get("dataset"))
+    summary["left_on_disk"] = left_on_disk(config, summary["created"], summary.get("dataset"), run_dir)
     summary.update(mlperf.dlio_header(everyone, started_at))
     summary["metric"] = mlperf.dlio_metric([summary], config.dataset.record_length_bytes)
     summaries.write_summary(run_dir, summary)

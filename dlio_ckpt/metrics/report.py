@@ -119,7 +119,23 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("run folder", summary["run_dir"]))
     for note in summary.get("warnings", []):
         rows.append(("warning", note))
-    return rows
+    return rows + left_on_disk_rows(summary.get("left_on_disk"))
+
+
+def left_on_disk_rows(left: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The last row: the bytes this run left under storage.root, where, and how to remove them."""
+    if left is None:
+        return []
+    parts = [f"checkpoints {c['bytes'] / MIB:,.1f} MiB in {c['folder']}" for c in left["checkpoints"]]
+    data = left["dataset"]
+    if data and data["created_by_this_run"]:
+        parts.insert(0, f"dataset {data['bytes'] / MIB:,.1f} MiB in {data['folder']}")
+    text = (f"{left['bytes'] / MIB:,.1f} MiB: " + ", ".join(parts) + f"; remove with: {left['clean_command']}"
+            if left["bytes"] else "nothing of this run's")
+    if data and not data["created_by_this_run"]:
+        text += (f" (the dataset it reused, {data['bytes'] / MIB:,.1f} MiB in {data['folder']}, is an earlier run's; "
+                 "clean keeps it)")
+    return [("left on disk", text)]
 
 
 def goodput_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
