@@ -21,8 +21,10 @@ recorded call is then adapted mechanically and run for real:
 
 A command followed in its block by a `PROG: error:` line must exit 2 printing that line (a `...`
 in the documented line stands for text that varies); `# exit N` in a comment sets the expected
-exit code. Identical adapted commands run once. One test per document, so the documents run in
-parallel under xdist.
+exit code. Identical adapted commands run once in a block (a repeat that names another run folder
+gets a copy of the first run's). One test per block, so blocks run in parallel under xdist; the
+fixtures are made once per worker. Measured: 38 tests, 55 s of CPU in all (user + system, every
+run included), so about half a minute on two idle cores with the suite's three workers.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def is_command(line: str, prompted: bool) -> bool:
         return stripped.startswith("$ ")
     first = stripped.split(" ", 1)[0] if stripped else ""
     return (first in PROGRAMS + LAUNCHERS or first in ("for", "done", "done;") or first.startswith(".venv/bin/")
-            or bool(re.match(r"^[A-Z_]+=\S*$", first)))
+            or bool(re.match(r"^[A-Z_]+=\S*$", first))
+            or bool(re.search(r"(&&|;)\s*(\S*/)?(mpirun|dlio_ckpt)\b", stripped)))  # `pip install . && mpirun ...`
 
 
 def block_calls(doc: str, lines: list[str], workdir: Path) -> list[Call]:
@@ -140,7 +143,7 @@ def block_calls(doc: str, lines: list[str], workdir: Path) -> list[Call]:
     return calls
 
 
-def doc_calls(doc: Path, workdir: Path) -> list[list[Call]]:
+def doc_calls(doc: Path, workdir: Path) -> list[list[Call]]:  # the extraction's own test reads a whole document
     """Every block's calls (blocks without a program call are left out)."""
     out = []
     for lines in shell_blocks(doc.read_text()):
@@ -212,7 +215,8 @@ class Fixtures:
     def _run(self, name: str, args: list[str]) -> Path:
         if name not in self.made:
             folder = self.base / "fixtures" / name
-            done = run_cli([*args, f"storage.root={self.base / 'fixtures' / 'store'}", "progress=false"], self.base)
+            root = [] if any(a.startswith("storage.root=") for a in args) else [f"storage.root={self.base / 'fixtures' / 'store'}"]
+            done = run_cli([*args, *root, "progress=false"], self.base)
             assert done.returncode == 0, f"fixture {name}: {done.stderr}"
             self.made[name] = folder
         return self.made[name]
@@ -222,6 +226,14 @@ class Fixtures:
         return self._run("run", ["workload=unet3d", "scale=tiny", "checkpoint.enabled=true", "trace.darshan=true",
                                  "checkpoint.steps_between_checkpoints=2", "failures.at_steps=[3]",
                                  f"hydra.run.dir={self.base / 'fixtures' / 'run'}"])
+
+    def checkpoints(self, workload: str) -> Path:
+        """A tiny mode=checkpoint run's checkpoint folder of `workload` (for checkpoint.restore_from)."""
+        store = self.base / "fixtures" / f"ckpt-{workload}"
+        self._run(f"ckpt-{workload}", [f"workload={workload}", "scale=tiny", "mode=checkpoint", f"storage.root={store}",
+                                       f"hydra.run.dir={self.base / 'fixtures' / ('ckpt-run-' + workload)}"])
+        (folder,) = (store / "checkpoints").iterdir()
+        return folder
 
     def sweep_folder(self) -> Path:
         return self._run("sweep", ["-m", "workload=unet3d", "scale=tiny", "checkpoint.strategy=sync,async",
@@ -334,8 +346,10 @@ def adapt_dlio_ckpt(adapted: Adapted, previous: list[str], workdir: Path, fixtur
             arg = f"storage.root={store}"
         elif key in ("dataset.folder",) and value.startswith("/"):
             arg = f"{key}={workdir / 'outside' / Path(value).name}"
-        elif key == "checkpoint.restore_from":
-            newest = max((store / "checkpoints").iterdir(), key=lambda p: p.stat().st_mtime)
+        elif key == "checkpoint.restore_from":  # the block's own checkpoints, else a fixture's of the workload
+            made = list((store / "checkpoints").iterdir()) if (store / "checkpoints").is_dir() else []
+            workload = next((a.split("=", 1)[1] for a in args if a.startswith("workload=")), "unet3d")
+            newest = max(made, key=lambda p: p.stat().st_mtime) if made else fixtures.checkpoints(workload)
             arg = f"{key}={newest}"
         elif key == "replay.log":
             arg = f"{key}={place(value, workdir / 'cwd', fixtures)}"
@@ -382,6 +396,8 @@ def adapt(call: Call, previous: list[str], workdir: Path, fixtures: Fixtures, in
         if args and not args[0].startswith("-") and not (cwd / args[0]).exists():
             args[0] = str(fixtures.dlio_yaml())
         return Adapted(adapted.program, args)
+    if adapted.program == "dlio_ckpt-analyze" and call.error:  # an error example names what is not there
+        return adapted
     if adapted.program == "dlio_ckpt-analyze":
         args, kind = [], "run"
         for i, arg in enumerate(adapted.args):
@@ -481,50 +497,70 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
 
 
-def run_doc(doc: Path, workdir: Path) -> list[Outcome]:
+def run_block(doc: str, lines: list[str], workdir: Path, fixtures: Fixtures) -> list[Outcome]:
+    """Run one block's calls in order (a block's later commands read what its earlier ones made)."""
     cwd = workdir / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
-    fixtures = Fixtures(workdir)
-    outcomes, seen = [], {}
-    for block in doc_calls(doc, workdir):
-        previous: list[str] = []
-        for call in block:
-            adapted = adapt(call, previous, workdir, fixtures, len(outcomes))
-            if adapted.program == "dlio_ckpt" and unwrap(call).args[:1] != ["..."]:
-                previous = unwrap(call).args
-            outcome = Outcome(call, adapted)
-            outcomes.append(outcome)
-            if adapted.synopsis:
-                synopsis_flags_are_real(adapted, cwd)
-                continue
-            key = (adapted.program, tuple(a for a in adapted.args if not a.startswith("hydra.run.dir=")), adapted.ranks)
-            if key in seen:  # the same command, adapted, ran already (the launcher variants, a loop over -np N)
-                outcome.code, folder = seen[key]
-                named = run_dir_of(adapted)
-                if folder and named and not (cwd / named).exists():
-                    shutil.copytree(cwd / folder, cwd / named)  # the same run, in the folder this command names
-                continue
-            if call.error and "GiB free" in call.error and not short_of_space(call.error, workdir):
-                continue  # a free-space refusal shows only where the disk has less room than the documented need
-            code, out, err = execute(adapted, cwd)
-            outcome.code = code
-            seen[key] = (code, run_dir_of(adapted))
-            if code != call.exit_code:
-                outcome.problems.append(f"exit {code}, expected {call.exit_code}: {err.strip()[-600:] or out[-600:]}")
-            if call.error:
-                printed = next((l for l in err.splitlines() if ": error: " in l), "")
-                roots = {a.split("=", 1)[1]: b.split("=", 1)[1] for a, b in zip(unwrap(call).args, adapted.args)
-                         if a.startswith("storage.root=") and b.startswith("storage.root=")}
-                if not matches(call.error, printed, roots):
-                    outcome.problems.append(f"prints {printed!r}, the document shows {call.error!r}")
+    outcomes, seen, previous = [], {}, []
+    for call in (c for c in block_calls(doc, lines, workdir) if program_of(c.argv)):
+        adapted = adapt(call, previous, workdir, fixtures, len(outcomes))
+        if adapted.program == "dlio_ckpt" and unwrap(call).args[:1] != ["..."]:
+            previous = unwrap(call).args
+        outcome = Outcome(call, adapted)
+        outcomes.append(outcome)
+        if adapted.synopsis:
+            synopsis_flags_are_real(adapted, cwd)
+            continue
+        key = (adapted.program, tuple(a for a in adapted.args if not a.startswith("hydra.run.dir=")), adapted.ranks)
+        if key in seen:  # the same command, adapted, ran already (the launcher variants, a loop over -np N)
+            outcome.code, folder = seen[key]
+            named = run_dir_of(adapted)
+            if folder and named and not (cwd / named).exists():
+                shutil.copytree(cwd / folder, cwd / named)  # the same run, in the folder this command names
+            continue
+        if call.error and "GiB free" in call.error and not short_of_space(call.error, workdir):
+            continue  # a free-space refusal shows only where the disk has less room than the documented need
+        code, out, err = execute(adapted, cwd)
+        outcome.code = code
+        seen[key] = (code, run_dir_of(adapted))
+        if code != call.exit_code:
+            outcome.problems.append(f"exit {code}, expected {call.exit_code}: {err.strip()[-600:] or out[-600:]}")
+        if call.error:
+            printed = next((l for l in err.splitlines() if ": error: " in l), "")
+            roots = {a.split("=", 1)[1]: b.split("=", 1)[1] for a, b in zip(unwrap(call).args, adapted.args)
+                     if a.startswith("storage.root=") and b.startswith("storage.root=")}
+            if not matches(call.error, printed, roots):
+                outcome.problems.append(f"prints {printed!r}, the document shows {call.error!r}")
     return outcomes
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(REPO)) for d in DOCS])
-def test_every_documented_command_runs(doc, tmp_path):
-    if "../shared/" in doc.read_text() and not SHARED.is_dir():
+def command_blocks() -> list[tuple[Path, int]]:
+    """(document, block index) of every shell block that names a program: one test each, so the
+    blocks run in parallel under xdist."""
+    found = []
+    for doc in DOCS:
+        for index, lines in enumerate(shell_blocks(doc.read_text())):
+            if any(re.search(rf"(^|[\s/$]){re.escape(p)}(\s|$)", line) for line in lines for p in PROGRAMS):
+                found.append((doc, index))
+    return found
+
+
+BLOCKS = command_blocks()
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> Fixtures:
+    """Made once per test worker, on first use."""
+    return Fixtures(tmp_path_factory.mktemp("doc-fixtures"))
+
+
+@pytest.mark.parametrize("doc, index", BLOCKS, ids=[f"{d.relative_to(REPO)}#{i}" for d, i in BLOCKS])
+def test_every_documented_command_runs(doc, index, tmp_path, fixtures):
+    lines = shell_blocks(doc.read_text())[index]
+    if any("../shared/" in line for line in lines) and not SHARED.is_dir():
         pytest.skip("../shared (the real Darshan logs) is not here")
-    outcomes = run_doc(doc, tmp_path)
+    outcomes = run_block(doc.name, lines, tmp_path, fixtures)
+    assert outcomes, f"{doc.name} block {index}: no command found in it"
     failed = [f"{o.call.line}\n    ran: {o.adapted.program} {shlex.join(o.adapted.args)}"
               f"{f' under mpirun -n {o.adapted.ranks}' if o.adapted.ranks else ''}\n    " + "\n    ".join(o.problems)
               for o in outcomes if o.problems]
