@@ -29,20 +29,19 @@ run included), so about half a minute on two idle cores with the suite's three w
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
-from contextlib import redirect_stderr, redirect_stdout
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, cli_env, run_cli
+from conftest import REPO, run_cli
 
 DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
 SHARED = (REPO / ".." / "shared").resolve()
@@ -414,45 +413,42 @@ def adapt(call: Call, previous: list[str], workdir: Path, fixtures: Fixtures, in
 
 # -- running --------------------------------------------------------------------------------------
 
-def run_in_fork(main, args: list[str], cwd: Path) -> tuple[int, str, str]:
-    """An analysis-side command's main() in a forked child, in `cwd`: as isolated as a process,
-    without its start-up (importing pandas and PyDarshan)."""
-    read_out, write_out = os.pipe()
-    read_err, write_err = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 1
-        try:
-            os.chdir(cwd)
-            out, err = io.StringIO(), io.StringIO()
-            with redirect_stdout(out), redirect_stderr(err):
-                try:
-                    code = main(args) or 0
-                except SystemExit as exc:
-                    code = exc.code if isinstance(exc.code, int) else 1
-            os.write(write_out, out.getvalue().encode())
-            os.write(write_err, err.getvalue().encode())
-        finally:
-            os._exit(code)
-    os.close(write_out)
-    os.close(write_err)
-    with os.fdopen(read_out) as out, os.fdopen(read_err) as err:
-        stdout, stderr = out.read(), err.read()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), stdout, stderr
+ENTRY_POINTS = {"dlio_ckpt-analyze": "dlio_ckpt.analysis.cli", "dlio_ckpt-import-dlio": "dlio_ckpt.import_dlio",
+                "dlio_ckpt-advise": "dlio_ckpt.advisor.cli"}
+
+
+def _call_main(module: str, args: list[str], cwd: str, out: str, err: str) -> None:
+    """In the forked child: the program's main() in `cwd`, its output in files, its exit code."""
+    import importlib
+
+    os.chdir(cwd)
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.exit(importlib.import_module(module).main(args) or 0)
+
+
+def run_in_fork(program: str, args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """An analysis-side program in a child of the tests' single-threaded forkserver (cli_fork.py):
+    as isolated as a process, without its interpreter start-up."""
+    from cli_fork import _context
+
+    with tempfile.TemporaryDirectory(prefix="doc-cmd-") as folder:
+        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        process = _context().Process(target=_call_main, args=(ENTRY_POINTS[program], args, str(cwd), out, err))
+        process.start()
+        process.join(300)
+        assert process.exitcode is not None, f"{program} {args} did not end in 300 s"
+        read = (Path(path).read_text(errors="replace") if os.path.exists(path) else "" for path in (out, err))
+        return (process.exitcode, *read)
 
 
 def execute(adapted: Adapted, cwd: Path) -> tuple[int, str, str]:
     if adapted.program == "dlio_ckpt":
         done = run_cli(adapted.args, cwd, mpi_ranks=adapted.ranks)
         return done.returncode, done.stdout, done.stderr
-    if adapted.program == "dlio_ckpt-analyze":
-        from dlio_ckpt.analysis.cli import main
-    elif adapted.program == "dlio_ckpt-import-dlio":
-        from dlio_ckpt.import_dlio import main
-    else:
-        from dlio_ckpt.advisor.cli import main
-    return run_in_fork(main, adapted.args, cwd)
+    return run_in_fork(adapted.program, adapted.args, cwd)
 
 
 def synopsis_flags_are_real(adapted: Adapted, cwd: Path) -> None:
