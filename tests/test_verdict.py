@@ -175,7 +175,7 @@ def test_the_table_prints_the_one_verdict_on_every_line(cache):
     assert rows["storage"] == train["storage"]["verdict"]
     assert rows["AU target"].startswith("0.90: NOT met: au_overall 0.200 < 0.90")
     assert rows["AU"].startswith("0.200 over the whole run (au_overall, the one judged); DLIO's block AU 0.200")
-    assert "the AU of the [METRIC] lines" in rows["AU"]
+    assert rows["AU"].endswith("the AU of the [METRIC] lines")  # no metric section given: no DLIO verdict named
     assert rows["time"].endswith("of the training wall time, all ranks together")
     # 128 MiB in 1.9 s = 67.4 MiB/s delivered; 2 ranks x batch 4 x (128 MiB / 160 samples) / 0.1 s = 64 MiB/s needed
     assert train["storage"]["required_mib_per_s"] == pytest.approx(64.0)
@@ -203,6 +203,10 @@ def check_consistent(stdout: str, summary: dict) -> None:
     assert rows["verdict"] == [train["run_verdict"]["line"]]  # one verdict, printed once
     assert rows["storage"] == [train["storage"]["verdict"]]
     assert train["au_verdict"] in rows["AU target"][0].replace("NOT met", "not met")
+    # DLIO's own pass/fail of the [METRIC] lines is named in the AU row as DLIO's, on DLIO's block AU
+    expectation = summary["metric"]["train_au_meet_expectation"]
+    assert rows["AU"][0].endswith(f"whose train_au_meet_expectation ({expectation}) judges it as DLIO does")
+    assert f"[METRIC] train_au_meet_expectation: {expectation}" in stdout
     text = "\n".join(line for line in stdout.splitlines() if not line.startswith("[METRIC]"))
     assert says_storage_bound(text) is (train["storage"]["storage_bound"] is True)
     assert "page cache and the verdict" not in text  # the verdict holds the page cache now

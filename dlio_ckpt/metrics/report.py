@@ -19,7 +19,10 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None) -> list[tuple[str, str]]:
+def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None,
+                dlio_expectation: str | None = None) -> list[tuple[str, str]]:
+    """The training rows; `dlio_expectation` is DLIO's train_au_meet_expectation of the [METRIC]
+    lines, which judges DLIO's block AU and is named as such beside the run's own verdict."""
     wall = f"{train['wall_s']:.2f} s" + (f" (+ evaluation {evaluation['wall_s']:.2f} s)" if evaluation else "")
     rate = train["read_mib_per_s"]
     rate_text = (": no read time was measured, so no rate" if rate is None
@@ -41,7 +44,8 @@ def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None) -> lis
                  f"checkpointing {shares['checkpointing']:.1%} (blocking training), other {shares['other']:.1%} "
                  "of the training wall time, all ranks together"),
         ("AU", f"{train['au_overall']:.3f} over the whole run (au_overall, the one judged); {dlio}, the AU of the "
-               "[METRIC] lines and their train_au_meet_expectation"),
+               "[METRIC] lines" + (f", whose train_au_meet_expectation ({dlio_expectation}) judges it as DLIO does"
+                                   if dlio_expectation else "")),
         ("AU target", f"{train['au_target']:.2f}: {verdict}: {train['au_verdict_reason']}"),
     ] + storage_rows(train.get("storage"))
     judged = train.get("run_verdict")
@@ -95,7 +99,7 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                                 f"{dataset['bytes_on_disk'] / MIB:.1f} MiB, {state}"))
     train = summary.get("train")
     if train:
-        rows += _train_rows(train, summary.get("eval"))
+        rows += _train_rows(train, summary.get("eval"), (summary.get("metric") or {}).get("train_au_meet_expectation"))
     ckpt = summary.get("checkpoint")
     if ckpt and ckpt.get("writes"):
         verify = f", checksum read-back {ckpt['verify_s_max']:.3f} s apart" if ckpt.get("verify_s_max") else ""
