@@ -50,7 +50,7 @@ METRICS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("restart_s", "restart time: restore and warm-up (s)", _IDENTITY),
     ("checkpoint_interval_steps", "checkpoint interval (steps)", _IDENTITY),
     ("required_read_mib_per_s", "read MiB/s training needs", _IDENTITY),
-    ("storage_bound", "storage-bound (delivered < needed)", _IDENTITY),
+    ("storage_bound", "storage-bound (the run's verdict; empty: not judged)", _IDENTITY),
     ("train_read_p99_s", "train read latency p99 (s)", _IDENTITY),
     ("train_read_iops", "train read IOPS", _IDENTITY),
     ("pydarshan_agg_perf_mib_per_s", "PyDarshan I/O performance estimate (MiB/s)", _IDENTITY),

@@ -15,6 +15,7 @@ _EXTRAS = {
     "matplotlib": ("darshan", "plots in the analysis reports"),
     "pandas": ("darshan", "Darshan log analysis (PyDarshan)"),
     "torch": (None, "the torch.save checkpoint format"),
+    "sklearn": ("advisor", "dlio_ckpt-advise (its surrogate models)"),
 }
 
 

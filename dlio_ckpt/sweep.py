@@ -25,6 +25,7 @@ HEADLINE_COLUMNS = (
     ("train_required_read_mib_per_s", ("train", "storage", "required_mib_per_s")),
     ("train_storage_bound", ("train", "storage", "storage_bound")),
     ("train_storage_verdict", ("train", "storage", "verdict")),
+    ("train_verdict", ("train", "run_verdict", "verdict")),
     ("train_read_p99_s", ("latency", "train", "read", "p99_s")),
     ("checkpoint_writes", ("checkpoint", "writes")),
     ("checkpoint_bytes", ("checkpoint", "bytes")),

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import load_summary, run_cli
 from dlio_ckpt.analysis.cli import main as analyze
-from dlio_ckpt.metrics import bandwidth, latency
+from dlio_ckpt.metrics import bandwidth, latency, verdict
 from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, load_run_events
 
 MIB = float(1 << 20)
@@ -77,18 +77,23 @@ def test_required_bandwidth_is_ranks_times_batch_times_sample_bytes_over_compute
 @pytest.mark.parametrize("delivered, bound, word", [(50.0, True, "storage-bound"), (105.0, False, "borderline"),
                                                     (300.0, False, "not storage-bound"), (None, None, "cannot judge")])
 def test_storage_verdict_says_whether_and_by_how_much(delivered, bound, word):
-    verdict = bandwidth.storage_verdict(100.0, delivered)
-    assert verdict["storage_bound"] is bound
-    assert verdict["verdict"].startswith(word)
+    judged = verdict.judge(verdict.Evidence(fewest_steps=10, au_overall=0.5, au_target=0.9, required_mib_per_s=100.0,
+                                            delivered_mib_per_s=delivered, data_wait_share=0.05, checkpoint_share=0.0,
+                                            page_cache_risk=False))
+    assert judged["storage_bound"] is bound
+    assert judged["storage_line"].startswith(word)
     if delivered:
-        assert verdict["delivered_over_required"] == pytest.approx(delivered / 100.0)
-        assert f"{delivered / 100.0:.{2 if delivered < 110 else 1}f}x" in verdict["verdict"]
+        assert judged["delivered_over_required"] == pytest.approx(delivered / 100.0)
+        assert f"{delivered / 100.0:.{2 if delivered < 110 else 1}f}x" in judged["storage_line"]
 
 
 def test_a_fast_storage_that_still_made_training_wait_says_so():
-    assert "yet training waited for data 40%" in bandwidth.storage_verdict(100.0, 300.0, 0.4)["verdict"]
-    assert "waited" not in bandwidth.storage_verdict(100.0, 300.0, 0.05)["verdict"]
-    assert "waited" not in bandwidth.storage_verdict(100.0, 50.0, 0.9)["verdict"]
+    def line(delivered, wait):
+        return verdict.judge(verdict.Evidence(10, 0.5, 0.9, 100.0, delivered, wait, 0.0, False))["line"]
+
+    assert "waited for data 40.0%" in line(300.0, 0.4) and "input pipeline" in line(300.0, 0.4)
+    assert "waited" not in line(300.0, 0.05)
+    assert "input pipeline" not in line(50.0, 0.9)
 
 
 def test_a_run_reports_required_and_delivered_bandwidth_and_a_verdict(train_run):
@@ -98,7 +103,8 @@ def test_a_run_reports_required_and_delivered_bandwidth_and_a_verdict(train_run)
     assert storage["bytes_per_sample"] == pytest.approx(per_sample)
     assert storage["required_mib_per_s"] == pytest.approx(1 * 2 * per_sample / 0.02 / MIB)
     assert storage["delivered_mib_per_s"] == train["read_mib_per_s"]
-    assert storage["storage_bound"] == (train["read_mib_per_s"] < storage["required_mib_per_s"])
+    assert storage["delivered_over_required"] == pytest.approx(train["read_mib_per_s"] / storage["required_mib_per_s"])
+    assert storage["storage_bound"] is None  # a dataset of a few MiB: the page cache served the reads
     assert _line(stdout, "storage").split("storage", 1)[1].strip() == storage["verdict"]
     assert f"{storage['required_mib_per_s']:.1f} MiB/s" in _line(stdout, "needed")
 
@@ -117,12 +123,22 @@ def test_the_table_shows_where_time_went_and_the_async_persist(train_run):
     assert "wait at the end of training for saves in flight" in _line(stdout, "async persist")
 
 
-def test_the_page_cache_warning_says_what_the_verdict_means(train_run):
+def test_the_page_cache_is_part_of_the_one_verdict(train_run):
     _, summary, stdout = train_run
     assert summary["dataset"]["page_cache_risk"] is True  # a few MiB always fits in memory
-    note = [line for line in stdout.splitlines() if "page cache and the verdict" in line]
-    assert note and bandwidth.page_cache_meaning(summary["train"]["storage"]) in note[0]
-    assert f"page cache and the verdict: {bandwidth.page_cache_meaning(summary['train']['storage'])}" in summary["warnings"]
+    assert not [line for line in stdout.splitlines() if "page cache and the verdict" in line]
+    assert _line(stdout, "storage").split("storage", 1)[1].strip().startswith("not measured: reads likely served from "
+                                                                               "the page cache")
+    assert summary["train"]["run_verdict"]["line"] in _line(stdout, "verdict")
+
+
+def test_plan_mode_without_an_accelerator_says_the_figures_are_the_workloads(workdir):
+    done = run_cli(["workload=llama3_8b", "mode=plan", "metric.au=0.8", f"hydra.run.dir={workdir / 'plan'}"], workdir / "cwd")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((workdir / "plan" / "plan.json").read_text())
+    assert plan["accelerator"] is None and plan["au_target"] == 0.8
+    assert _line(done.stdout, "accelerator").split("accelerator", 1)[1].strip().startswith("none named: the workload's own figures")
+    assert "0.80 (metric.au)" in _line(done.stdout, "AU target")
 
 
 def test_plan_mode_shows_the_dataset_side(workdir):
@@ -137,6 +153,11 @@ def test_plan_mode_shows_the_dataset_side(workdir):
     assert f"{data['required_mib_per_s']:.1f} MiB/s" in _line(done.stdout, "dataset read needed")
     assert _line(done.stdout, "dataset").split("dataset", 1)[1].strip().startswith(f"{data['files_train']:,} files")
     assert plan["checkpoint"]["enabled"] is False  # resnet does not checkpoint: the table says so
+    # the accelerator the compute time stands for, and the AU target a run must reach
+    assert plan["accelerator"] == "h100" and plan["au_target"] == 0.9
+    assert _line(done.stdout, "accelerator").endswith(f"h100: {data['compute_s_per_step']:.3f} s compute per step, "
+                                                      f"batch {data['batch_size']} (accelerator=NAME picks another of the workload's)")
+    assert "0.90 (metric.au)" in _line(done.stdout, "AU target")
     assert "off in this workload" in _line(done.stdout, "checkpointing")
 
 
@@ -199,7 +220,9 @@ def test_sweep_summary_has_checkpoint_time_au_and_the_verdict(sweep):
         assert float(row["checkpoint_training_time_lost_fraction"]) == pytest.approx(ckpt["training_time_lost_fraction"])
         assert float(row["train_au_overall"]) == pytest.approx(train["au_overall"])
         assert row["train_storage_verdict"] == train["storage"]["verdict"]
-        assert row["train_storage_bound"] == str(train["storage"]["storage_bound"])
+        bound = train["storage"]["storage_bound"]
+        assert row["train_storage_bound"] == ("" if bound is None else str(bound))
+        assert row["train_verdict"] == train["run_verdict"]["verdict"]
         assert float(row["train_required_read_mib_per_s"]) == pytest.approx(train["storage"]["required_mib_per_s"])
         assert float(row["train_read_p99_s"]) == pytest.approx(summary["latency"]["train"]["read"]["p99_s"])
 

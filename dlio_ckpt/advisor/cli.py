@@ -121,6 +121,7 @@ def _outcome(o: Outcome) -> dict[str, Any]:
 def _config(c: Candidate) -> dict[str, Any]:
     return {"description": c.describe(), "variant": c.variant, "levels": [lv.name for lv in c.system.levels],
             "interval_steps": c.plan.interval_steps, "interval_s": c.plan.interval_steps * c.system.step_s,
+            "interval_min": c.plan.interval_steps * c.system.step_s / 60.0,
             "every": dict(zip((lv.name for lv in c.system.levels), c.plan.every))}
 
 
@@ -198,6 +199,27 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f} %"
 
 
+def checkpoint_bytes(doc: dict[str, Any], configuration: dict[str, Any]) -> float | None:
+    """Bytes one checkpoint of the configuration's first level writes (all ranks), as measured in
+    runs of its variant at the advised world size; None when no such run was measured."""
+    size = next((s["world_size"] for s in doc["calibration"]["systems"] if s["variant"] == configuration["variant"]), None)
+    first = configuration["levels"][0] if configuration["levels"] else None
+    sizes = [lv["bytes"] for r in doc["calibration"]["runs"] if r["variant"] == configuration["variant"]
+             and r["world_size"] == size for lv in r["levels"] if lv["name"] == first and lv["bytes"]]
+    return float(np.mean(sizes)) if sizes else None
+
+
+def interval_text(doc: dict[str, Any], configuration: dict[str, Any]) -> str:
+    """The interval (the description gives it in steps) in wall time, and the mean write rate it
+    asks of the storage: a storage architect sizes bandwidth, not steps."""
+    seconds = configuration["interval_s"]
+    text = f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.3g} s"
+    nbytes = checkpoint_bytes(doc, configuration)
+    if nbytes and seconds > 0:
+        text += f"; {nbytes / (1 << 20):,.1f} MiB per checkpoint: {nbytes / seconds / (1 << 20):,.2f} MiB/s of writes on average"
+    return text
+
+
 def format_text(doc: dict[str, Any]) -> str:
     lines = [f"{PROG}: {len(doc['calibration']['runs'])} run(s) in {doc['folder']}"]
     for s in doc["calibration"]["systems"]:
@@ -214,7 +236,8 @@ def format_text(doc: dict[str, Any]) -> str:
     lines += ["", "| | configuration | predicted | simulated (fresh seed) | checkpoint | lost work | restart |",
               "|---|---|---|---|---|---|---|"]
     for name, row in doc["advice"].items():
-        lines.append(f"| {name} | {row['configuration']['description']} | {_pct(row['predicted_goodput'])} | "
+        lines.append(f"| {name} | {row['configuration']['description']} ({interval_text(doc, row['configuration'])}) | "
+                     f"{_pct(row['predicted_goodput'])} | "
                      f"{_pct(row['goodput'])} | {_pct(row['checkpoint_share'])} | {_pct(row['lost_work_share'])} | "
                      f"{_pct(row['restart_share'])} |")
     if doc["advice"]["best"]["censored"]:
@@ -260,6 +283,9 @@ def check_plot_path(path: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    from dlio_ckpt.optional import check_installed
+
+    check_installed("sklearn")  # the surrogate's models: pip install 'dlio_ckpt[advisor]'
     plot_path = None if args.no_plot else (args.plot or (None if args.json else Path(DEFAULT_PLOT)))
     if plot_path is not None:
         from dlio_ckpt.optional import require

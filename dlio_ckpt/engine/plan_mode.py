@@ -72,6 +72,8 @@ def build_plan_report(config: RunConfig) -> dict:
         },
     }
     report["dataset"] = dataset_plan_figures(config, world)
+    report["accelerator"] = config.accelerator or None  # None: the workload names none; its own figures
+    report["au_target"] = config.metric.au
     report["plan_s"] = time.perf_counter() - start
     return report
 
@@ -100,6 +102,18 @@ def _dataset_rows(data: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _accelerator_rows(report: dict) -> list[tuple[str, str]]:
+    """Which accelerator the compute time and batch size stand for, and the AU a run must reach:
+    a plan's read requirement means nothing without them."""
+    data = report["dataset"]
+    name = report["accelerator"]
+    figures = f"{data['compute_s_per_step']:.3f} s compute per step, batch {data['batch_size']}"
+    return [("accelerator", f"{name}: {figures} (accelerator=NAME picks another of the workload's)" if name
+             else f"none named: the workload's own figures, {figures}"),
+            ("AU target", f"{report['au_target']:.2f} (metric.au): a run meets it when compute / training wall time "
+                          "reaches it")]
+
+
 def _table(report: dict) -> str:
     m, c = report["model"], report["checkpoint"]
     rows = [
@@ -117,6 +131,7 @@ def _table(report: dict) -> str:
     if m["scale_factor"] != 1.0:
         rows.append(("scaled from", f"{m['unscaled_total_bytes'] / GIB:.2f} GiB (factor {m['scale_factor']:.3g})"
                      + (", one copy of the state: the replicas' copies come on top" if m["replicas"] == "all" else "")))
+    rows += _accelerator_rows(report)
     rows += _dataset_rows(report["dataset"])
     rows.append(("planned in", f"{report['plan_s']:.3f} s"))
     return plain_table(rows)

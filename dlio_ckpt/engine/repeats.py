@@ -155,6 +155,9 @@ def run_repeats(world: World, config: Any, run_dir: Path, run_id: str,
     if not world.is_root:
         return None
     combined = combine(runs, run_dir, config.dataset.record_length_bytes)
+    from dlio_ckpt.engine.left_on_disk import left_on_disk
+
+    combined["left_on_disk"] = left_on_disk(config, combined["created"], combined.get("dataset"), run_dir)  # all repeats'
     summaries.write_summary(run_dir, combined)
     print_report(combined, config.progress, extra_rows=repeat_rows(combined))
     sys.stdout.flush()

@@ -17,9 +17,9 @@ from dlio_ckpt.clean import created_paths
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.ownership import claim_run
+from dlio_ckpt.engine.left_on_disk import left_on_disk
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency, mlperf
-from dlio_ckpt.metrics.bandwidth import page_cache_meaning
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import print_report
 from dlio_ckpt.storage import make_backend
@@ -125,9 +125,7 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
             value = value(everyone)
         summary[key] = value
     if "train" in everyone[0]:
-        summary["train"] = summaries.train_section(everyone, config)
-        if (summary.get("dataset") or {}).get("page_cache_risk"):
-            warnings.append(f"page cache and the verdict: {page_cache_meaning(summary['train']['storage'])}")
+        summary["train"] = summaries.train_section(everyone, config, bool((summary.get("dataset") or {}).get("page_cache_risk")))
         if config.evaluation.enabled:
             summary["eval"] = summaries.eval_section(everyone)
     if "replay" in everyone[0]:
@@ -142,6 +140,7 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
     summary["warnings"] = warnings
     wrote_checkpoints = bool((summary.get("checkpoint") or {}).get("writes"))
     summary["created"] = created_paths(config, ctx.checkpoint_root() if wrote_checkpoints else None, summary.get("dataset"))
+    summary["left_on_disk"] = left_on_disk(config, summary["created"], summary.get("dataset"), run_dir)
     summary.update(mlperf.dlio_header(everyone, started_at))
     summary["metric"] = mlperf.dlio_metric([summary], config.dataset.record_length_bytes)
     summaries.write_summary(run_dir, summary)

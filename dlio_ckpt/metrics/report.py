@@ -19,29 +19,37 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None) -> list[tuple[str, str]]:
+def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None,
+                dlio_expectation: str | None = None) -> list[tuple[str, str]]:
+    """The training rows; `dlio_expectation` is DLIO's train_au_meet_expectation of the [METRIC]
+    lines, which judges DLIO's block AU and is named as such beside the run's own verdict."""
     wall = f"{train['wall_s']:.2f} s" + (f" (+ evaluation {evaluation['wall_s']:.2f} s)" if evaluation else "")
     rate = train["read_mib_per_s"]
     rate_text = (": no read time was measured, so no rate" if rate is None
                  else f" at {rate:.1f} MiB/s (bytes from storage / slowest rank's read time)")
     shares = train["time_shares"]
-    dlio = f"{train['au']:.3f} DLIO blocks"
+    dlio = f"DLIO's block AU {train['au']:.3f}"
     if train["au_method"] != "dlio_blocks":
-        dlio = f"{train['au']:.3f} (compute / wall: no DLIO block had a second step)"
+        dlio = f"DLIO's AU {train['au']:.3f} (compute / wall: no DLIO block had a second step)"
     elif train["au_steps_per_block"] <= FEW_STEPS_PER_BLOCK:
         dlio += (f" ({train['au_steps_per_block']:.1f} steps per block: it leaves out the first step of each block, "
                  "and with it most of the waiting for data)")
     verdict = {"met": "met", "not met": "NOT met"}.get(train["au_verdict"], train["au_verdict"])
-    return [
+    rows = [
         ("train", f"{plural(train['epochs'], 'epoch')}, {plural(train['steps'], 'step')}, "
                   f"{plural(train['samples'], 'sample')} in {wall}"),
         ("samples/s", f"{train['samples_per_s']:.1f}"),
         ("read", f"{train['bytes_read'] / MIB:.1f} MiB read{rate_text}"),
         ("time", f"reading (waiting for data) {shares['reading']:.1%}, computing {shares['computing']:.1%}, "
-                 f"checkpointing {shares['checkpointing']:.1%} (blocking training), other {shares['other']:.1%} of the training wall time"),
-        ("AU", f"{train['au_overall']:.3f} over the whole run (au_overall); {dlio}"),
+                 f"checkpointing {shares['checkpointing']:.1%} (blocking training), other {shares['other']:.1%} "
+                 "of the training wall time, all ranks together"),
+        ("AU", f"{train['au_overall']:.3f} over the whole run (au_overall, the one judged); {dlio}, the AU of the "
+               "[METRIC] lines" + (f", whose train_au_meet_expectation ({dlio_expectation}) judges it as DLIO does"
+                                   if dlio_expectation else "")),
         ("AU target", f"{train['au_target']:.2f}: {verdict}: {train['au_verdict_reason']}"),
     ] + storage_rows(train.get("storage"))
+    judged = train.get("run_verdict")
+    return ([("verdict", judged["line"])] if judged else []) + rows
 
 
 def storage_rows(storage: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -91,7 +99,7 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                                 f"{dataset['bytes_on_disk'] / MIB:.1f} MiB, {state}"))
     train = summary.get("train")
     if train:
-        rows += _train_rows(train, summary.get("eval"))
+        rows += _train_rows(train, summary.get("eval"), (summary.get("metric") or {}).get("train_au_meet_expectation"))
     ckpt = summary.get("checkpoint")
     if ckpt and ckpt.get("writes"):
         verify = f", checksum read-back {ckpt['verify_s_max']:.3f} s apart" if ckpt.get("verify_s_max") else ""
@@ -116,7 +124,23 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("run folder", summary["run_dir"]))
     for note in summary.get("warnings", []):
         rows.append(("warning", note))
-    return rows
+    return rows + left_on_disk_rows(summary.get("left_on_disk"))
+
+
+def left_on_disk_rows(left: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The last row: the bytes this run left under storage.root, where, and how to remove them."""
+    if left is None:
+        return []
+    parts = [f"checkpoints {c['bytes'] / MIB:,.1f} MiB in {c['folder']}" for c in left["checkpoints"]]
+    data = left["dataset"]
+    if data and data["created_by_this_run"]:
+        parts.insert(0, f"dataset {data['bytes'] / MIB:,.1f} MiB in {data['folder']}")
+    text = (f"{left['bytes'] / MIB:,.1f} MiB: " + ", ".join(parts) + f"; remove with: {left['clean_command']}"
+            if left["bytes"] else "nothing of this run's")
+    if data and not data["created_by_this_run"]:
+        text += (f" (the dataset it reused, {data['bytes'] / MIB:,.1f} MiB in {data['folder']}, is an earlier run's; "
+                 "clean keeps it)")
+    return [("left on disk", text)]
 
 
 def goodput_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
@@ -126,7 +150,8 @@ def goodput_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         return []
     wall = spent["wall_s"] or 1.0
     rows = [("goodput", f"{summary['goodput']:.3f} (useful compute / training wall time {spent['wall_s']:.2f} s): "
-                        f"useful compute {spent['useful_compute_s'] / wall:.1%}, waiting for data {spent['data_wait_s'] / wall:.1%}, "
+                        f"slowest rank: useful compute {spent['useful_compute_s'] / wall:.1%}, "
+                        f"steps' time outside compute (waiting for data, loop work) {spent['data_wait_s'] / wall:.1%}, "
                         f"checkpoint blocking {spent['checkpoint_s'] / wall:.1%}, lost work {spent['lost_work_s'] / wall:.1%} "
                         f"({plural(spent['lost_steps'], 'step')} recomputed), restart {spent['restart_s'] / wall:.1%}, "
                         f"other {spent['other_s'] / wall:.1%}")]

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from dlio_ckpt import __version__
-from dlio_ckpt.metrics import bandwidth, utilisation
+from dlio_ckpt.metrics import bandwidth, utilisation, verdict
 from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.storage.events import totals_by_phase
 
@@ -69,7 +69,9 @@ def dataset_section(dataset: dict[str, Any], ranks: list[dict[str, Any]]) -> dic
     return {**dataset, "generate_bytes_written": int(sum(_phase(r, "generate", "bytes_written") for r in ranks))}
 
 
-def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
+def train_section(ranks: list[dict[str, Any]], config: Any, page_cache_risk: bool = False) -> dict[str, Any]:
+    """The training figures and the run's one verdict (metrics/verdict.py), judged here once;
+    `page_cache_risk` (the dataset fits in free memory) is part of the evidence."""
     bytes_read = sum(_phase(r, "train", "bytes_read") for r in ranks)
     read_s_max = max(_phase(r, "train", "read_s") for r in ranks)
     wall_s = max(r["train_wall_s"] for r in ranks)
@@ -107,13 +109,20 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
         "au_steps_per_block": utilisation.steps_per_block(ranks),
         "au_overall": au_overall,
         "au_target": config.metric.au,
-        **utilisation.au_verdict(au_overall, config.metric.au, min(r["steps"] for r in ranks)),
         "dlio_samples_per_s": dlio_samples_per_s,
         "dlio_io_mib_per_s_nominal": dlio_samples_per_s * config.dataset.record_length_bytes / MIB,
         "checkpoint_s_in_loop": max(r["checkpoint_s"] for r in ranks),
         "step_s_mean": max(r.get("step_s_mean", 0.0) for r in ranks),  # iteration time: compute and data wait, slowest rank
     }
-    section["storage"] = bandwidth.run_storage_section(section, len(ranks), config)
+    need = bandwidth.run_requirement(section, len(ranks), config)
+    shares = section["time_shares"]
+    judged = verdict.judge(verdict.Evidence(
+        fewest_steps=min(r["steps"] for r in ranks), au_overall=au_overall, au_target=config.metric.au,
+        required_mib_per_s=need["required_mib_per_s"], delivered_mib_per_s=section["read_mib_per_s"],
+        data_wait_share=shares["reading"], checkpoint_share=shares["checkpointing"], page_cache_risk=page_cache_risk))
+    section.update({key: judged[key] for key in ("au_target_met", "au_verdict", "au_verdict_reason")})
+    section["run_verdict"] = {key: judged[key] for key in ("verdict", "limited_by", "line")}
+    section["storage"] = bandwidth.run_storage_section(section, len(ranks), config, judged)
     return section
 
 

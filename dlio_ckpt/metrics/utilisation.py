@@ -1,4 +1,4 @@
-"""Where training time went, and whether the run met its AU target.
+"""Where training time went (the AU target's verdict is the run's one verdict, metrics/verdict.py).
 
 DLIO's AU leaves the first step of every block out (a block starts at each epoch and after each
 checkpoint). With one or two steps per block that removes the very steps that waited for data,
@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-# Fewer steps than this on some rank and the run is mostly its start-up (the first batch of an
-# epoch waits for the reader to fill its pipeline): no verdict.
-MIN_STEPS_TO_JUDGE = 3
 # DLIO blocks of this many steps or fewer keep at most one measured step each.
 FEW_STEPS_PER_BLOCK = 2.0
 
@@ -37,24 +34,3 @@ def steps_per_block(ranks: list[dict[str, Any]]) -> float:
     """Mean steps per DLIO block over all ranks (0 when no step ran)."""
     blocks = sum(r["au_blocks"] for r in ranks)
     return sum(r["au_block_steps"] for r in ranks) / blocks if blocks else 0.0
-
-
-def au_verdict(au_overall: float, target: float, fewest_steps: int) -> dict[str, Any]:
-    """`au_target_met` (None when the run cannot be judged), a word for it, and why."""
-    if fewest_steps < MIN_STEPS_TO_JUDGE:
-        return {
-            "au_target_met": None,
-            "au_verdict": "too few steps to judge",
-            "au_verdict_reason": (
-                f"a rank trained only {fewest_steps} step{'' if fewest_steps == 1 else 's'} (fewer than "
-                f"{MIN_STEPS_TO_JUDGE}): the first batch of an epoch waits for the reader to fill its pipeline, "
-                "so a run this short shows its start-up, not a steady state; run more steps (train.epochs, train.total_steps)"
-            ),
-        }
-    met = au_overall >= target
-    return {
-        "au_target_met": met,
-        "au_verdict": "met" if met else "not met",
-        "au_verdict_reason": f"au_overall {au_overall:.3f} {'>=' if met else '<'} {target:.2f} "
-                             "(compute / training wall time, waits for data and checkpoints included)",
-    }
