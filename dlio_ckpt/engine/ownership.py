@@ -219,13 +219,16 @@ def own_checkpoint_folders(config: Any, run_id: str) -> list[tuple[Any, str, str
     return found
 
 
-def claim_run(config: Any, run_dir: Path, run_id: str, world_size: int) -> None:
-    """Rank 0, first thing in a run: a relaunch is checked against the run it resumes, then the run
-    folder's marker and this run's checkpoint folders, each marked as its own."""
+def claim_run(config: Any, run_dir: Path, run_id: str, world_size: int, make_root: Any = None) -> None:
+    """Rank 0, first thing in a run: a relaunch is checked against the run it resumes, then
+    `make_root` (storage.root made where missing, before anything is written under it), then the
+    run folder's marker and this run's checkpoint folders, each marked as its own."""
     from dlio_ckpt.engine.failures import check_relaunch, give_back_note
 
     try:
         check_relaunch(run_dir, config, world_size)
+        if make_root is not None:
+            make_root()
         write_run_marker(run_dir, run_id)
         for backend, folder, what in own_checkpoint_folders(config, run_id):
             claim_folder(backend, folder, run_id, run_dir, what)

@@ -21,7 +21,7 @@ from dlio_ckpt.engine.left_on_disk import left_on_disk
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency, mlperf
 from dlio_ckpt.metrics import summary as summaries
-from dlio_ckpt.metrics.report import print_report
+from dlio_ckpt.metrics.report import log_report, print_report
 from dlio_ckpt.storage import make_backend
 from dlio_ckpt.storage.events import EventRecorder, JobClock
 from dlio_ckpt.storage.traced import TracedStorage
@@ -39,21 +39,20 @@ def announce_new_root(world: World, config: RunConfig) -> None:
     """A storage.root that does not exist (a typo: /nonexistent/dlio) used to be made silently by
     the run's first write, on whatever file system holds its nearest existing parent (often the
     root file system, not the storage meant). Rank 0 makes it before any rank writes (the others
-    wait for it in make_context's broadcast) and says so in one line, with that file system."""
+    wait for it in root_first, after a relaunch's checks, so a refused relaunch makes nothing) and
+    says so in one line, with that file system. An OSError is claim_run's to report."""
     if not world.is_root or config.storage.backend != "posix":
         return
     root = os.path.abspath(config.storage.root)
     if os.path.isdir(root):
         return
-    from dlio_ckpt.errors import storage_failure
     from dlio_ckpt.storage.posix import file_system
 
-    try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as exc:
-        raise storage_failure(exc, root) from None
-    print(f"dlio_ckpt: note: storage.root {root} did not exist; created it, on {file_system(root)} "
-          "(check storage.root if you meant an existing folder)", flush=True)
+    os.makedirs(root, exist_ok=True)
+    note = (f"dlio_ckpt: note: storage.root {root} did not exist; created it, on {file_system(root)} "
+            "(check storage.root if you meant an existing folder)")
+    print(note, flush=True)
+    log_report(note, heading="")
 
 
 def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan_runtime: Any = None) -> dict[str, Any] | None:
@@ -80,8 +79,8 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
 
         return run_plan_mode(config, run_dir) if world.is_root else None
 
-    announce_new_root(world, config)
-    world.root_first(lambda: claim_run(config, run_dir, run_id, world.size))  # before anything under storage.root
+    # before anything under storage.root: a relaunch's checks, then the root (made and announced), the markers
+    world.root_first(lambda: claim_run(config, run_dir, run_id, world.size, make_root=lambda: announce_new_root(world, config)))
     ctx = make_context(world, config, run_dir, run_id)
     sections: dict[str, Any] = {}
     local: dict[str, Any] = {"rank": world.rank, "hostname": socket.gethostname(), **mlperf.host_resources()}

@@ -183,10 +183,10 @@ def plain_table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"{key:<{width}}  {value}" for key, value in rows)
 
 
-def log_report(text: str) -> None:
-    """Put the report in the run's log file (Hydra's file handler on the root logger), and only
-    there: the console already has it."""
-    record = logging.LogRecord("dlio_ckpt", logging.INFO, __file__, 0, "summary\n%s", (text,), None)
+def log_report(text: str, heading: str = "summary\n") -> None:
+    """Put the report (or a note printed on the console) in the run's log file (Hydra's file
+    handler on the root logger), and only there: the console already has it."""
+    record = logging.LogRecord("dlio_ckpt", logging.INFO, __file__, 0, heading + "%s", (text,), None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
