@@ -48,7 +48,7 @@ def heatmap_png(timeline: Timeline, path: Path, title: str) -> Path:
             ax.set_yticks(range(len(timeline.row_labels)))
             ax.set_yticklabels(timeline.row_labels, fontsize=6)
     axes[1].set_xlabel("seconds since job start")
-    fig.suptitle(f"{title} (source: {timeline.source})", fontsize=10)
+    fig.suptitle(f"{_short(title)} (source: {timeline.source})", fontsize=10)
     fig.savefig(path)
     return path
 
@@ -74,10 +74,15 @@ def bandwidth_png(timeline: Timeline, path: Path, title: str, wall_rates: dict[s
     ax.set_xlim(0, timeline.nbins * timeline.bin_width_s)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7, loc="best")
-    ax.set_title(f"{title}: bandwidth over time ({timeline.bin_width_s:.3g} s bins, source: {timeline.source})", fontsize=10)
+    ax.set_title(f"{_short(title)}: bandwidth over time ({timeline.bin_width_s:.3g} s bins, source: {timeline.source})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     return path
+
+
+def _short(title: str, limit: int = 40) -> str:
+    """A log's file name can run to 70 characters; the report names it in full beside the figure."""
+    return title if len(title) <= limit else title[:limit - 3] + "..."
 
 
 def _style(ax) -> None:
@@ -107,7 +112,7 @@ def io_cost_png(job: JobAnalysis, path: Path) -> Path | None:
         parts["meta"].append((meta - (job.io_time_share.get("console_s") or 0.0)) / ranks)
     if not names:
         return None
-    fig = _figure(7, 0.5 * len(names) + 1.3)
+    fig = _figure(6, 0.5 * len(names) + 1.3)
     ax = fig.subplots()
     y = np.arange(len(names))[::-1]
     left = np.zeros(len(names))
@@ -135,7 +140,7 @@ def access_sizes_png(job: JobAnalysis, path: Path) -> Path | None:
     hist = job.histogram or {}
     if not hist.get("buckets") or not (any(hist.get("read", [])) or any(hist.get("write", []))):
         return None
-    fig = _figure(7, 3.2)
+    fig = _figure(6, 3.2)
     ax = fig.subplots()
     x = np.arange(len(hist["buckets"]))
     for offset, op in ((-0.2, "read"), (0.2, "write")):
@@ -162,7 +167,7 @@ def ranks_png(job: JobAnalysis, path: Path) -> Path | None:
     ranked = sorted(job.per_rank, key=lambda r: -(r.get("io_s") or 0.0))[:_RANKS_PLOTTED]
     if not ranked or not any(r.get("io_s") for r in ranked):
         return None
-    fig = _figure(7, 0.22 * len(ranked) + 1.4)
+    fig = _figure(6, 0.22 * len(ranked) + 1.4)
     ax = fig.subplots()
     y = np.arange(len(ranked))[::-1]
     left = np.zeros(len(ranked))
@@ -186,10 +191,10 @@ def ranks_png(job: JobAnalysis, path: Path) -> Path | None:
 
 def operations_png(job: JobAnalysis, path: Path) -> Path | None:
     """Calls per operation kind (PyDarshan's operation counts), log scale."""
-    ops = {k: v for k, v in (job.extra.get("operations") or {}).items()}
+    ops = {k: v for k, v in (job.extra.get("operations") or {}).items() if v > 0}  # zeros are in the table
     if not any(ops.values()):
         return None
-    fig = _figure(7, 2.8)
+    fig = _figure(6, 2.8)
     ax = fig.subplots()
     names = list(ops)
     values = np.array([ops[n] for n in names], dtype=float)

@@ -97,7 +97,8 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
             if other:
                 rows.append([f"{module.upper()} (not in the totals)",
                              f"read {fmt_bytes(other['bytes_read'])}, written {fmt_bytes(other['bytes_written'])}"])
-        rows += [["job id", fmt(job.job.get("jobid"))], ["logs", fmt(job.job.get("logs"))],
+        rows += [["job id", fmt(job.job.get("jobid"))], ["started (UTC)", job.job.get("start", "-")],
+                 ["command line", job.job.get("exe") or "-"], ["logs", fmt(job.job.get("logs"))],
                  ["ranks / processes", fmt(job.job.get("processes"))], ["run time (s)", fmt(job.job.get("run_time_s"))],
                  ["modules", ", ".join(job.job.get("modules", []))]]
     else:
@@ -261,13 +262,14 @@ FIGURE_CAPTIONS = {
                   "Bytes moved by all ranks per time bin / bin width (MiB/s); dashed: each op's bytes / the "
                   "wall-clock seconds it was under way; shaded: the run's phases."),
     "heatmap": ("Heat map", "Bytes moved per rank (rows) and time bin (columns), reads above, writes below; "
-                            "blank means no I/O in that bin."),
+                            "blank means no I/O in that bin. "
+                            "For Darshan logs the HEATMAP module counts console (<STDERR>) writes too."),
     "io_cost": ("I/O cost per phase", "Mean seconds one rank spent inside read, write (with fsync) and metadata "
                                       "calls, per phase: the time I/O took from an average rank."),
     "access_sizes": ("Access sizes", "Read and write calls per size bucket (Darshan's buckets, upper bounds "
                                      "inclusive), log scale; the most common exact sizes are in the table below."),
     "operations": ("Operation counts", "Calls per operation kind over all ranks, as in PyDarshan's summary "
-                                       "(console streams left out), log scale."),
+                                       "(console streams left out), log scale; operations with no calls only in the table."),
     "ranks": ("I/O time per rank", "Seconds each rank spent inside read, write and metadata calls, slowest at "
                                    "the top (at most 40), with the bytes it moved; unequal bars mean imbalance."),
 }
@@ -405,6 +407,7 @@ th{background:#f0f4f8;color:#334e68;font-weight:600;text-align:right;padding:5px
 td{padding:4px 9px;border-bottom:1px solid var(--line);text-align:right}
 tr:nth-child(even) td{background:#fafbfc}
 td:first-child,th:first-child{text-align:left}
+table.kv td,table.kv th{text-align:left}table.kv td:last-child{max-width:900px;overflow-wrap:anywhere}
 details{margin:6px 0}summary{cursor:pointer;color:var(--accent);font-size:12.5px}
 .scroll{overflow-x:auto}
 """
@@ -416,7 +419,8 @@ def to_html(blocks: list[Block]) -> str:
     def table(block: Block) -> str:
         head = "".join(f"<th>{e(str(h))}</th>" for h in block[1])
         body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in block[2])
-        text = f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        kv = " class='kv'" if len(block[1]) == 2 and block[1][1] == "value" else ""  # label: value lists read left to right
+        text = f"<div class='scroll'><table{kv}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
         return f"<details><summary>{e(block[3])}</summary>{text}</details>" if len(block) > 3 and block[3] else text
 
     title = next((b[2] for b in blocks if b[0] == "h" and b[1] == 1), "dlio_ckpt I/O analysis")
