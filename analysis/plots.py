@@ -85,6 +85,11 @@ def _short(title: str, limit: int = 40) -> str:
     return title if len(title) <= limit else title[:limit - 3] + "..."
 
 
+def _legend_above(ax) -> None:
+    """Legend in one row above the axes, where it can never cover a bar."""
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
+
+
 def _style(ax) -> None:
     ax.spines[["top", "right"]].set_visible(False)
     ax.grid(axis="x", color="#e5e5e5", linewidth=0.8)
@@ -94,7 +99,8 @@ def _style(ax) -> None:
 def io_cost_png(job: JobAnalysis, path: Path) -> Path | None:
     """Mean seconds per rank inside read, write and metadata calls, one bar per phase: where the
     I/O time of an average rank went (PyDarshan's "I/O cost" chart, split by phase)."""
-    ranks = max(1, len([r for r in job.per_rank if r.get("rank", 0) >= 0]) or len(job.per_rank))
+    ranks = int(job.headline.get("ranks") or job.job.get("processes") or job.job.get("world_size")
+                or len([r for r in job.per_rank if r.get("rank", 0) >= 0]) or 1)
     names, parts = [], {"read": [], "write": [], "meta": []}
     for name, p in job.per_phase.items():
         read, write = (p.get("read_s_sum") or 0.0) / ranks, (p.get("write_s_sum") or 0.0) / ranks
@@ -127,7 +133,7 @@ def io_cost_png(job: JobAnalysis, path: Path) -> Path | None:
     ax.set_yticklabels(names, fontsize=8)
     ax.set_xlabel(f"seconds per rank (mean over {ranks} ranks)")
     ax.set_xlim(0, max(left.max() * 1.25, 1e-6))
-    ax.legend(fontsize=7, loc="lower right", frameon=False)
+    _legend_above(ax)
     _style(ax)
     fig.tight_layout()
     fig.savefig(path)
@@ -154,7 +160,7 @@ def access_sizes_png(job: JobAnalysis, path: Path) -> Path | None:
     ax.set_xticklabels([b.replace("_", "-") for b in hist["buckets"]], fontsize=7)
     ax.set_xlabel("access size (bytes)")
     ax.set_ylabel("calls (log scale)")
-    ax.legend(fontsize=7, frameon=False)
+    _legend_above(ax)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     fig.savefig(path)
@@ -182,7 +188,7 @@ def ranks_png(job: JobAnalysis, path: Path) -> Path | None:
     ax.set_yticklabels([r["label"] for r in ranked], fontsize=7)
     ax.set_xlabel("seconds inside I/O calls")
     ax.set_xlim(0, left.max() * 1.2)
-    ax.legend(fontsize=7, loc="lower right", frameon=False)
+    _legend_above(ax)
     _style(ax)
     fig.tight_layout()
     fig.savefig(path)

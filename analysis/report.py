@@ -83,7 +83,8 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         for name, path in sorted(job.figures.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99):
             title, caption = FIGURE_CAPTIONS.get(name, (name, ""))
             if name == "bandwidth":
-                caption = " ".join([caption] + bandwidth_notes(job))
+                shaded = ["Shaded: the run's phases."] if job.timeline is not None and job.timeline.phase_spans else []
+                caption = " ".join([caption] + shaded + bandwidth_notes(job))
             blocks.append(("figure", _relative(path, out_dir), f"{job.label} {name}", path, title, caption))
 
     rows = [
@@ -97,7 +98,7 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
             if other:
                 rows.append([f"{module.upper()} (not in the totals)",
                              f"read {fmt_bytes(other['bytes_read'])}, written {fmt_bytes(other['bytes_written'])}"])
-        rows += [["job id", fmt(job.job.get("jobid"))], ["started (UTC)", job.job.get("start", "-")],
+        rows += [["job id", str(job.job.get("jobid", "-"))], ["started (UTC)", job.job.get("start", "-")],
                  ["command line", job.job.get("exe") or "-"], ["logs", fmt(job.job.get("logs"))],
                  ["ranks / processes", fmt(job.job.get("processes"))], ["run time (s)", fmt(job.job.get("run_time_s"))],
                  ["modules", ", ".join(job.job.get("modules", []))]]
@@ -139,7 +140,7 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         body = [[r["label"], fmt(r.get("bytes_read")), fmt(r.get("bytes_written")), fmt(r.get("read_s")),
                  fmt(r.get("write_s")), fmt(r.get("meta_s")), fmt(r.get("io_s")), fmt(r.get("read_mib_per_s")),
                  fmt(r.get("write_mib_per_s"))] for r in shown]
-        blocks.append(("table", head, body, f"all {len(shown)} ranks shown, as a table"))
+        blocks.append(("table", head, body, f"the table of the {len(shown)} slowest ranks (plotted above, in 'I/O time per rank')"))
 
     share = job.io_time_share
     if share:
@@ -259,8 +260,8 @@ def key_figures(job: JobAnalysis) -> list[tuple[str, str, str]]:
 
 FIGURE_CAPTIONS = {
     "bandwidth": ("Bandwidth over time",
-                  "Bytes moved by all ranks per time bin / bin width (MiB/s); dashed: each op's bytes / the "
-                  "wall-clock seconds it was under way; shaded: the run's phases."),
+                  "Bytes moved by all ranks per time bin / bin width (MiB/s); dashed: an op's bytes / the "
+                  "wall-clock seconds it was under way (when that spans two bins or more)."),
     "heatmap": ("Heat map", "Bytes moved per rank (rows) and time bin (columns), reads above, writes below; "
                             "blank means no I/O in that bin. "
                             "For Darshan logs the HEATMAP module counts console (<STDERR>) writes too."),
@@ -285,9 +286,12 @@ def bandwidth_notes(job: JobAnalysis) -> list[str]:
             busy_kind = "read" if p.get("bytes_read") else "write"
             rate, wall = p.get(f"{busy_kind}_mib_per_s"), p.get("wall_mib_per_s")
             if rate is not None and wall is not None:
+                width = job.timeline.bin_width_s if job.timeline is not None else 0.0
+                line = (f"the dashed line, {fmt(wall)} MiB/s," if p["active_s"] >= 2 * width
+                        else f"{fmt(wall)} MiB/s (too short for the plot's {fmt(width)} s bins to show)")
                 notes.append(f"{phase}s: the tables' {fmt(rate)} MiB/s is {fmt(p['bytes_read' if busy_kind == 'read' else 'bytes_written'])} bytes / the "
                              f"slowest rank's {fmt(p[f'{busy_kind}_s'])} s inside {busy_kind} calls (Darshan's estimate, "
-                             f"as if all ranks were in calls at once); the dashed line, {fmt(wall)} MiB/s, is the same "
+                             f"as if all ranks were in calls at once); {line} is the same "
                              f"bytes / the {fmt(p['active_s'])} s of wall-clock time with {busy_kind}s under way, "
                              f"when on average {fmt(p.get('overlap'))} ranks were in a call.")
             continue
