@@ -346,8 +346,12 @@ def build(jobs: list[JobAnalysis], table: dict[str, Any] | None, compare_figure:
 
 
 def to_markdown(blocks: list[Block]) -> str:
-    def cell(text: Any) -> str:
-        return str(text).replace("|", "\\|").replace("\n", " ")
+    def text(value: Any) -> str:
+        """`<STDERR>` would be taken for an HTML tag and vanish: escaped, it renders as written."""
+        return str(value).replace("<", "\\<")
+
+    def cell(value: Any) -> str:
+        return text(value).replace("|", "\\|").replace("\n", " ")
 
     def table(headers, rows) -> list[str]:
         return (["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
@@ -360,11 +364,11 @@ def to_markdown(blocks: list[Block]) -> str:
             lines += ["#" * block[1] + " " + block[2], ""]
         elif kind == "p":
             if block[1]:
-                lines += [block[1], ""]
+                lines += [text(block[1]), ""]
         elif kind == "ul":
-            lines += [f"- {item}" for item in block[1]] + [""]
+            lines += [f"- {text(item)}" for item in block[1]] + [""]
         elif kind == "warn":
-            lines += [f"> **Warning:** {item}" for item in block[1]] + [""]
+            lines += [f"> **Warning:** {text(item)}" for item in block[1]] + [""]
         elif kind == "cards":
             lines += table(["figure", "value", "what it counts"], block[1])
         elif kind == "table":
@@ -372,7 +376,7 @@ def to_markdown(blocks: list[Block]) -> str:
         elif kind == "img":
             lines += [f"![{block[2]}]({block[1]})", ""]
         elif kind == "figure":
-            lines += [f"**{block[4]}**", "", f"![{block[2]}]({block[1]})", "", f"*{block[5]}*", ""]
+            lines += [f"**{block[4]}**", "", f"![{block[2]}]({block[1]})", "", f"*{text(block[5])}*", ""]
     return "\n".join(lines)
 
 
