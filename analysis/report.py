@@ -82,6 +82,8 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         order = ("bandwidth", "io_cost", "ranks", "access_sizes", "operations", "heatmap")
         for name, path in sorted(job.figures.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99):
             title, caption = FIGURE_CAPTIONS.get(name, (name, ""))
+            if name == "access_sizes" and job.extra.get("common_access_sizes"):
+                caption += " The most common exact sizes are in the Access sizes table below."
             if name == "bandwidth":
                 shaded = ["Shaded: the run's phases."] if job.timeline is not None and job.timeline.phase_spans else []
                 caption = " ".join([caption] + shaded + bandwidth_notes(job))
@@ -125,8 +127,9 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
             blocks.append(("p", "For Darshan logs the read/write MiB/s is Darshan's estimate (it assumes all ranks were "
                                 "in calls at the same time); 'wall-clock MiB/s' divides the same bytes by the seconds "
                                 "during which at least one file was being read or written (the union of each record's "
-                                "first-to-last access), which is what the bandwidth plot shows. The console phase is "
-                                "<STDIN>/<STDOUT>/<STDERR>: counted in the totals, never as checkpoint data."))
+                                "first-to-last access), which is what the bandwidth plot shows."
+                                + (" The console phase is <STDIN>/<STDOUT>/<STDERR>: counted in the totals, never "
+                                   "as checkpoint data." if "console" in job.per_phase else "")))
         blocks.append(("table", head, body))
 
     if job.per_rank:
@@ -268,7 +271,7 @@ FIGURE_CAPTIONS = {
     "io_cost": ("I/O cost per phase", "Mean seconds one rank spent inside read, write (with fsync) and metadata "
                                       "calls, per phase: the time I/O took from an average rank."),
     "access_sizes": ("Access sizes", "Read and write calls per size bucket (Darshan's buckets, upper bounds "
-                                     "inclusive), log scale; the most common exact sizes are in the table below."),
+                                     "inclusive), log scale."),
     "operations": ("Operation counts", "Calls per operation kind over all ranks, as in PyDarshan's summary "
                                        "(console streams left out), log scale; operations with no calls only in the table."),
     "ranks": ("I/O time per rank", "Seconds each rank spent inside read, write and metadata calls, slowest at "
