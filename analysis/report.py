@@ -292,7 +292,8 @@ def bandwidth_notes(job: JobAnalysis) -> list[str]:
                 width = job.timeline.bin_width_s if job.timeline is not None else 0.0
                 line = (f"the dashed line, {fmt(wall)} MiB/s," if p["active_s"] >= 2 * width
                         else f"{fmt(wall)} MiB/s (too short for the plot's {fmt(width)} s bins to show)")
-                notes.append(f"{phase}s: the tables' {fmt(rate)} MiB/s is {fmt(p['bytes_read' if busy_kind == 'read' else 'bytes_written'])} bytes / the "
+                nbytes = p["bytes_read" if busy_kind == "read" else "bytes_written"]
+                notes.append(f"{phase}s: the tables' {fmt(rate)} MiB/s is {fmt(nbytes)} bytes / the "
                              f"slowest rank's {fmt(p[f'{busy_kind}_s'])} s inside {busy_kind} calls (Darshan's estimate, "
                              f"as if all ranks were in calls at once); {line} is the same "
                              f"bytes / the {fmt(p['active_s'])} s of wall-clock time with {busy_kind}s under way, "
