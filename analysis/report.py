@@ -103,7 +103,8 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         rows += [["job id", str(job.job.get("jobid", "-"))], ["started (UTC)", job.job.get("start", "-")],
                  ["command line", job.job.get("exe") or "-"], ["logs", fmt(job.job.get("logs"))],
                  ["ranks / processes", fmt(job.job.get("processes"))], ["run time (s)", fmt(job.job.get("run_time_s"))],
-                 ["modules", ", ".join(job.job.get("modules", []))]]
+                 ["modules", ", ".join(job.job.get("modules", []))],
+                 ["partial module data", ", ".join(job.extra.get("partial_modules") or []) or "none (every module complete)"]]
     else:
         rows.insert(0, ["source", "dlio_ckpt run folder: per-rank events"])
         rows += [[key, fmt(job.job.get(key))] for key in ("workload", "mode", "world_size", "wall_s", "started_at")]
