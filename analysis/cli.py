@@ -116,11 +116,20 @@ def write_outputs(jobs: list[JobAnalysis], table: dict[str, Any] | None, report_
                                                             ids=[table["ids"][run] for run in table["runs"]]))
                 written.append(compare_figure)
         for index, job in enumerate(jobs):
-            if not job_figures or job.timeline is None:
+            if not job_figures:
                 continue
             stem = _slug(job.label) if len(jobs) == 1 else f"{index + 1:02d}-{_slug(job.label)}"
-            job.figures["heatmap"] = str(figures.heatmap_png(job.timeline, out_dir / f"{stem}-heatmap.png", job.label))
-            job.figures["bandwidth"] = str(figures.bandwidth_png(job.timeline, out_dir / f"{stem}-bandwidth.png", job.label))
+            if job.timeline is not None:
+                job.figures["heatmap"] = str(figures.heatmap_png(job.timeline, out_dir / f"{stem}-heatmap.png", job.label))
+                wall = {op: ((job.per_phase.get(op) or {}).get("wall_mib_per_s"), (job.per_phase.get(op) or {}).get("active_s"))
+                        for op in ("read", "write")}
+                job.figures["bandwidth"] = str(figures.bandwidth_png(job.timeline, out_dir / f"{stem}-bandwidth.png",
+                                                                     job.label, wall))
+            for name, draw in (("io_cost", figures.io_cost_png), ("access_sizes", figures.access_sizes_png),
+                               ("operations", figures.operations_png), ("ranks", figures.ranks_png)):
+                drawn = draw(job, out_dir / f"{stem}-{name.replace('_', '-')}.png")
+                if drawn is not None:
+                    job.figures[name] = str(drawn)
             written += list(job.figures.values())
     text = report.render(report.build(jobs, table, compare_figure, out_dir), fmt_name)
     report_path.write_text(text, encoding="utf-8")

@@ -27,6 +27,8 @@ METRICS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     ("bytes_written", "bytes written (GiB)", _TO_GIB),
     ("read_mib_per_s", "read MiB/s (bytes / slowest rank's read time)", _IDENTITY),
     ("write_mib_per_s", "write MiB/s (bytes / slowest rank's write time)", _IDENTITY),
+    ("read_mib_per_s_wall", "read MiB/s over the wall-clock time reads were under way", _IDENTITY),
+    ("write_mib_per_s_wall", "write MiB/s over the wall-clock time writes were under way", _IDENTITY),
     ("read_s", "read time of the slowest rank (s)", _IDENTITY),
     ("write_s", "write time of the slowest rank (s)", _IDENTITY),
     ("slowest_rank_io_s", "I/O time of the slowest rank (s)", _IDENTITY),

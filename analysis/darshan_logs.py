@@ -30,6 +30,7 @@ from dlio_ckpt.analysis.model import (
     rate_mib_per_s,
     share,
 )
+from dlio_ckpt.analysis import darshan_summary as summary
 from dlio_ckpt.analysis.timeline import grid, spread
 from dlio_ckpt.errors import UserError
 from dlio_ckpt.optional import require
@@ -362,6 +363,50 @@ def _binned(parts, rows: _Rows, span: float, source: str, labels: list[str] | No
     return Timeline(width, out["read"], out["write"], labels, source)
 
 
+
+def _record_offsets(c, rows: _Rows, logs: list[LoadedLog], t0: float) -> np.ndarray:
+    """Seconds from the job start to the start of each record's own log (record timestamps are
+    relative to their log's start; per-process logs start at different times)."""
+    if len(logs) == 1:
+        return np.full(len(c), logs[0].start - t0)
+    row_log = {r: li for (li, _), r in rows.keys.items()}
+    return np.array([logs[row_log.get(int(r), 0)].start - t0 for r in c["rank"].to_numpy()])
+
+
+def _console_phase(c, f) -> dict[str, Any]:
+    """The standard streams as a phase of their own, so their bytes count in the totals but in
+    neither the read nor the checkpoint-write figures."""
+    per_rank_read = f.groupby(c["rank"])["POSIX_F_READ_TIME"].sum()
+    per_rank_write = f.groupby(c["rank"])["POSIX_F_WRITE_TIME"].sum()
+    reads, writes = int(c["POSIX_READS"].sum()), int(c["POSIX_WRITES"].sum())
+    return phase_entry(bytes_read=int(c["POSIX_BYTES_READ"].sum()), bytes_written=int(c["POSIX_BYTES_WRITTEN"].sum()),
+                       read_s_max=float(per_rank_read.max()), write_s_max=float(per_rank_write.max()),
+                       read_s_sum=float(per_rank_read.sum()), write_s_sum=float(per_rank_write.sum()),
+                       ops=reads + writes, reads=reads, writes=writes)
+
+
+def _estimate_warnings(per_phase: dict[str, dict[str, Any]], ranks: int, per_process: bool) -> list[str]:
+    """Say when Darshan's bandwidth estimate (bytes / the slowest rank's time in calls) is far
+    above what the job got over wall-clock time: the estimate assumes all ranks were in calls at
+    once, and per-process logs of a data loader's workers (started epoch after epoch) were not.
+    MPI ranks run side by side by construction; there the tables label both figures and a warning
+    would only repeat that compute sits between the reads."""
+    if not per_process:
+        return []
+    out = []
+    for phase, kind in (("read", "read"), ("write", "write")):
+        p = per_phase[phase]
+        estimate, wall = p.get(f"{kind}_mib_per_s"), p.get("wall_mib_per_s")
+        # one rank cannot overlap itself; with several, the estimate holds when most were in calls together
+        if ranks < 2 or estimate is None or not wall or estimate < 2 * wall or p["overlap"] >= ranks / 2:
+            continue
+        out.append(f"{kind} bandwidth: the {estimate:,.0f} MiB/s estimate (bytes / the slowest rank's {p[f'{kind}_s']:.3g} s "
+                   f"inside {kind} calls, Darshan's method) assumes all {ranks} ranks were in {kind} calls at the same time; "
+                   f"on average {p['overlap']:.2g} were, so over the {p['active_s']:.3g} s of wall-clock time with {kind}s "
+                   f"under way the job got {wall:,.0f} MiB/s, which is what the bandwidth plot shows")
+    return out
+
+
 def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
     accumulate_records = require("darshan.backend.cffi_backend").accumulate_records
     rows = _Rows(logs)
@@ -397,8 +442,21 @@ def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
     nprocs_acc = rows.count
     acc = accumulate_records({"counters": c, "fcounters": f}, "POSIX", nprocs_acc)
     derived = acc.derived_metrics
+    names = _names(logs)
+    console = summary.console_mask(c, names)
+    c_io, f_io = c[~console], f[~console]  # the standard streams are console output, never checkpoint data
     per_rank = _per_rank(c, f, rows)
-    per_phase = _per_phase(per_rank, c, rows.count)
+    per_phase = _per_phase(_per_rank(c_io, f_io, rows), c_io, rows.count)
+    offsets = _record_offsets(c, rows, logs, t0)
+    for phase, op, nbytes in (("read", "READ", "BYTES_READ"), ("write", "WRITE", "BYTES_WRITTEN")):
+        moved = (~console) & (c[f"POSIX_{nbytes}"].to_numpy() > 0)
+        per_phase[phase].update(summary.wall_clock_figures(
+            int(c[f"POSIX_{nbytes}"][moved].sum()), per_phase[phase][f"{phase}_s_sum"],
+            f[f"POSIX_F_{op}_START_TIMESTAMP"].to_numpy()[moved] + offsets[moved],
+            f[f"POSIX_F_{op}_END_TIMESTAMP"].to_numpy()[moved] + offsets[moved]))
+    console_io = summary.console_totals(c, f, console)
+    if console_io:
+        per_phase["console"] = _console_phase(c[console], f[console])
     bytes_read = int(c["POSIX_BYTES_READ"].sum())
     bytes_written = int(c["POSIX_BYTES_WRITTEN"].sum())
     ranked = [r for r in per_rank if r["rank"] >= 0] or per_rank
@@ -408,14 +466,25 @@ def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
                "basis": "POSIX read + write + metadata time of the rank's own records",
                "pydarshan_unique_io_slowest_rank": int(derived.unique_io_slowest_rank),
                "pydarshan_unique_io_total_time_s": float(derived.unique_io_total_time_by_slowest)}
-    read_s = float(f["POSIX_F_READ_TIME"].sum())
-    write_s = float(f["POSIX_F_WRITE_TIME"].sum())
+    read_s = float(f_io["POSIX_F_READ_TIME"].sum())
+    write_s = float(f_io["POSIX_F_WRITE_TIME"].sum())
     meta_s = float(f["POSIX_F_META_TIME"].sum())
-    total_s = read_s + write_s + meta_s
-    io_share = {"read": share(read_s, total_s), "checkpoint": share(write_s, total_s), "other": share(meta_s, total_s),
-                "read_s": read_s, "checkpoint_s": write_s, "other_s": meta_s,
-                "basis": "POSIX_F_READ_TIME vs POSIX_F_WRITE_TIME (writes taken as checkpoint) vs "
-                         "POSIX_F_META_TIME, summed over records"}
+    console_s = (console_io["read_s"] + console_io["write_s"]) if console_io else 0.0
+    other_s = meta_s + console_s
+    total_s = read_s + write_s + other_s
+    io_share = {"read": share(read_s, total_s), "checkpoint": share(write_s, total_s), "other": share(other_s, total_s),
+                "read_s": read_s, "checkpoint_s": write_s, "other_s": other_s, "console_s": console_s,
+                "basis": "POSIX_F_READ_TIME vs POSIX_F_WRITE_TIME (writes to files taken as checkpoint) vs "
+                         "POSIX_F_META_TIME plus console (<STDIN>/<STDOUT>/<STDERR>) time, summed over records"}
+    extra["console"] = console_io
+    extra["common_access_sizes"] = summary.common_access_sizes(c_io)
+    extra["operations"] = summary.operation_counts(c_io)
+    extra["lustre"] = summary.lustre_layout(logs)
+    extra["partial_modules"] = summary.partial_modules(logs)
+    partial = summary.partial_warning(extra["partial_modules"])
+    if partial:
+        warnings.append(partial)
+    warnings += _estimate_warnings(per_phase, rows.count, per_process=len(logs) > 1)
     extra["darshan"] = {
         "total_bytes": int(derived.total_bytes),
         "agg_perf_by_slowest_mib_per_s": float(derived.agg_perf_by_slowest),
@@ -428,6 +497,8 @@ def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
         "bytes_read": bytes_read, "bytes_written": bytes_written,
         "read_mib_per_s": per_phase["read"]["read_mib_per_s"],
         "write_mib_per_s": per_phase["write"]["write_mib_per_s"],
+        "read_mib_per_s_wall": per_phase["read"]["wall_mib_per_s"],
+        "write_mib_per_s_wall": per_phase["write"]["wall_mib_per_s"],
         "read_s": per_phase["read"]["read_s"], "write_s": per_phase["write"]["write_s"],
         "slowest_rank_io_s": slowest["io_s"], "read_share": io_share["read"],
         "checkpoint_share": io_share["checkpoint"], "files": int(c["id"].nunique()),
@@ -437,7 +508,7 @@ def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
     analysis = JobAnalysis(
         label=label, kind="darshan", inputs=[str(log.path) for log in logs],
         bytes_read=bytes_read, bytes_written=bytes_written, per_phase=per_phase, per_rank=per_rank,
-        slowest_rank=slowest, histogram=_histogram(c), files=_files(c, _names(logs), derived),
+        slowest_rank=slowest, histogram=_histogram(c_io), files=_files(c, names, derived),
         io_time_share=io_share, job=job, headline=headline, extra=extra, warnings=warnings,
     )
     if timeline:

@@ -15,7 +15,9 @@ from typing import Any
 
 from dlio_ckpt.analysis.model import GIB, MIB, JobAnalysis
 
-Block = tuple  # ("h", level, text) | ("p", text) | ("ul", [text]) | ("table", headers, rows) | ("img", src, alt, file)
+Block = tuple  # ("h", level, text) | ("p", text) | ("ul", [text]) | ("table", headers, rows[, fold]) |
+#               ("img", src, alt, file) | ("figure", src, alt, file, title, caption) |
+#               ("cards", [(label, value, note)]) | ("warn", [text])
 
 _RANKS_SHOWN = 20
 _FILES_SHOWN = 20
@@ -72,6 +74,21 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         blocks.append(("p", f"{len(inputs)} inputs under {common}"))
     else:
         blocks.append(("p", "Input: " + ", ".join(inputs)))
+    if job.warnings:
+        blocks.append(("warn", list(job.warnings)))
+    blocks.append(("cards", key_figures(job)))
+    if job.figures:
+        blocks.append(("h", level + 1, "Figures (the tables below hold the exact numbers)"))
+        order = ("bandwidth", "io_cost", "ranks", "access_sizes", "operations", "heatmap")
+        for name, path in sorted(job.figures.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99):
+            title, caption = FIGURE_CAPTIONS.get(name, (name, ""))
+            if name == "access_sizes" and job.extra.get("common_access_sizes"):
+                caption += " The most common exact sizes are in the Access sizes table below."
+            if name == "bandwidth":
+                shaded = ["Shaded: the run's phases."] if job.timeline is not None and job.timeline.phase_spans else []
+                caption = " ".join([caption] + shaded + bandwidth_notes(job))
+            blocks.append(("figure", _relative(path, out_dir), f"{job.label} {name}", path, title, caption))
+
     rows = [
         ["bytes read", fmt_bytes(job.bytes_read)],
         ["bytes written", fmt_bytes(job.bytes_written)],
@@ -83,9 +100,11 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
             if other:
                 rows.append([f"{module.upper()} (not in the totals)",
                              f"read {fmt_bytes(other['bytes_read'])}, written {fmt_bytes(other['bytes_written'])}"])
-        rows += [["job id", fmt(job.job.get("jobid"))], ["logs", fmt(job.job.get("logs"))],
+        rows += [["job id", str(job.job.get("jobid", "-"))], ["started (UTC)", job.job.get("start", "-")],
+                 ["command line", job.job.get("exe") or "-"], ["logs", fmt(job.job.get("logs"))],
                  ["ranks / processes", fmt(job.job.get("processes"))], ["run time (s)", fmt(job.job.get("run_time_s"))],
-                 ["modules", ", ".join(job.job.get("modules", []))]]
+                 ["modules", ", ".join(job.job.get("modules", []))],
+                 ["partial module data", ", ".join(job.extra.get("partial_modules") or []) or "none (every module complete)"]]
     else:
         rows.insert(0, ["source", "dlio_ckpt run folder: per-rank events"])
         rows += [[key, fmt(job.job.get(key))] for key in ("workload", "mode", "world_size", "wall_s", "started_at")]
@@ -102,6 +121,16 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         body = [[name, fmt(p["bytes_read"]), fmt(p["bytes_written"]), fmt(p["read_s"]), fmt(p["write_s"]),
                  fmt(p["read_s_sum"]), fmt(p["write_s_sum"]), fmt(p["read_mib_per_s"]), fmt(p["write_mib_per_s"]),
                  fmt(p["ops"])] for name, p in job.per_phase.items()]
+        if any("wall_mib_per_s" in p for p in job.per_phase.values()):
+            head += ["wall-clock s under way", "wall-clock MiB/s"]
+            body = [row + [fmt(p.get("active_s")), fmt(p.get("wall_mib_per_s"))]
+                    for row, p in zip(body, job.per_phase.values())]
+            blocks.append(("p", "For Darshan logs the read/write MiB/s is Darshan's estimate (it assumes all ranks were "
+                                "in calls at the same time); 'wall-clock MiB/s' divides the same bytes by the seconds "
+                                "during which at least one file was being read or written (the union of each record's "
+                                "first-to-last access), which is what the bandwidth plot shows."
+                                + (" The console phase is <STDIN>/<STDOUT>/<STDERR>: counted in the totals, never "
+                                   "as checkpoint data." if "console" in job.per_phase else "")))
         blocks.append(("table", head, body))
 
     if job.per_rank:
@@ -115,7 +144,7 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         body = [[r["label"], fmt(r.get("bytes_read")), fmt(r.get("bytes_written")), fmt(r.get("read_s")),
                  fmt(r.get("write_s")), fmt(r.get("meta_s")), fmt(r.get("io_s")), fmt(r.get("read_mib_per_s")),
                  fmt(r.get("write_mib_per_s"))] for r in shown]
-        blocks.append(("table", head, body))
+        blocks.append(("table", head, body, f"the table of the {len(shown)} slowest ranks (plotted above, in 'I/O time per rank')"))
 
     share = job.io_time_share
     if share:
@@ -140,7 +169,9 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
                    ("p", f"Number of read and write calls per size bucket (bytes; bucket upper bounds inclusive). "
                          f"Source: {hist.get('source', '')}."),
                    ("table", ["size", "reads", "writes"],
-                    [[b, fmt(r), fmt(w)] for b, r, w in zip(hist["buckets"], hist["read"], hist["write"])])]
+                    [[b, fmt(r), fmt(w)] for b, r, w in zip(hist["buckets"], hist["read"], hist["write"])],
+                    "calls per size bucket, as a table")]
+    blocks += _darshan_summary_blocks(job, level)
 
     files = job.files
     if files and files.get("count") is not None:
@@ -151,24 +182,14 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
         top = files.get("top", [])[:_FILES_SHOWN]
         if top:
             blocks.append(("table", ["file", "bytes read", "bytes written", "ranks"],
-                           [[f["path"], fmt(f["bytes_read"]), fmt(f["bytes_written"]), fmt(f["ranks"])] for f in top]))
-
-    if job.figures:
-        blocks.append(("h", level + 1, "Figures"))
-        captions = {
-            "heatmap": "Heat map: bytes moved per rank (rows) and time bin (columns), read and write panels.",
-            "bandwidth": "Bandwidth over time: bytes of all ranks per bin / bin width, MiB/s; phases shaded.",
-        }
-        for name, path in job.figures.items():
-            blocks.append(("p", captions.get(name, name)))
-            if name == "bandwidth":
-                blocks += [("p", note) for note in bandwidth_notes(job)]
-            blocks.append(("img", _relative(path, out_dir), f"{job.label} {name}", path))
+                           [[f["path"], fmt(f["bytes_read"]), fmt(f["bytes_written"]), fmt(f["ranks"])] for f in top],
+                           f"the {len(top)} files with the most bytes"))
 
     darshan = job.extra.get("darshan")
     if darshan:
         blocks += [("h", level + 1, "PyDarshan derived metrics"), ("p", darshan.get("note", "")),
-                   ("table", ["metric", "value"], [[k, fmt(v)] for k, v in darshan.items() if k != "note"])]
+                   ("table", ["metric", "value"], [[k, fmt(v)] for k, v in darshan.items() if k != "note"],
+                    "PyDarshan's accumulator figures")]
     summary = job.extra.get("summary")
     if summary:
         blocks.append(("h", level + 1, "From summary.json"))
@@ -185,9 +206,78 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
     if cross:
         blocks.append(("p", f"Darshan log of this run: {fmt(cross['bytes_read'])} bytes read, "
                             f"{fmt(cross['bytes_written'])} written; agrees with the events: {cross['agrees']}."))
-    if job.warnings:
-        blocks += [("h", level + 1, "Warnings"), ("ul", list(job.warnings))]
     return blocks
+
+
+def _darshan_summary_blocks(job: JobAnalysis, level: int) -> list[Block]:
+    """What PyDarshan's summary page adds to the histogram: exact common sizes, operation counts
+    (seeks among them) and the Lustre striping the files had."""
+    blocks: list[Block] = []
+    common = job.extra.get("common_access_sizes")
+    if common:
+        blocks += [("p", "Most common access sizes (POSIX_ACCESS1..4 over all records, console left out, "
+                         "PyDarshan's Common Access Sizes):"),
+                   ("table", ["access size (bytes)", "calls"], [[fmt(c["size"]), fmt(c["count"])] for c in common])]
+    ops = job.extra.get("operations")
+    if ops:
+        blocks += [("p", "Operation counts over all ranks (console left out):"),
+                   ("table", list(ops), [[fmt(v) for v in ops.values()]])]
+    lustre = job.extra.get("lustre")
+    if lustre:
+        blocks += [("h", level + 1, "Lustre striping"),
+                   ("p", f"{fmt(lustre['files'])} files on Lustre, {fmt(lustre['osts_used'])} OSTs used; "
+                         f"source: {lustre['source']}."),
+                   ("table", ["stripe size", "stripe count", "pool", "files"],
+                    [[fmt_size(x["stripe_size"]), fmt(x["stripe_count"]), x["pool"] or "-", fmt(x["files"])]
+                     for x in lustre["layouts"]])]
+    return blocks
+
+
+def key_figures(job: JobAnalysis) -> list[tuple[str, str, str]]:
+    """The few numbers a reader looks for first, each with what it counts, so that two figures
+    for one thing (Darshan's bandwidth estimate and the wall-clock rate) never stand unlabelled."""
+    cards = [("bytes read", fmt_size(job.bytes_read), f"{fmt(job.bytes_read)} B"),
+             ("bytes written", fmt_size(job.bytes_written), f"{fmt(job.bytes_written)} B")]
+    console = job.extra.get("console")
+    if console:
+        cards[1] = ("bytes written", fmt_size(job.bytes_written),
+                    f"{fmt(job.bytes_written)} B, of which {fmt(console['bytes_written'])} B console (<STDERR>/<STDOUT>)")
+    for phase, kind in (("read", "read"), ("write", "write"), ("train", "read"), ("checkpoint", "write")):
+        p = job.per_phase.get(phase)
+        if not p or p.get(f"{kind}_mib_per_s") is None:
+            continue
+        name = "checkpoint write" if phase in ("write", "checkpoint") else f"{phase} read" if phase == "train" else "read"
+        value = f"{fmt(p[f'{kind}_mib_per_s'])} MiB/s"
+        note = f"bytes / slowest rank's {fmt(p[f'{kind}_s'])} s in {kind} calls"
+        if p.get("wall_mib_per_s") is not None:
+            note += (f" (Darshan's estimate); {fmt(p['wall_mib_per_s'])} MiB/s over the {fmt(p['active_s'])} s "
+                     f"of wall-clock time with {kind}s under way")
+        cards.append((f"{name} bandwidth", value, note))
+    wall = job.job.get("run_time_s") if job.kind == "darshan" else job.job.get("wall_s")
+    ranks = job.job.get("processes") if job.kind == "darshan" else job.job.get("world_size")
+    if wall is not None:
+        cards.append(("run time", f"{fmt(wall)} s", f"{fmt(ranks)} ranks / processes" if ranks else ""))
+    if job.slowest_rank:
+        cards.append(("slowest rank", job.slowest_rank["label"], f"{fmt(job.slowest_rank['io_s'])} s inside I/O calls"))
+    return cards
+
+
+FIGURE_CAPTIONS = {
+    "bandwidth": ("Bandwidth over time",
+                  "Bytes moved by all ranks per time bin / bin width (MiB/s); dashed: an op's bytes / the "
+                  "wall-clock seconds it was under way (when that spans two bins or more)."),
+    "heatmap": ("Heat map", "Bytes moved per rank (rows) and time bin (columns), reads above, writes below; "
+                            "blank means no I/O in that bin. "
+                            "For Darshan logs the HEATMAP module counts console (<STDERR>) writes too."),
+    "io_cost": ("I/O cost per phase", "Mean seconds one rank spent inside read, write (with fsync) and metadata "
+                                      "calls, per phase: the time I/O took from an average rank."),
+    "access_sizes": ("Access sizes", "Read and write calls per size bucket (Darshan's buckets, upper bounds "
+                                     "inclusive), log scale."),
+    "operations": ("Operation counts", "Calls per operation kind over all ranks, as in PyDarshan's summary "
+                                       "(console streams left out), log scale; operations with no calls only in the table."),
+    "ranks": ("I/O time per rank", "Seconds each rank spent inside read, write and metadata calls, slowest at "
+                                   "the top (at most 40), with the bytes it moved; unequal bars mean imbalance."),
+}
 
 
 def bandwidth_notes(job: JobAnalysis) -> list[str]:
@@ -196,6 +286,20 @@ def bandwidth_notes(job: JobAnalysis) -> list[str]:
     (ranks also compute, wait and checkpoint), so the plot's mean over the phase is lower."""
     notes = []
     for phase, p in job.per_phase.items():
+        if p.get("active_s"):  # Darshan: the seconds with a transfer under way, gaps between epochs left out
+            busy_kind = "read" if p.get("bytes_read") else "write"
+            rate, wall = p.get(f"{busy_kind}_mib_per_s"), p.get("wall_mib_per_s")
+            if rate is not None and wall is not None:
+                width = job.timeline.bin_width_s if job.timeline is not None else 0.0
+                line = (f"the dashed line, {fmt(wall)} MiB/s," if p["active_s"] >= 2 * width
+                        else f"{fmt(wall)} MiB/s (too short for the plot's {fmt(width)} s bins to show)")
+                nbytes = p["bytes_read" if busy_kind == "read" else "bytes_written"]
+                notes.append(f"{phase}s: the tables' {fmt(rate)} MiB/s is {fmt(nbytes)} bytes / the "
+                             f"slowest rank's {fmt(p[f'{busy_kind}_s'])} s inside {busy_kind} calls (Darshan's estimate, "
+                             f"as if all ranks were in calls at once); {line} is the same "
+                             f"bytes / the {fmt(p['active_s'])} s of wall-clock time with {busy_kind}s under way, "
+                             f"when on average {fmt(p.get('overlap'))} ranks were in a call.")
+            continue
         span = (p.get("last_end_s") or 0.0) - (p.get("first_start_s") or 0.0)
         for kind in ("read", "write"):
             nbytes, rate, busy = p.get(f"bytes_{kind}"), p.get(f"{kind}_mib_per_s"), p.get(f"{kind}_s")
@@ -247,8 +351,16 @@ def build(jobs: list[JobAnalysis], table: dict[str, Any] | None, compare_figure:
 
 
 def to_markdown(blocks: list[Block]) -> str:
-    def cell(text: Any) -> str:
-        return str(text).replace("|", "\\|").replace("\n", " ")
+    def text(value: Any) -> str:
+        """`<STDERR>` would be taken for an HTML tag and vanish: escaped, it renders as written."""
+        return str(value).replace("<", "\\<")
+
+    def cell(value: Any) -> str:
+        return text(value).replace("|", "\\|").replace("\n", " ")
+
+    def table(headers, rows) -> list[str]:
+        return (["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+                + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows] + [""])
 
     lines: list[str] = []
     for block in blocks:
@@ -257,43 +369,122 @@ def to_markdown(blocks: list[Block]) -> str:
             lines += ["#" * block[1] + " " + block[2], ""]
         elif kind == "p":
             if block[1]:
-                lines += [block[1], ""]
+                lines += [text(block[1]), ""]
         elif kind == "ul":
-            lines += [f"- {item}" for item in block[1]] + [""]
+            lines += [f"- {text(item)}" for item in block[1]] + [""]
+        elif kind == "warn":
+            lines += [f"> **Warning:** {text(item)}" for item in block[1]] + [""]
+        elif kind == "cards":
+            lines += table(["figure", "value", "what it counts"], block[1])
         elif kind == "table":
-            headers, rows = block[1], block[2]
-            lines.append("| " + " | ".join(cell(h) for h in headers) + " |")
-            lines.append("|" + "|".join("---" for _ in headers) + "|")
-            lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-            lines.append("")
+            lines += table(block[1], block[2])
         elif kind == "img":
             lines += [f"![{block[2]}]({block[1]})", ""]
+        elif kind == "figure":
+            lines += [f"**{block[4]}**", "", f"![{block[2]}]({block[1]})", "", f"*{text(block[5])}*", ""]
     return "\n".join(lines)
+
+
+# The page's look: a header band, key figures as tiles, warnings in an amber box, figures as
+# captioned cards two to a row, long tables folded. System fonts only: the file must render the
+# same offline and on a cluster login node's browser.
+_CSS = """
+:root{--ink:#1f2933;--muted:#616e7c;--line:#e4e7eb;--bg:#f5f7fa;--accent:#1f77b4;--warn:#f0b429}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--ink);font:14px/1.5 -apple-system,"Segoe UI",Roboto,"Helvetica Neue",
+ "DejaVu Sans",Arial,sans-serif}
+header{background:linear-gradient(90deg,#102a43,#1f4e79);color:#fff;padding:22px 40px}
+header h1{margin:0;font-size:22px;font-weight:600}
+header p{margin:4px 0 0;color:#bcccdc}
+main{max-width:1240px;margin:0 auto;padding:12px 40px 40px}
+section.job{background:#fff;border:1px solid var(--line);border-radius:10px;padding:6px 24px 18px;margin:18px 0;
+ box-shadow:0 1px 3px rgba(16,42,67,.06)}
+h2{font-size:19px;margin:16px 0 4px;font-weight:600}
+h3{font-size:15px;margin:22px 0 6px;padding-bottom:4px;border-bottom:2px solid var(--line);font-weight:600;color:#243b53}
+p{margin:6px 0;color:var(--ink)}
+.warn{background:#fffbea;border-left:4px solid var(--warn);border-radius:6px;padding:8px 14px;margin:10px 0}
+.warn li{margin:3px 0}.warn ul{margin:0;padding-left:18px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:10px;margin:12px 0}
+.card{border:1px solid var(--line);border-radius:8px;padding:10px 14px;background:#fbfcfd}
+.card .label{font-size:11px;text-transform:uppercase;letter-spacing:.06em;color:var(--muted)}
+.card .value{font-size:21px;font-weight:600;color:#102a43;margin:2px 0}
+.card .note{font-size:11.5px;color:var(--muted);line-height:1.35}
+.figs{display:grid;grid-template-columns:1fr 1fr;gap:14px;margin:10px 0}
+figure{margin:0;border:1px solid var(--line);border-radius:8px;padding:10px;background:#fff}
+figure.wide{grid-column:1/-1}
+figure h4{margin:0 0 6px;font-size:13.5px;font-weight:600}
+figure img{width:100%;height:auto;display:block}
+figcaption{font-size:12px;color:var(--muted);margin-top:6px;line-height:1.4}
+table{border-collapse:collapse;margin:6px 0 10px;font-size:12.5px;font-variant-numeric:tabular-nums}
+th{background:#f0f4f8;color:#334e68;font-weight:600;text-align:right;padding:5px 9px;border-bottom:2px solid #d9e2ec}
+td{padding:4px 9px;border-bottom:1px solid var(--line);text-align:right}
+tr:nth-child(even) td{background:#fafbfc}
+td:first-child,th:first-child{text-align:left}
+table.kv td,table.kv th{text-align:left}table.kv td:last-child{max-width:900px;overflow-wrap:anywhere}
+details{margin:6px 0}summary{cursor:pointer;color:var(--accent);font-size:12.5px}
+.scroll{overflow-x:auto}
+"""
 
 
 def to_html(blocks: list[Block]) -> str:
     e = html.escape
-    parts = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'><title>dlio_ckpt I/O analysis</title>",
-             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
-             "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;"
-             "font-size:13px;text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}</style>",
+
+    def table(block: Block) -> str:
+        head = "".join(f"<th>{e(str(h))}</th>" for h in block[1])
+        body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in block[2])
+        kv = " class='kv'" if len(block[1]) == 2 and block[1][1] == "value" else ""  # label: value lists read left to right
+        text = f"<div class='scroll'><table{kv}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        return f"<details><summary>{e(block[3])}</summary>{text}</details>" if len(block) > 3 and block[3] else text
+
+    title = next((b[2] for b in blocks if b[0] == "h" and b[1] == 1), "dlio_ckpt I/O analysis")
+    parts = ["<!DOCTYPE html>", f"<html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>",
+             f"<meta name='viewport' content='width=device-width,initial-scale=1'><style>{_CSS}</style>",
              "</head><body>"]
-    for block in blocks:
+    figures: list[str] = []
+    in_job = False
+
+    def flush() -> None:
+        if figures:
+            parts.append("<div class='figs'>" + "".join(figures) + "</div>")
+            figures.clear()
+
+    for index, block in enumerate(blocks):
         kind = block[0]
-        if kind == "h":
-            parts.append(f"<h{block[1]}>{e(block[2])}</h{block[1]}>")
+        if kind != "figure":
+            flush()
+        if kind == "h" and block[1] == 1:
+            subtitle = blocks[index + 1][1] if index + 1 < len(blocks) and blocks[index + 1][0] == "p" else ""
+            parts.append(f"<header><h1>{e(block[2])}</h1><p>{e(subtitle)}</p></header><main>")
+        elif kind == "h" and block[1] == 2:
+            if in_job:
+                parts.append("</section>")
+            parts.append(f"<section class='job'><h2>{e(block[2])}</h2>")
+            in_job = True
+        elif kind == "h":
+            parts.append(f"<h{block[1] + 1}>{e(block[2])}</h{block[1] + 1}>")
         elif kind == "p":
-            if block[1]:
+            if block[1] and not (index > 0 and blocks[index - 1][0] == "h" and blocks[index - 1][1] == 1):
                 parts.append(f"<p>{e(block[1])}</p>")
         elif kind == "ul":
             parts.append("<ul>" + "".join(f"<li>{e(str(i))}</li>" for i in block[1]) + "</ul>")
+        elif kind == "warn":
+            parts.append("<div class='warn'><ul>" + "".join(f"<li>{e(str(i))}</li>" for i in block[1]) + "</ul></div>")
+        elif kind == "cards":
+            parts.append("<div class='cards'>" + "".join(
+                f"<div class='card'><div class='label'>{e(label)}</div><div class='value'>{e(value)}</div>"
+                f"<div class='note'>{e(note)}</div></div>" for label, value, note in block[1]) + "</div>")
         elif kind == "table":
-            head = "".join(f"<th>{e(str(h))}</th>" for h in block[1])
-            body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in block[2])
-            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+            parts.append(table(block))
         elif kind == "img":
             parts.append(f"<p><img src='{_data_uri(block)}' alt='{e(block[2])}' data-file='{e(block[1])}'></p>")
-    parts.append("</body></html>")
+        elif kind == "figure":
+            wide = " class='wide'" if block[2].endswith((" bandwidth", " heatmap")) else ""
+            figures.append(f"<figure{wide}><h4>{e(block[4])}</h4><img src='{_data_uri(block)}' alt='{e(block[2])}' "
+                           f"data-file='{e(block[1])}'><figcaption>{e(block[5])}</figcaption></figure>")
+    flush()
+    if in_job:
+        parts.append("</section>")
+    parts.append("</main></body></html>")
     return "\n".join(parts)
 
 

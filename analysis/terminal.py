@@ -36,14 +36,32 @@ def _job(console: Console, job: JobAnalysis) -> None:
                                         f"other {fmt_share(share.get('other'))}")
     if job.files.get("count") is not None:
         table.add_row("files touched", fmt(job.files["count"]))
+    if job.extra.get("console"):
+        c = job.extra["console"]
+        table.add_row("console (not checkpoint)", f"<STDIN>/<STDOUT>/<STDERR>: read {fmt_size(c['bytes_read'])}, "
+                                                  f"written {fmt_size(c['bytes_written'])}")
+    if job.extra.get("common_access_sizes"):
+        table.add_row("common access sizes", ", ".join(f"{fmt_size(a['size'])} x {fmt(a['count'])}"
+                                                       for a in job.extra["common_access_sizes"]))
+    ops = job.extra.get("operations")
+    if ops:
+        table.add_row("operations", ", ".join(f"{k} {fmt(v)}" for k, v in ops.items() if v))
+    lustre = job.extra.get("lustre")
+    if lustre:
+        table.add_row("Lustre striping", "; ".join(f"{fmt(x['files'])} files: {x['stripe_count']} x {fmt_size(x['stripe_size'])}"
+                                                   for x in lustre["layouts"][:3]))
     console.print(table)
     if job.per_phase:
-        phases = Table(title="per phase (bandwidth = bytes / slowest rank's time)")
-        for col in ("phase", "bytes read", "bytes written", "read s", "write s", "read MiB/s", "write MiB/s"):
+        wall = any("wall_mib_per_s" in p for p in job.per_phase.values())
+        phases = Table(title="per phase (MiB/s = bytes / slowest rank's time in calls"
+                             + ("; wall MiB/s = bytes / wall-clock s with transfers under way)" if wall else ")"))
+        columns = ["phase", "bytes read", "bytes written", "read s", "write s", "read MiB/s", "write MiB/s"]
+        for col in columns + (["wall s", "wall MiB/s"] if wall else []):
             phases.add_column(col, justify="right")
         for name, p in job.per_phase.items():
-            phases.add_row(name, fmt_size(p["bytes_read"]), fmt_size(p["bytes_written"]), fmt(p["read_s"]), fmt(p["write_s"]),
-                           fmt(p["read_mib_per_s"]), fmt(p["write_mib_per_s"]))
+            row = [name, fmt_size(p["bytes_read"]), fmt_size(p["bytes_written"]), fmt(p["read_s"]), fmt(p["write_s"]),
+                   fmt(p["read_mib_per_s"]), fmt(p["write_mib_per_s"])]
+            phases.add_row(*row + ([fmt(p.get("active_s")), fmt(p.get("wall_mib_per_s"))] if wall else []))
         console.print(phases)
     if job.extra.get("latency"):
         from dlio_ckpt.analysis.latency import HEADERS, latency_rows

@@ -291,7 +291,7 @@ def test_html_report_is_one_file_with_its_figures_and_explains_the_bandwidth(tra
     assert analyze([str(run), "--output", str(report)]) == 0
     text = report.read_text()
     images = re.findall(r"<img src='data:image/png;base64,([A-Za-z0-9+/=]+)'", text)
-    assert len(images) == 2  # heat map and bandwidth, inside the page
+    assert len(images) == 5  # bandwidth, I/O cost, per-rank time, access sizes, heat map: inside the page
     assert all(base64.b64decode(image)[:8] == b"\x89PNG\r\n\x1a\n" for image in images)
     assert not re.search(r"src='[^d]", text)
     rate = summary["io"]["by_phase"]["train"]["bytes_read"]
