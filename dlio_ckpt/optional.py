@@ -15,6 +15,7 @@ _EXTRAS = {
     "matplotlib": ("darshan", "plots in the analysis reports"),
     "pandas": ("darshan", "Darshan log analysis (PyDarshan)"),
     "torch": (None, "the torch.save checkpoint format"),
+    "pyarrow": ("parquet", "dataset.format=parquet (MLPerf Storage's flux)"),
 }
 
 
