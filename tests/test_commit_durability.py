@@ -166,10 +166,57 @@ def test_regenerating_removes_the_manifest_durably_before_overwriting_files(tmp_
     assert commit.problems == [] and commit.files == len(plan.files)
 
 
+def test_a_run_that_finds_another_live_generator_stages_its_files(tmp_path, monkeypatch):
+    """Two runs generating one dataset at once: the second must not truncate files the first may
+    have committed. With a live process's claim in the folder, every file goes through a temporary
+    name and a rename; the claim (not ours) stays; each file and folder is still synced first."""
+    import socket
+
+    from dlio_ckpt.engine.generate import CLAIM_NAME
+    from dlio_ckpt.plan.dataset import plan_dataset
+
+    ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny", "dataset.num_subfolders_train=2"])
+    folder = plan_dataset(ctx.config, "npz").folder
+    os.makedirs(folder)
+    claim = os.path.join(folder, CLAIM_NAME)
+    with open(claim, "w") as handle:
+        handle.write(f"{socket.gethostname()} {os.getppid()}")  # a live process of this host
+    plan, fmt, calls = _generated_with_calls(tmp_path, monkeypatch)
+    (commit,) = check_commits(calls, str(tmp_path))
+    assert commit.problems == [] and commit.files == len(plan.files)
+    renamed = {c[2] for c in calls if c[0] == "rename" and c[2] != commit.manifest}
+    assert renamed == {os.path.realpath(spec.path) for spec in plan.files}
+    assert os.path.exists(claim)
+
+
+def test_a_claim_of_a_process_that_is_gone_is_taken_over(tmp_path):
+    import socket
+
+    from dlio_ckpt.engine.generate import claim_dataset, claim_path
+    from dlio_ckpt.plan.dataset import plan_dataset
+    from dlio_ckpt.storage.posix import PosixStorage
+
+    ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny"])
+    plan = plan_dataset(ctx.config, "npz")
+    os.makedirs(plan.folder)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with open(claim_path(plan), "w") as handle:
+        handle.write(f"{socket.gethostname()} {gone.pid}")
+    assert claim_dataset(PosixStorage(), plan)
+    with open(claim_path(plan)) as handle:
+        assert handle.read() == f"{socket.gethostname()} {os.getpid()}"
+    assert not claim_dataset(PosixStorage(), plan)  # now held by this live process
+    with open(claim_path(plan), "w") as handle:
+        handle.write(f"another-host {gone.pid}")  # another host's: cannot tell, so stage
+    assert not claim_dataset(PosixStorage(), plan)
+
+
 def test_a_crash_mid_generation_leaves_no_trusted_dataset(workdir):
     """SIGKILL inside the write of rank 0's first file (DLIO_CKPT_FAULT=generate-write@0:kill):
     that file is on disk under its name, half-done, and there is no manifest; a run that may not
-    generate refuses the folder (exit 2), and the next run regenerates every file."""
+    generate refuses the folder (exit 2), and the next run takes over the dead run's claim and
+    regenerates every file."""
     from dlio_ckpt.faults import VARIABLE
     from dlio_ckpt.plan.dataset import MANIFEST_NAME as DATASET_MANIFEST
 
@@ -186,14 +233,16 @@ def test_a_crash_mid_generation_leaves_no_trusted_dataset(workdir):
 
     crashed = run(fault="generate-write@0:kill")
     assert crashed.returncode in (-9, 137), crashed.stderr[-2000:]
-    on_disk = sorted(p for p in store.rglob("*") if p.is_file())
-    assert [p.suffix for p in on_disk] == [".npy"]  # the first file, under its final name; no manifest
+    on_disk = sorted(p.name for p in store.rglob("*") if p.is_file())
+    # the first file, under its final name, and the dead run's claim; no manifest
+    assert [os.path.splitext(name)[1] for name in on_disk] == ["", ".npy"] and on_disk[0] == ".dlio_ckpt_generating"
     assert not list(store.rglob(DATASET_MANIFEST))
     refused = run("generate.enabled=false")
     assert refused.returncode == 2 and "no matching dataset" in refused.stderr
     done = run()
     assert done.returncode == 0, done.stderr[-2000:]
     (manifest,) = store.rglob(DATASET_MANIFEST)
+    assert not list(store.rglob(".dlio_ckpt_generating"))  # the crashed run's claim taken over, then released
     import json
 
     import numpy as np

@@ -11,7 +11,15 @@ without its manifest is never trusted, so a crash at any point leaves one that i
 Why not stage each file (temporary name, fsync, rename, folder fsync)? The manifest already makes
 the dataset all-or-nothing, and the per-file rename and folder fsync cost 3-4x the write itself on
 a local disk (benchmarks/generate_vs_fio.py: 0.23-0.30 of fio's rate staged; >= 0.9 committed once).
-A file that fails while written is removed (its handle's abort). Every file operation goes through
+A file that fails while written is removed (its handle's abort).
+
+In place is safe for one writer only: a second run generating the same dataset at the same time
+would truncate files the first run's manifest may already list. So rank 0 first claims the
+dataset (`.dlio_ckpt_generating`, created exclusively, naming host and pid, removed after the
+commit); a run that finds another live run's claim stages each of its files instead (temporary
+name, fsync, rename: `open_staged`), which never disturbs a complete file. A claim left by a
+crashed process on this host is taken over; one from another host makes later runs stage until
+it is removed. Every file operation goes through
 the (traced) storage, so it works on any backend (on S3 an object appears only when its upload
 completes, and there are no folders to sync).
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +75,40 @@ def dataset_folders(plan: DatasetPlan, top: str) -> list[str]:
     return entry_folders(one_per_folder.values(), top)
 
 
+CLAIM_NAME = ".dlio_ckpt_generating"
+
+
+def claim_path(plan: DatasetPlan) -> str:
+    return os.path.join(plan.folder, CLAIM_NAME)
+
+
+def claim_dataset(storage: Any, plan: DatasetPlan) -> bool:
+    """Rank 0: True when this run alone generates the dataset (it may write in place); False when
+    another live run holds the claim (then stage every file). A claim of a process of this host
+    that is gone is taken over."""
+    token = f"{socket.gethostname()} {os.getpid()}".encode()
+    if storage.create_exclusive(claim_path(plan), token):
+        return True
+    try:
+        host, pid = storage.read_whole(claim_path(plan)).decode().split()
+    except (OSError, ValueError):
+        return False
+    if host != socket.gethostname() or _alive(int(pid)):
+        return False
+    storage.remove(claim_path(plan))
+    return storage.create_exclusive(claim_path(plan), token)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _read_manifest(storage: Any, plan: DatasetPlan) -> dict | None:
     if not storage.exists(plan.manifest_path):
         return None
@@ -91,14 +134,16 @@ def _matches(storage: Any, plan: DatasetPlan, manifest: dict | None) -> bool:
 
 
 def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool,
-               rank: int = 0) -> None:
+               rank: int = 0, staged: bool = False) -> None:
     """Write one dataset file (and its companions) under its final name, fsynced when `fsync`; on a
     failure it is removed. Only the dataset's manifest, written after every file, makes it trusted.
+    `staged`: through a temporary name instead (another run is generating the same dataset).
     The bytes it wrote are counted by the traced storage (the generate phase's `bytes_written`)."""
     opened: dict[str, Any] = {}
+    opener = storage.open_staged if staged else storage.open_write
 
     def open_output(suffix: str) -> Any:
-        handle = storage.open_write(f"{spec.path}{suffix}")
+        handle = opener(f"{spec.path}{suffix}")
         opened[suffix] = handle
         return handle
 
@@ -119,10 +164,11 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
     config, world = ctx.config, ctx.world
     storage = ctx.storage.with_phase("generate")
 
-    def decide() -> bool:
+    def decide() -> tuple[bool, bool]:
+        """(reuse, in place) on rank 0."""
         reuse = not config.generate.force and _matches(storage, plan, _read_manifest(storage, plan))
         if reuse:
-            return True
+            return True, False
         if not config.generate.enabled:
             raise UserError(
                 f"no matching dataset in {plan.folder} and generate.enabled=false; "
@@ -134,9 +180,9 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
                 sync_folders(storage, [os.path.dirname(plan.manifest_path)])
         for folder in sorted({os.path.dirname(spec.path) for spec in plan.files}):
             storage.makedirs(folder)
-        return False
+        return False, claim_dataset(storage, plan)
 
-    reused = world.root_first(decide)
+    reused, in_place = world.root_first(decide)
     # The content pool (64 MiB of seeded random bytes, ~0.2 s) is set-up, like fio filling its
     # buffers before it starts its clock: generate_s times the files only.
     source = None if reused else ctx.source(seed=config.dataset.seed, zeros=config.dataset.content == "zeros")
@@ -150,7 +196,8 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         try:
             for spec in share:
                 try:
-                    write_file(storage, fmt, spec, source, options, config.storage.fsync, rank=world.rank)
+                    write_file(storage, fmt, spec, source, options, config.storage.fsync, rank=world.rank,
+                               staged=not in_place)
                 except OSError as exc:  # a full disk, say: name the file (its partial copy is gone)
                     raise storage_failure(exc, spec.path) from None
                 written_files += 1
@@ -160,6 +207,8 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         finally:
             progress.close()
         if not world.agree(failure is None):
+            if in_place and world.is_root and storage.exists(claim_path(plan)):
+                storage.remove(claim_path(plan))  # nothing committed: the next run may write in place
             if isinstance(failure, UserError):
                 raise failure
             # One line from each rank that failed; the others end quietly (exit 1).
@@ -174,6 +223,8 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
             manifest = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": config.workload,
                         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sizes": sizes}
             storage.write_atomic(plan.manifest_path, json.dumps(manifest, indent=1).encode())
+            if in_place and storage.exists(claim_path(plan)):
+                storage.remove(claim_path(plan))  # committed: the next generation may write in place
 
         world.root_first(finish)
     seconds = world.allreduce_max(time.perf_counter() - start)
