@@ -172,7 +172,7 @@ def test_a_run_that_finds_another_live_generator_stages_its_files(tmp_path, monk
     name and a rename; the claim (not ours) stays; each file and folder is still synced first."""
     import socket
 
-    from dlio_ckpt.engine.generate import CLAIM_NAME
+    from dlio_ckpt.engine.dataset_claim import CLAIM_NAME
     from dlio_ckpt.plan.dataset import plan_dataset
 
     ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny", "dataset.num_subfolders_train=2"])
@@ -192,7 +192,7 @@ def test_a_run_that_finds_another_live_generator_stages_its_files(tmp_path, monk
 def test_a_claim_of_a_process_that_is_gone_is_taken_over(tmp_path):
     import socket
 
-    from dlio_ckpt.engine.generate import claim_dataset, claim_path
+    from dlio_ckpt.engine.dataset_claim import claim_dataset, claim_path
     from dlio_ckpt.plan.dataset import plan_dataset
     from dlio_ckpt.storage.posix import PosixStorage
 

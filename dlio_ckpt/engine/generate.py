@@ -9,31 +9,25 @@ them up to storage.root: storage/durable.py) and writes the manifest last, atomi
 without its manifest is never trusted, so a crash at any point leaves one that is regenerated.
 
 Why not stage each file (temporary name, fsync, rename, folder fsync)? The manifest already makes
-the dataset all-or-nothing, and the per-file rename and folder fsync cost 3-4x the write itself on
-a local disk (benchmarks/generate_vs_fio.py: 0.23-0.30 of fio's rate staged; >= 0.9 committed once).
-A file that fails while written is removed (its handle's abort).
-
-In place is safe for one writer only: a second run generating the same dataset at the same time
-would truncate files the first run's manifest may already list. So rank 0 first claims the
-dataset (`.dlio_ckpt_generating`, created exclusively, naming host and pid, removed after the
-commit); a run that finds another live run's claim stages each of its files instead (temporary
-name, fsync, rename: `open_staged`), which never disturbs a complete file. A claim left by a
-crashed process on this host is taken over; one from another host makes later runs stage until
-it is removed. Every file operation goes through
-the (traced) storage, so it works on any backend (on S3 an object appears only when its upload
-completes, and there are no folders to sync).
+the dataset all-or-nothing, and staging cost a rename and a folder fsync (a journal commit) per
+file: 24 files of 32 MiB made 57 fsyncs and 26 renames, now 32 and 1 (benchmarks/README.md,
+"Generation committed once"). A file that fails while written is removed (its handle's abort).
+In place is for one writer only: a run that finds another generating the same dataset stages its
+files (engine/dataset_claim.py). Every file operation goes through the (traced) storage, so it
+works on any backend (on S3 an object appears only when its upload completes, and there are no
+folders to sync).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from dlio_ckpt.engine.context import RunContext
+from dlio_ckpt.engine.dataset_claim import claim_dataset, release_claim
 from dlio_ckpt.errors import RunFailure, UserError, failure_text, storage_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
@@ -73,40 +67,6 @@ def dataset_folders(plan: DatasetPlan, top: str) -> list[str]:
     and the folders above it up to `top` (one representative file per folder: pure, no I/O)."""
     one_per_folder = {os.path.dirname(spec.path): spec.path for spec in plan.files}
     return entry_folders(one_per_folder.values(), top)
-
-
-CLAIM_NAME = ".dlio_ckpt_generating"
-
-
-def claim_path(plan: DatasetPlan) -> str:
-    return os.path.join(plan.folder, CLAIM_NAME)
-
-
-def claim_dataset(storage: Any, plan: DatasetPlan) -> bool:
-    """Rank 0: True when this run alone generates the dataset (it may write in place); False when
-    another live run holds the claim (then stage every file). A claim of a process of this host
-    that is gone is taken over."""
-    token = f"{socket.gethostname()} {os.getpid()}".encode()
-    if storage.create_exclusive(claim_path(plan), token):
-        return True
-    try:
-        host, pid = storage.read_whole(claim_path(plan)).decode().split()
-    except (OSError, ValueError):
-        return False
-    if host != socket.gethostname() or _alive(int(pid)):
-        return False
-    storage.remove(claim_path(plan))
-    return storage.create_exclusive(claim_path(plan), token)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_manifest(storage: Any, plan: DatasetPlan) -> dict | None:
@@ -207,8 +167,8 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         finally:
             progress.close()
         if not world.agree(failure is None):
-            if in_place and world.is_root and storage.exists(claim_path(plan)):
-                storage.remove(claim_path(plan))  # nothing committed: the next run may write in place
+            if in_place and world.is_root:
+                release_claim(storage, plan)  # nothing committed: the next run may write in place
             if isinstance(failure, UserError):
                 raise failure
             # One line from each rank that failed; the others end quietly (exit 1).
@@ -223,8 +183,8 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
             manifest = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": config.workload,
                         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sizes": sizes}
             storage.write_atomic(plan.manifest_path, json.dumps(manifest, indent=1).encode())
-            if in_place and storage.exists(claim_path(plan)):
-                storage.remove(claim_path(plan))  # committed: the next generation may write in place
+            if in_place:
+                release_claim(storage, plan)  # committed: the next generation may write in place
 
         world.root_first(finish)
     seconds = world.allreduce_max(time.perf_counter() - start)
