@@ -294,3 +294,31 @@ def test_list_workloads_shows_the_v3_workloads_with_their_sources(workdir):
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
     assert "mlcommons/storage 3f8f689" in lines["retinanet"] and "retinanet_b200.yaml" in lines["retinanet"]
     assert "mlcommons/storage 3f8f689" in lines["flux"] and "flux_datagen.yaml" in lines["flux"]
+
+
+def test_the_mlperf_v3_dlio_files_run_as_they_are(tmp_path):
+    """dlio_config= with MLPerf Storage's own retinanet_b200.yaml and flux_b200.yaml (3f8f689,
+    trimmed to the keys that shape I/O): the same figures as the shipped workloads."""
+    retinanet = tmp_path / "retinanet_b200.yaml"
+    retinanet.write_text("model: {name: retinanet, type: cnn}\nframework: pytorch\n"
+                         "workflow: {generate_data: False, train: True, checkpoint: False}\n"
+                         "dataset: {data_folder: data/retinanet/, format: jpeg, num_files_train: 1170301, "
+                         "num_samples_per_file: 1, record_length_bytes: 322957}\n"
+                         "reader: {data_loader: pytorch, batch_size: 24, read_threads: 8, file_shuffle: seed, sample_shuffle: seed}\n"
+                         "train: {epochs: 8, computation_time: 0.04755}\nmetric: {au: 0.85}\n")
+    flux = tmp_path / "flux_b200.yaml"
+    flux.write_text("model: {name: flux}\nframework: pytorch\n"
+                    "workflow: {generate_data: False, train: True, checkpoint: False}\n"
+                    "dataset:\n  data_folder: data/flux/\n  format: parquet\n  compression: none\n"
+                    "  num_files_train: 4296\n  num_samples_per_file: 288\n  record_length: 2164832\n"
+                    "  parquet:\n    row_group_size: 48\n    columns:\n"
+                    + "".join(f"      - {{name: {c.split(':')[0]}, dtype: float32, size: {c.split(':')[2]}}}\n" for c in FLUX_COLUMNS)
+                    + "reader: {data_loader: pytorch, batch_size: 48, read_threads: 8, file_shuffle: seed}\n"
+                      "train: {epochs: 1, computation_time: 1.35}\nmetric: {au: 0.90}\n")
+    imported = load_config([f"dlio_config={retinanet}"])
+    shipped = load_config(["workload=retinanet"])
+    assert imported.dataset.format == "jpeg" and imported.dataset.num_files_train == shipped.dataset.num_files_train
+    assert (imported.reader.batch_size, imported.train.computation_time) == (24, 0.04755)
+    imported = load_config([f"dlio_config={flux}"])
+    assert imported.dataset.format == "parquet" and tuple(imported.dataset.parquet_columns) == FLUX_COLUMNS
+    assert (imported.dataset.parquet_row_group_size, imported.dataset.record_length_bytes) == (48, 2_164_832)
