@@ -7,8 +7,12 @@ How the two are matched:
   (`nrfiles=N`, `filesize`, `file_service_type=sequential`).
 - Calls: dlio_ckpt writes `generate.write_chunk_bytes` per call (default 4 MiB) vs fio `bs` of the
   same size, psync engine (pwrite), one writer.
-- Durability: dlio_ckpt fsyncs each file before renaming it into place (`storage.fsync=true`)
-  vs fio `fsync_on_close=1`; fio does not preallocate (`fallocate=none`), as dlio_ckpt does not.
+- Durability: dlio_ckpt fsyncs each file (`storage.fsync=true`), each folder once and the
+  dataset manifest last (engine/generate.py) vs fio `fsync_on_close=1`; fio does not preallocate
+  (`fallocate=none`), as dlio_ckpt does not.
+- `--baseline BIN` adds a third tool to every round: another dlio_ckpt (an older checkout's, say
+  /work/main/.venv/bin/dlio_ckpt), so a change is measured against its predecessor and fio under
+  the same noise.
 - Figures: dlio_ckpt bytes written / `generate_s` from summary.json (the rank's generation
   time, without start-up) vs fio's bandwidth (io_bytes / runtime).
 
@@ -48,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--pause", type=float, default=SETTLE_S,
                    help=f"seconds after each run's clean-up and sync before the next run (default {SETTLE_S:g}; see _common.SETTLE_S)")
+    p.add_argument("--baseline", default="", help="another dlio_ckpt executable run in every round too (before/after)")
     p.add_argument("--tmp", default=None)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--out", default=str(HERE / "results" / "generate_vs_fio.json"))
@@ -58,9 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_dlio(args, work: Path, i: int, log: Path) -> dict:
+def run_dlio(args, work: Path, i: int, log: Path, binary: str = "") -> dict:
     root, run_dir = work / f"dlio-{i}", work / f"run-{i}"
-    proc, wall = run([tool("dlio_ckpt"), "workload=unet3d", "mode=generate", "progress=false", "dataset.format=raw",
+    proc, wall = run([binary or tool("dlio_ckpt"), "workload=unet3d", "mode=generate", "progress=false", "dataset.format=raw",
                       f"dataset.num_files_train={args.files}", "dataset.num_files_eval=0", "dataset.num_samples_per_file=1",
                       f"dataset.record_length_bytes={args.file_bytes}", "dataset.record_length_bytes_stdev=0",
                       "dataset.folder=data", "checkpoint.enabled=false", f"generate.write_chunk_bytes={human(args.bs_bytes)}",
@@ -97,29 +102,43 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not shutil.which("fio"):
         sys.exit("fio not found (Debian: apt-get install fio)")
-    dl, fi = [], []
+    dl, fi, base = [], [], []
     with Workdir(args.tmp, args.keep, "dlio_generate_vs_fio-") as work:
         log = work / "log.txt"
         env = environment(str(work))
         print(f"{args.files} x {human(args.file_bytes)} raw files, {human(args.bs_bytes)} per write, fsync per file; "
               f"{args.repeats} alternating rounds, {args.pause:g} s pause before each run", flush=True)
         settle(args.pause)
+        tools = ("dlio", "fio", "baseline") if args.baseline else ("dlio", "fio")
         for i in range(args.repeats):
-            for who in (("dlio", "fio") if i % 2 == 0 else ("fio", "dlio")):
+            shift = i % len(tools)  # rotate who goes first
+            for who in tools[shift:] + tools[:shift]:
                 if who == "dlio":
                     dl.append(run_dlio(args, work, i, log))
+                elif who == "baseline":
+                    base.append(run_dlio(args, work, i, log, args.baseline))
                 else:
                     fi.append(run_fio(args, work, i, log))
-            print(f"  round {i}: dlio_ckpt {dl[-1]['mib_per_s']:.0f} MiB/s, fio {fi[-1]['mib_per_s']:.0f} MiB/s", flush=True)
+            extra = f", baseline {base[-1]['mib_per_s']:.0f} MiB/s" if base else ""
+            print(f"  round {i}: dlio_ckpt {dl[-1]['mib_per_s']:.0f} MiB/s, fio {fi[-1]['mib_per_s']:.0f} MiB/s{extra}"
+                  f" (ratio {ratio(dl[-1]['mib_per_s'], fi[-1]['mib_per_s']):.2f})", flush=True)
     pairs = [ratio(d["mib_per_s"], f["mib_per_s"]) for d, f in zip(dl, fi)]
+    base_pairs = [ratio(b["mib_per_s"], f["mib_per_s"]) for b, f in zip(base, fi)]
     med = {"dlio_mib_per_s": median([d["mib_per_s"] for d in dl]), "fio_mib_per_s": median([f["mib_per_s"] for f in fi])}
     result = {"benchmark": "generate_vs_fio", "params": {k: v for k, v in vars(args).items() if k != "out"},
               "environment": env, "dlio_ckpt": dl, "fio": fi, "median": med,
               "ratio": ratio(med["dlio_mib_per_s"], med["fio_mib_per_s"]), "pair_ratios": pairs}
+    if base:
+        med["baseline_mib_per_s"] = median([b["mib_per_s"] for b in base])
+        result.update(baseline=base, baseline_ratio=ratio(med["baseline_mib_per_s"], med["fio_mib_per_s"]),
+                      baseline_pair_ratios=base_pairs)
     write_json(Path(args.out), result)
     print(table([["dlio_ckpt generate", f"{med['dlio_mib_per_s']:.0f}"], ["fio sequential write", f"{med['fio_mib_per_s']:.0f}"]],
                 ["tool", "MiB/s (median)"]))
     print(f"ratio of medians {result['ratio']:.2f}; per pair {min(pairs):.2f}..{max(pairs):.2f}; results: {args.out}")
+    if base:
+        print(f"baseline ({args.baseline}): ratio of medians {result['baseline_ratio']:.2f}; "
+              f"per pair {min(base_pairs):.2f}..{max(base_pairs):.2f}")
     return 0
 
 

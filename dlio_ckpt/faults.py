@@ -12,7 +12,7 @@ Points: `start` (on every rank once its World exists, before the run folder is c
 checkpoint at step N: with single_writer, after a non-root rank sent its first file to rank 0);
 `checkpoint-write:<N>` (inside the write of each of a rank's files of checkpoint N, after its first
 chunk reached the file, so a partial file is on disk); `generate-write` (inside the write of a
-rank's first dataset file, after the format wrote it under its temporary name). Unset, a fault
+rank's first dataset file, after the format wrote it under its final name, before its fsync). Unset, a fault
 point costs one environment lookup.
 """
 

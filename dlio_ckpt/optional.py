@@ -16,6 +16,7 @@ _EXTRAS = {
     "pandas": ("darshan", "Darshan log analysis (PyDarshan)"),
     "torch": (None, "the torch.save checkpoint format"),
     "sklearn": ("advisor", "dlio_ckpt-advise (its surrogate models)"),
+    "pyarrow": ("parquet", "dataset.format=parquet (MLPerf Storage's flux)"),
 }
 
 

@@ -108,20 +108,151 @@ def test_flushes_to_another_level_sync_their_folders_before_the_manifests(tmp_pa
         assert commit.problems == [], commit.problems
 
 
-def test_dataset_generation_syncs_its_folders_before_its_manifest(tmp_path, monkeypatch):
+def _generated_with_calls(tmp_path, monkeypatch, *extra):
     from dlio_ckpt.engine.generate import ensure_dataset
     from dlio_ckpt.formats import get_format
     from dlio_ckpt.plan.dataset import plan_dataset
 
-    ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny", "dataset.num_subfolders_train=2"])
+    ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny", "dataset.num_subfolders_train=2", *extra])
     fmt = get_format(ctx.config.dataset.format)
     plan = plan_dataset(ctx.config, fmt.extension)
     calls = record_calls(monkeypatch)
     ensure_dataset(ctx, plan, fmt)
     monkeypatch.undo()
-    commits = check_commits(calls, str(tmp_path))
-    assert len(commits) == 1 and commits[0].files == len(plan.files) * (1 + len(fmt.companion_suffixes))
-    assert commits[0].problems == [], commits[0].problems
+    return plan, fmt, calls
+
+
+def test_dataset_generation_commits_once_every_file_and_folder_entry_synced_before_its_manifest(tmp_path, monkeypatch):
+    """The dataset's commit protocol: each file created under its final name (no temporary name,
+    no rename), its data fsynced; then each folder fsynced once (the files' folders and every
+    folder above them up to storage.root), after the last file's fsync; the manifest last."""
+    plan, fmt, calls = _generated_with_calls(tmp_path, monkeypatch)
+    (commit,) = check_commits(calls, str(tmp_path))
+    assert commit.problems == [], commit.problems
+    files = {os.path.realpath(spec.path + suffix) for spec in plan.files for suffix in ("",) + fmt.companion_suffixes}
+    assert commit.files == len(files) == len(plan.files)
+    manifest_at = next(i for i, c in enumerate(calls) if c[0] == "rename" and c[2] == commit.manifest)
+    before = calls[:manifest_at]
+    # under their names: no dataset file was renamed into place, each was created once at its name
+    assert [c for c in before if c[0] == "rename"] == []
+    assert sorted(c[1] for c in before if c[0] == "create" and c[1] in files) == sorted(files)
+    file_syncs = [i for i, c in enumerate(before) if c[0] == "fsync" and not c[2] and c[1] in files]
+    assert len(file_syncs) == len(files)
+    # each folder once, all after the last file's fsync: the two subfolders, train/, the
+    # fingerprint folder, data/<workload>/, data/, and storage.root itself
+    folder_syncs = [c[1] for c in before[file_syncs[-1]:] if c[0] == "fsync" and c[2]]
+    subfolders = {os.path.dirname(f) for f in files}
+    assert len(subfolders) == 2
+    expected = set(subfolders)
+    folder = os.path.dirname(next(iter(subfolders)))
+    while folder != os.path.dirname(os.path.realpath(str(tmp_path))):
+        expected.add(folder)
+        folder = os.path.dirname(folder)
+    assert sorted(folder_syncs) == sorted(expected)  # each exactly once
+    assert not [c for c in before[: file_syncs[-1]] if c[0] == "fsync" and c[2]]  # none while files were written
+
+
+def test_regenerating_removes_the_manifest_durably_before_overwriting_files(tmp_path, monkeypatch):
+    """generate.force=true over a committed dataset: the old manifest is removed and its folder
+    fsynced before the first file is opened again, so a power loss mid-regeneration cannot leave
+    the old manifest trusting files already overwritten in place."""
+    plan, _, _ = _generated_with_calls(tmp_path, monkeypatch)
+    _, _, calls = _generated_with_calls(tmp_path, monkeypatch, "generate.force=true")
+    manifest_folder = os.path.realpath(plan.folder)
+    first_sync = next(i for i, c in enumerate(calls) if c[0] == "fsync" and c[2] and c[1] == manifest_folder)
+    first_file = next(i for i, c in enumerate(calls) if c[0] == "fsync" and not c[2])
+    assert first_sync < first_file
+    (commit,) = check_commits(calls, str(tmp_path))
+    assert commit.problems == [] and commit.files == len(plan.files)
+
+
+def test_a_run_that_finds_another_live_generator_stages_its_files(tmp_path, monkeypatch):
+    """Two runs generating one dataset at once: the second must not truncate files the first may
+    have committed. With a live process's claim in the folder, every file goes through a temporary
+    name and a rename; the claim (not ours) stays; each file and folder is still synced first."""
+    import socket
+
+    from dlio_ckpt.engine.dataset_claim import CLAIM_NAME
+    from dlio_ckpt.plan.dataset import plan_dataset
+
+    ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny", "dataset.num_subfolders_train=2"])
+    folder = plan_dataset(ctx.config, "npz").folder
+    os.makedirs(folder)
+    claim = os.path.join(folder, CLAIM_NAME)
+    with open(claim, "w") as handle:
+        handle.write(f"{socket.gethostname()} {os.getppid()}")  # a live process of this host
+    plan, fmt, calls = _generated_with_calls(tmp_path, monkeypatch)
+    (commit,) = check_commits(calls, str(tmp_path))
+    assert commit.problems == [] and commit.files == len(plan.files)
+    renamed = {c[2] for c in calls if c[0] == "rename" and c[2] != commit.manifest}
+    assert renamed == {os.path.realpath(spec.path) for spec in plan.files}
+    assert os.path.exists(claim)
+
+
+def test_a_claim_of_a_process_that_is_gone_is_taken_over(tmp_path):
+    import socket
+
+    from dlio_ckpt.engine.dataset_claim import claim_dataset, claim_path
+    from dlio_ckpt.plan.dataset import plan_dataset
+    from dlio_ckpt.storage.posix import PosixStorage
+
+    ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny"])
+    plan = plan_dataset(ctx.config, "npz")
+    os.makedirs(plan.folder)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with open(claim_path(plan), "w") as handle:
+        handle.write(f"{socket.gethostname()} {gone.pid}")
+    assert claim_dataset(PosixStorage(), plan)
+    with open(claim_path(plan)) as handle:
+        assert handle.read() == f"{socket.gethostname()} {os.getpid()}"
+    assert not claim_dataset(PosixStorage(), plan)  # now held by this live process
+    with open(claim_path(plan), "w") as handle:
+        handle.write(f"another-host {gone.pid}")  # another host's: cannot tell, so stage
+    assert not claim_dataset(PosixStorage(), plan)
+
+
+def test_a_crash_mid_generation_leaves_no_trusted_dataset(workdir):
+    """SIGKILL inside the write of rank 0's first file (DLIO_CKPT_FAULT=generate-write@0:kill):
+    that file is on disk under its name, half-done, and there is no manifest; a run that may not
+    generate refuses the folder (exit 2), and the next run takes over the dead run's claim and
+    regenerates every file."""
+    from dlio_ckpt.faults import VARIABLE
+    from dlio_ckpt.plan.dataset import MANIFEST_NAME as DATASET_MANIFEST
+
+    store = workdir / "store"
+    base = [str(BIN / "dlio_ckpt"), "workload=unet3d", "scale=tiny", "mode=generate", "progress=false",
+            "dataset.num_files_train=4", "dataset.num_files_eval=0", "dataset.format=npy", f"storage.root={store}"]
+
+    def run(*extra, fault=""):
+        env = cli_env()
+        if fault:
+            env[VARIABLE] = fault
+        return subprocess.run(base + [f"hydra.run.dir={workdir / f'run-{len(list(workdir.iterdir()))}'}", *extra],
+                              cwd=workdir / "cwd", env=env, capture_output=True, text=True, timeout=120)
+
+    crashed = run(fault="generate-write@0:kill")
+    assert crashed.returncode in (-9, 137), crashed.stderr[-2000:]
+    on_disk = sorted(p.name for p in store.rglob("*") if p.is_file())
+    # the first file, under its final name, and the dead run's claim; no manifest
+    assert [os.path.splitext(name)[1] for name in on_disk] == ["", ".npy"] and on_disk[0] == ".dlio_ckpt_generating"
+    assert not list(store.rglob(DATASET_MANIFEST))
+    refused = run("generate.enabled=false")
+    assert refused.returncode == 2 and "no matching dataset" in refused.stderr
+    done = run()
+    assert done.returncode == 0, done.stderr[-2000:]
+    (manifest,) = store.rglob(DATASET_MANIFEST)
+    assert not list(store.rglob(".dlio_ckpt_generating"))  # the crashed run's claim taken over, then released
+    import json
+
+    import numpy as np
+
+    sizes = json.loads(manifest.read_text())["sizes"]
+    assert len(sizes) == 4
+    for relative, size in sizes.items():
+        path = manifest.parent / relative
+        assert path.stat().st_size == size
+        np.load(path)  # every file whole: numpy reads it back
 
 
 def test_checkpoint_fsync_false_syncs_no_folder(tmp_path, monkeypatch):

@@ -317,7 +317,9 @@ def test_every_workload_runs_at_tiny_scale(workdir):
     from dlio_ckpt.config.load import workload_names
     from test_workloads_new import SEED_WORKLOADS
 
-    names = [w for w in workload_names() if w != "replay" and w not in SEED_WORKLOADS]
+    # flux at scale=tiny still writes 8 files of 8 rows of 2 MiB (132 MiB, ~4 s here): it runs on
+    # 2 ranks with small rows in test_mlperf_v3.py instead
+    names = [w for w in workload_names() if w not in ("replay", "flux") and w not in SEED_WORKLOADS]
     assert len(names) >= 10
     sweep = workdir / "sweep"
     run_ok(["-m", f"workload={','.join(names)}", "scale=tiny", "train.epochs=1", "progress=false", "checkpoint.drop_caches=false",

@@ -103,7 +103,8 @@ UNUSED: dict[str, str] = {
 }
 
 FORMATS = {"npz": "npz", "npy": "npy", "hdf5": "hdf5", "tfrecord": "tfrecord",
-           "indexed_binary": "indexed_binary", "mmap_indexed_binary": "indexed_binary"}
+           "indexed_binary": "indexed_binary", "mmap_indexed_binary": "indexed_binary",
+           "jpeg": "jpeg", "parquet": "parquet"}  # the last two: MLPerf Storage v3.0's DLIO (retinanet, flux)
 DTYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "float16": 2, "bfloat16": 2,
                "fp32": 4, "float32": 4, "fp64": 8, "float64": 8}
 
@@ -342,6 +343,7 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
         put("dataset.chunk_size_bytes", chunk, chunk_origin)
     if r.has("dataset.record_element_type"):
         r.raw("dataset.record_element_type")
+    _parquet(r, put, origin)
 
     # Reader -------------------------------------------------------------------------------------
     loader, loader_origin = r.get("reader.data_loader", _str)
@@ -421,6 +423,21 @@ def _outside_root_note(key: str, value: Any, target: str) -> str:
     file it writes under storage.root (so `clean` and the space checks can account for it)."""
     return (f"{key}: {value!r} is absolute or outside storage.root, where dlio_ckpt keeps all its files; "
             f"kept {target} at the workload's default under storage.root (set storage.root= to place it)")
+
+
+def _parquet(r: Any, put: Any, origin: str) -> None:
+    """MLPerf Storage's DLIO parquet keys: `dataset.parquet.columns` (name, dtype, size each) and
+    `dataset.parquet.row_group_size` (flux_datagen.yaml) -> dataset.parquet_columns and
+    dataset.parquet_row_group_size."""
+    if r.has("dataset.parquet.columns"):
+        columns = r.raw("dataset.parquet.columns")
+        if not isinstance(columns, list) or not all(isinstance(c, Mapping) and {"name", "size"} <= set(c) for c in columns):
+            raise ConfigError(f"{origin}: dataset.parquet.columns: expected a list of {{name, dtype, size}}")
+        put("dataset.parquet_columns", [f"{c['name']}:{c.get('dtype', 'float32')}:{c['size']}" for c in columns],
+            "dataset.parquet.columns")
+    if r.has("dataset.parquet.row_group_size"):
+        put("dataset.parquet_row_group_size", _count(f"{origin}: dataset.parquet.row_group_size",
+                                                     r.raw("dataset.parquet.row_group_size")), "dataset.parquet.row_group_size")
 
 
 def _checkpoint(r: _Reader, put: Callable, take: Callable, enabled: bool, model_name: str, framework: str, origin: str,

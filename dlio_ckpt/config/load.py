@@ -344,6 +344,7 @@ def check_registered_names(config: RunConfig) -> None:
     if ds.compression not in offered:
         raise ConfigError(f"dataset.compression: '{ds.compression}' is not offered by dataset.format={ds.format}; "
                           f"choose one of: {', '.join(offered)}")
+    check_dataset_format_fit(ds)
     ck = config.checkpoint
     check_names(ck)
     check_encoding(ck)
@@ -353,6 +354,31 @@ def check_registered_names(config: RunConfig) -> None:
             f"checkpoint.layout: checkpoint.format={ck.format} writes {needs_layout} files, which the '{ck.layout}' layout "
             f"cannot name; set checkpoint.layout={needs_layout} (or choose another checkpoint.format)"
         )
+
+
+def check_dataset_format_fit(ds: Any) -> None:
+    """What the jpeg and parquet formats ask of the dataset's keys (formats/jpeg.py, parquet.py)."""
+    from dlio_ckpt.formats.jpeg import JPEG_MIN_BYTES
+    from dlio_ckpt.formats.parquet import parse_columns
+
+    if ds.parquet_columns or ds.parquet_row_group_size:
+        if ds.format != "parquet":
+            raise ConfigError(f"dataset.parquet_columns: applies to dataset.format=parquet (it is '{ds.format}'); "
+                              "clear it or set dataset.format=parquet")
+        try:
+            parse_columns(ds.parquet_columns)
+        except ValueError as exc:
+            raise ConfigError(f"dataset.parquet_columns: {exc}") from None
+    if ds.format != "jpeg":
+        return
+    if ds.num_samples_per_file != 1:
+        raise ConfigError(f"dataset.num_samples_per_file: a jpeg file holds one image (got {ds.num_samples_per_file}); "
+                          "set dataset.num_samples_per_file=1")
+    smallest = ds.record_length_bytes_min if ds.record_length_bytes_stdev else ds.record_length_bytes
+    if smallest < JPEG_MIN_BYTES:
+        key = "record_length_bytes_min" if ds.record_length_bytes_stdev else "record_length_bytes"
+        raise ConfigError(f"dataset.{key}: a JPEG file takes at least {JPEG_MIN_BYTES} bytes (got {smallest}); "
+                          f"set dataset.{key}={JPEG_MIN_BYTES} or more")
 
 
 def uses_checkpoints(config: RunConfig) -> bool:
@@ -417,11 +443,15 @@ def check_replay_log(config: RunConfig, free_space: bool = True) -> None:
 
 def check_dependencies(config: RunConfig) -> None:
     """Optional libraries the chosen features need, checked before anything is written."""
+    from dlio_ckpt.formats import DATASET_FORMATS
     from dlio_ckpt.optional import check_installed
     from dlio_ckpt.plan.checkpoint_formats import format_spec
 
     if config.reader.name == "tensorflow":
         check_installed("tensorflow")
+    dataset_needs = getattr(DATASET_FORMATS.load(config.dataset.format), "requires", "")
+    if dataset_needs and config.mode not in ("plan", "checkpoint", "datasize"):
+        check_installed(dataset_needs)
     if config.checkpoint.enabled or config.mode == "checkpoint":
         needs = format_spec(config.checkpoint.format).requires
         if needs:

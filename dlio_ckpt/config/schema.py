@@ -75,8 +75,11 @@ class DatasetConfig:
     chunk_size_bytes: Bytes
     content: Literal["random", "zeros"]
     seed: int
+    parquet_columns: list[str]  # format=parquet: name:dtype:count per column; empty = one uint8 column
+    parquet_row_group_size: int  # format=parquet: rows per row group; 0 = one per file
 
     def validate(self, key: str) -> None:
+        require(self.parquet_row_group_size >= 0, f"{key}parquet_row_group_size: cannot be negative (0 = one row group per file)")
         require(self.num_files_train >= 1, f"{key}num_files_train: must be at least 1 (got {self.num_files_train})")
         require(self.num_files_eval >= 0, f"{key}num_files_eval: cannot be negative (got {self.num_files_eval})")
         require(self.num_samples_per_file >= 1, f"{key}num_samples_per_file: must be at least 1 (got {self.num_samples_per_file})")

@@ -3,7 +3,9 @@
 MLPerf Storage sizes a closed submission's dataset by two rules: it must be at least five times
 the total memory of the client hosts (so the page cache cannot hold it), and an epoch must take at
 least 500 steps on all the accelerators. This answers that question for any workload and writes
-nothing: no run folder, no data, one line (or one JSON object) on stdout.
+nothing: no run folder, no data, one line (or one JSON object) on stdout. The line also says which
+MLPerf Storage v3.0 division would accept the run (config/mlperf_rules.py: model, accelerator and
+the keys the command line changed).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import Sequence
 
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
+
+
+DIVISION_WORDS = {"closed": "CLOSED", "open": "OPEN only", "none": "neither CLOSED nor OPEN"}
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class DatasizeAnswer:
     files_for_steps: int
     num_files_train: int  # the larger of the two rules
     dataset_bytes: int
+    mlperf_v3_division: str = "none"  # closed | open | none: what MLPerf Storage v3.0 would accept this run as
+    mlperf_v3_why: str = ""
 
     def line(self) -> str:
         gib = 1 << 30
@@ -41,12 +48,16 @@ class DatasizeAnswer:
             f"({self.dataset_bytes / gib:,.1f} GiB of {self.file_bytes:,} B files) for >= {self.memory_multiple:g} x "
             f"{self.clients} client(s) x {self.client_memory_bytes / gib:,.1f} GiB = {self.required_bytes / gib:,.1f} GiB "
             f"({self.files_for_memory} files) and >= {self.min_steps_per_epoch} steps per epoch at batch "
-            f"{self.batch_size} on {self.ranks} rank(s) ({self.files_for_steps} files)"
+            f"{self.batch_size} on {self.ranks} rank(s) ({self.files_for_steps} files); "
+            f"MLPerf Storage v3.0: {DIVISION_WORDS[self.mlperf_v3_division]} ({self.mlperf_v3_why})"
         )
 
 
-def size_dataset(config: RunConfig, host_memory_bytes: int) -> DatasizeAnswer:
-    """The answer for `config`; `host_memory_bytes` stands in when datasize.client_memory_bytes is 0."""
+def size_dataset(config: RunConfig, host_memory_bytes: int, changed: Sequence[str] = ()) -> DatasizeAnswer:
+    """The answer for `config`; `host_memory_bytes` stands in when datasize.client_memory_bytes is 0;
+    `changed`: the config keys the command line set (they decide the v3.0 division)."""
+    from dlio_ckpt.config.mlperf_rules import division
+
     rule, ds = config.datasize, config.dataset
     memory = rule.client_memory_bytes or host_memory_bytes
     required = math.ceil(rule.memory_multiple * rule.clients * memory)
@@ -61,6 +72,7 @@ def size_dataset(config: RunConfig, host_memory_bytes: int) -> DatasizeAnswer:
         required_bytes=required, file_bytes=file_bytes, files_for_memory=files_for_memory, ranks=ranks,
         batch_size=config.reader.batch_size, min_steps_per_epoch=rule.min_steps_per_epoch, files_for_steps=files_for_steps,
         num_files_train=files, dataset_bytes=files * file_bytes,
+        **dict(zip(("mlperf_v3_division", "mlperf_v3_why"), division(config.workload, config.accelerator, changed))),
     )
 
 
@@ -95,7 +107,8 @@ def run_datasize_mode(overrides: Sequence[str], multirun: bool) -> list[str]:
     out = []
     with contextlib.closing(compose_each(jobs)) as composed_jobs:
         for job, composed in zip(jobs, composed_jobs):
-            config = to_run_config(composed, explicit_keys(job))
-            answer = size_dataset(config, memory)
+            explicit = explicit_keys(job)
+            config = to_run_config(composed, explicit)
+            answer = size_dataset(config, memory, sorted(explicit))
             out.append(json.dumps(asdict(answer)) if config.datasize.json else answer.line())
     return out

@@ -1,11 +1,21 @@
 """Generate the dataset in parallel over ranks, or reuse a matching one.
 
 Reuse is decided by rank 0 from the dataset manifest (the plan's fingerprint and every file's
-size) and broadcast. Regeneration first removes the manifest, so a half-regenerated dataset is
-never mistaken for a complete one; each file is written through the backend's commit primitive
-(`open_staged`: on POSIX a temporary name, fsync, rename, fsync of its folder); the folders above
-the files' folders are fsynced (storage/durable.py), then the manifest is written last, atomically.
-Every file operation goes through the (traced) storage, so it works on any backend.
+size) and broadcast. The dataset is committed once, as a whole, by its manifest, not file by file:
+regeneration first removes the manifest (and fsyncs its folder, so the removal survives a power
+loss before any file is overwritten); each file is then written under its final name and fsynced;
+once every rank is done, rank 0 fsyncs each folder once (the files' folders and every folder above
+them up to storage.root: storage/durable.py) and writes the manifest last, atomically. A dataset
+without its manifest is never trusted, so a crash at any point leaves one that is regenerated.
+
+Why not stage each file (temporary name, fsync, rename, folder fsync)? The manifest already makes
+the dataset all-or-nothing, and staging cost a rename and a folder fsync (a journal commit) per
+file: 24 files of 32 MiB made 57 fsyncs and 26 renames, now 32 and 1 (benchmarks/README.md,
+"Generation committed once"). A file that fails while written is removed (its handle's abort).
+In place is for one writer only: a run that finds another generating the same dataset stages its
+files (engine/dataset_claim.py). Every file operation goes through the (traced) storage, so it
+works on any backend (on S3 an object appears only when its upload completes, and there are no
+folders to sync).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from typing import Any
 
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.ownership import mark_dataset
+from dlio_ckpt.engine.dataset_claim import claim_dataset, release_claim
 from dlio_ckpt.errors import RunFailure, UserError, failure_text, storage_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
@@ -43,11 +54,20 @@ def format_options(ctx: RunContext) -> FormatOptions:
         chunk_size_bytes=ds.chunk_size_bytes,
         write_chunk_bytes=ctx.config.generate.write_chunk_bytes,
         transfer_size=ctx.config.reader.transfer_size,
+        parquet_columns=tuple(ds.parquet_columns),
+        row_group_size=ds.parquet_row_group_size,
     )
 
 
 def all_paths(plan: DatasetPlan, fmt: DatasetFormat) -> list[str]:
     return [spec.path + suffix for spec in plan.files for suffix in ("",) + tuple(fmt.companion_suffixes)]
+
+
+def dataset_folders(plan: DatasetPlan, top: str) -> list[str]:
+    """The folders the dataset's files depend on, deepest first, each once: every file's folder
+    and the folders above it up to `top` (one representative file per folder: pure, no I/O)."""
+    one_per_folder = {os.path.dirname(spec.path): spec.path for spec in plan.files}
+    return entry_folders(one_per_folder.values(), top)
 
 
 def _read_manifest(storage: Any, plan: DatasetPlan) -> dict | None:
@@ -75,13 +95,16 @@ def _matches(storage: Any, plan: DatasetPlan, manifest: dict | None) -> bool:
 
 
 def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool,
-               rank: int = 0) -> None:
-    """Write one dataset file (and its companions) staged: each appears complete when closed, or not at all.
+               rank: int = 0, staged: bool = False) -> None:
+    """Write one dataset file (and its companions) under its final name, fsynced when `fsync`; on a
+    failure it is removed. Only the dataset's manifest, written after every file, makes it trusted.
+    `staged`: through a temporary name instead (another run is generating the same dataset).
     The bytes it wrote are counted by the traced storage (the generate phase's `bytes_written`)."""
     opened: dict[str, Any] = {}
+    opener = storage.open_staged if staged else storage.open_write
 
     def open_output(suffix: str) -> Any:
-        handle = storage.open_staged(f"{spec.path}{suffix}")
+        handle = opener(f"{spec.path}{suffix}")
         opened[suffix] = handle
         return handle
 
@@ -102,10 +125,11 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
     config, world = ctx.config, ctx.world
     storage = ctx.storage.with_phase("generate")
 
-    def decide() -> bool:
+    def decide() -> tuple[bool, bool]:
+        """(reuse, in place) on rank 0."""
         reuse = not config.generate.force and _matches(storage, plan, _read_manifest(storage, plan))
         if reuse:
-            return True
+            return True, False
         if not config.generate.enabled:
             raise UserError(
                 f"no matching dataset in {plan.folder} and generate.enabled=false; "
@@ -113,12 +137,14 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
             )
         if storage.exists(plan.manifest_path):
             storage.remove(plan.manifest_path)
+            if config.storage.fsync:  # the removal reaches the disk before any file is overwritten in place
+                sync_folders(storage, [os.path.dirname(plan.manifest_path)])
         for folder in sorted({os.path.dirname(spec.path) for spec in plan.files}):
             storage.makedirs(folder)
         mark_dataset(ctx.storage.inner, plan.folder, ctx.run_id, ctx.run_dir)  # this run's now (clean may remove it)
-        return False
+        return False, claim_dataset(storage, plan)
 
-    reused = world.root_first(decide)
+    reused, in_place = world.root_first(decide)
     # The content pool (64 MiB of seeded random bytes, ~0.2 s) is set-up, like fio filling its
     # buffers before it starts its clock: generate_s times the files only.
     source = None if reused else ctx.source(seed=config.dataset.seed, zeros=config.dataset.content == "zeros")
@@ -132,7 +158,8 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         try:
             for spec in share:
                 try:
-                    write_file(storage, fmt, spec, source, options, config.storage.fsync, rank=world.rank)
+                    write_file(storage, fmt, spec, source, options, config.storage.fsync, rank=world.rank,
+                               staged=not in_place)
                 except OSError as exc:  # a full disk, say: name the file (its partial copy is gone)
                     raise storage_failure(exc, spec.path) from None
                 written_files += 1
@@ -142,6 +169,8 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         finally:
             progress.close()
         if not world.agree(failure is None):
+            if in_place and world.is_root:
+                release_claim(storage, plan)  # nothing committed: the next run may write in place
             if isinstance(failure, UserError):
                 raise failure
             # One line from each rank that failed; the others end quietly (exit 1).
@@ -149,14 +178,15 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
 
         def finish() -> None:
             if config.storage.fsync:
-                # Each file's own folder was fsynced by its staged close; the folders above them
-                # (their entries up to storage.root) are fsynced before the manifest commits them.
-                folders = sorted({os.path.dirname(spec.path) for spec in plan.files})
-                sync_folders(storage, entry_folders(folders, backend_root(storage) or config.storage.root))
+                # Every file's entry in its folder, and each folder's entry in its parent up to
+                # storage.root: each folder fsynced once, after all ranks wrote, before the manifest.
+                sync_folders(storage, dataset_folders(plan, backend_root(storage) or config.storage.root))
             sizes = {os.path.relpath(p, plan.folder): storage.file_size(p) for p in all_paths(plan, fmt)}
             manifest = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": config.workload,
                         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sizes": sizes}
             storage.write_atomic(plan.manifest_path, json.dumps(manifest, indent=1).encode())
+            if in_place:
+                release_claim(storage, plan)  # committed: the next generation may write in place
 
         world.root_first(finish)
     seconds = world.allreduce_max(time.perf_counter() - start)

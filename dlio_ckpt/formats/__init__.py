@@ -15,6 +15,8 @@ DATASET_FORMATS = Registry(
         "tfrecord": "dlio_ckpt.formats.tfrecord:TFRecordFormat",
         "raw": "dlio_ckpt.formats.raw:RawFormat",
         "indexed_binary": "dlio_ckpt.formats.indexed:IndexedBinaryFormat",
+        "jpeg": "dlio_ckpt.formats.jpeg:JpegFormat",
+        "parquet": "dlio_ckpt.formats.parquet:ParquetFormat",
     },
 )
 

@@ -49,6 +49,8 @@ class FormatOptions:
     chunk_size_bytes: int = 1 << 20
     write_chunk_bytes: int = 4 << 20
     transfer_size: int = 0  # bytes per read call when reading; 0 = whole sample
+    parquet_columns: tuple[str, ...] = ()  # parquet: name:dtype:count per column (formats/parquet.py)
+    row_group_size: int = 0  # parquet: rows per row group; 0 = one row group per file
 
 
 class Scratch:

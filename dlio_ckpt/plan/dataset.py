@@ -71,6 +71,8 @@ def dataset_fingerprint(config: RunConfig) -> str:
         "pool_bytes": config.generate.pool_bytes,
         "version": 1,
     }
+    if ds.format == "parquet":  # only there, so that no other dataset's fingerprint (and folder) changes
+        identity["parquet"] = [list(ds.parquet_columns), ds.parquet_row_group_size]
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -174,6 +174,10 @@ class StorageBackend(Protocol):
     def write_atomic(self, path: str, data: bytes) -> None:
         """A small all-or-nothing file (a manifest): `data` at `path` in full, or nothing changed."""
 
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """An advisory claim: create `path` with `data` unless something is there; False if it
+        was (POSIX O_EXCL). A backend whose objects appear whole when written grants every claim."""
+
     def read_whole(self, path: str) -> bytes:
         """The whole content of `path`."""
 

@@ -378,6 +378,19 @@ class PosixStorage:
     def write_atomic(self, path: str, data: bytes) -> None:
         write_staged(self, path, data)
 
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create `path` holding `data` unless it exists (O_EXCL): False when another got there
+        first. An advisory claim, not a commit: not fsynced."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return True
+
     def read_whole(self, path: str) -> bytes:
         with open(path, "rb") as handle:
             return handle.read()

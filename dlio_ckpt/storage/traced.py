@@ -461,6 +461,11 @@ class TracedStorage:
     def makedirs(self, path: str) -> None:
         self.inner.makedirs(path)
 
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """An advisory claim (engine/generate.py): bookkeeping, not the emulated program's I/O,
+        so not traced (as makedirs)."""
+        return self.inner.create_exclusive(path, data)
+
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
 
