@@ -22,6 +22,7 @@ from syscall_order import check_commits, record_calls, strace_calls
 
 from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME
+from dlio_ckpt.engine.ownership import OWNER_MARKER
 
 KEEP_ALL = ["checkpoint.keep_last=0"]
 SPARSE = ["checkpoint.update=sparse", "checkpoint.update_fraction=0.01", "checkpoint.update_chunk_bytes=64KiB"]
@@ -119,7 +120,25 @@ def _generated_with_calls(tmp_path, monkeypatch, *extra):
     calls = record_calls(monkeypatch)
     ensure_dataset(ctx, plan, fmt)
     monkeypatch.undo()
-    return plan, fmt, calls
+    return plan, fmt, without_owner_marker(calls)
+
+
+def without_owner_marker(calls: list[tuple]) -> list[tuple]:
+    """The calls less the run's ownership marker (engine/ownership.py: the project's own file,
+    written atomically when the run takes the folder, before any dataset file): its temporary
+    file's create and fsync, its rename, and the folder fsync that follows the rename."""
+    kept, after_rename = [], False
+    for call in calls:
+        name = os.path.basename(call[2] if call[0] == "rename" else call[1])
+        if OWNER_MARKER in name:
+            after_rename = call[0] == "rename"
+            continue
+        if after_rename and call[0] == "fsync" and call[2]:
+            after_rename = False
+            continue
+        after_rename = False
+        kept.append(call)
+    return kept
 
 
 def test_dataset_generation_commits_once_every_file_and_folder_entry_synced_before_its_manifest(tmp_path, monkeypatch):
@@ -184,7 +203,7 @@ def test_a_run_that_finds_another_live_generator_stages_its_files(tmp_path, monk
     plan, fmt, calls = _generated_with_calls(tmp_path, monkeypatch)
     (commit,) = check_commits(calls, str(tmp_path))
     assert commit.problems == [] and commit.files == len(plan.files)
-    renamed = {c[2] for c in calls if c[0] == "rename" and c[2] != commit.manifest}
+    renamed = {c[2] for c in calls if c[0] == "rename" and c[2] != commit.manifest and os.path.basename(c[2]) != OWNER_MARKER}
     assert renamed == {os.path.realpath(spec.path) for spec in plan.files}
     assert os.path.exists(claim)
 
@@ -234,7 +253,9 @@ def test_a_crash_mid_generation_leaves_no_trusted_dataset(workdir):
     crashed = run(fault="generate-write@0:kill")
     assert crashed.returncode in (-9, 137), crashed.stderr[-2000:]
     on_disk = sorted(p.name for p in store.rglob("*") if p.is_file())
-    # the first file, under its final name, and the dead run's claim; no manifest
+    # the first file, under its final name, and the dead run's claim; no manifest (beside the
+    # run's ownership marker, engine/ownership.py)
+    on_disk = [name for name in on_disk if name != OWNER_MARKER]
     assert [os.path.splitext(name)[1] for name in on_disk] == ["", ".npy"] and on_disk[0] == ".dlio_ckpt_generating"
     assert not list(store.rglob(DATASET_MANIFEST))
     refused = run("generate.enabled=false")
