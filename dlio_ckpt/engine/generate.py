@@ -40,6 +40,7 @@ def format_options(ctx: RunContext) -> FormatOptions:
         chunk_size_bytes=ds.chunk_size_bytes,
         write_chunk_bytes=ctx.config.generate.write_chunk_bytes,
         transfer_size=ctx.config.reader.transfer_size,
+        npz_reads=ctx.config.reader.npz_reads,
     )
 
 

@@ -122,6 +122,7 @@ def run_training_phases(ctx: RunContext) -> tuple[dict[str, Any], dict[str, Any]
             "policy": result.policy,
             "resume": result.resume,
             "step_s_mean": result.ledger.step_s_mean,
+            "loader": result.loader,
         }
         for key in FAILURE_SECTIONS:  # goodput, where the time went, failures, resume (metrics/goodput.py)
             sections[key] = partial(failure_section, key)

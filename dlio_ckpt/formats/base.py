@@ -49,6 +49,7 @@ class FormatOptions:
     chunk_size_bytes: int = 1 << 20
     write_chunk_bytes: int = 4 << 20
     transfer_size: int = 0  # bytes per read call when reading; 0 = whole sample
+    npz_reads: str = "np_load"  # np_load: np.load(path)'s buffered reads and seeks; zip_pread: one pread per zipfile read
 
 
 class Scratch:

@@ -1,0 +1,373 @@
+"""reader.workers=processes: torch.utils.data's multiprocessing DataLoader, without torch.
+
+What `iter(DataLoader(..., num_workers=N, prefetch_factor=P))` does (torch/utils/data/dataloader.py,
+_MultiProcessingDataLoaderIter), each step here the same:
+
+- each epoch forks N worker processes (kept across epochs with `reader.persistent_workers`), each
+  with its own index queue, all answering on one result queue;
+- batch indices go to the workers round robin, N x P batches outstanding: P x N are sent at the
+  start, and one more each time the training loop takes a batch;
+- a worker fetches its whole batch (BatchFetcher: read, decode, collate into shared memory, as
+  default_collate stacks into shared memory in a worker) and puts it on the result queue;
+- the main process returns batches strictly in order, keeping those that arrive early;
+- at the epoch's end (or when the loop stops early) the workers are told to stop, skip any
+  batch still queued, and exit; the main process joins them.
+
+Forking, and each worker's start until it takes its first batch, happens while the training
+loop waits for its first batch, so it is counted in data wait as in PyTorch.
+
+Tracing stays exact: a worker records its own I/O (a fresh EventRecorder on the same job clock:
+perf_counter is CLOCK_MONOTONIC, shared by forked processes) and sends its events with each
+batch, and with its exit message the closes of the files it still held; the main process adds
+them to the rank's recorder (EventRecorder.absorb). Batches fetched but never taken (an epoch cut
+short) are still absorbed: their reads happened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import multiprocessing
+import os
+import queue
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, Iterator
+
+import numpy as np
+
+from dlio_ckpt.engine.batch_fetch import BatchFetcher, FetchTimes, OpenFiles
+from dlio_ckpt.errors import RunFailure
+from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
+from dlio_ckpt.plan.read import Batch, EpochReadPlan
+from dlio_ckpt.storage.events import EventRecorder
+
+OPEN_FILES_PER_WORKER = 4
+SHM_FOLDER = "/dev/shm"  # where torch's shared-memory batches live too (shm_open)
+POLL_S = 1.0  # how often the main process checks that its workers are alive while it waits
+
+
+def can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+@dataclass
+class LoaderStats:
+    """What the loader's processes spent, beyond the storage calls the events hold (docs/metrics.md)."""
+
+    workers: str = "processes"
+    worker_starts: int = 0
+    worker_start_s: float = 0.0  # forking (main process) + each worker's start until ready (summed)
+    times: FetchTimes = field(default_factory=FetchTimes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"workers": self.workers, "worker_starts": self.worker_starts, "worker_start_s": self.worker_start_s,
+                **self.times.as_dict()}
+
+
+@dataclass
+class _Job:
+    """What every worker of a reader needs, inherited through fork."""
+
+    storage: Any
+    fmt: DatasetFormat
+    options: FormatOptions
+    files: tuple[FileSpec, ...]
+    decode: str
+    shm_prefix: str
+
+
+@dataclass
+class _Message:
+    kind: str  # batch | exit | error
+    worker: int
+    index: int = -1
+    shm: str = ""
+    nbytes: int = 0
+    samples: int = 0
+    payload: int = 0
+    events: bytes = b""
+    paths: tuple[str, ...] = ()
+    times: FetchTimes | None = None
+    start_s: float = 0.0  # first message only: the worker's start, fork to ready
+    error: BaseException | None = None
+
+
+class _WorkerTrace:
+    """A worker's own recorder over the parent's backend; what it sends with each message."""
+
+    def __init__(self, storage: Any) -> None:
+        parent = getattr(storage, "recorder", None)
+        self.recorder = None if parent is None else EventRecorder(parent.rank, parent.clock)
+        self.storage = storage if parent is None else type(storage)(storage.inner, self.recorder, storage.phase)
+        self._sent_paths = 0
+
+    def drain(self) -> tuple[bytes, tuple[str, ...]]:
+        """The events since the last message, and the paths first seen since then (the parent
+        keeps this worker's path table, in order)."""
+        if self.recorder is None:
+            return b"", ()
+        events = self.recorder.take_packed()
+        paths = tuple(self.recorder.paths[self._sent_paths:])
+        self._sent_paths += len(paths)
+        return events, paths
+
+
+def _shm_write(name: str, nbytes: int) -> tuple[int, mmap.mmap]:
+    fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.ftruncate(fd, max(nbytes, 1))
+    return fd, mmap.mmap(fd, max(nbytes, 1))
+
+
+def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, forked_at: float) -> None:
+    """One worker process: fetch the batches its index queue names until told to stop."""
+    trace = _WorkerTrace(job.storage)
+    fetcher = BatchFetcher(job.files, OpenFiles(trace.storage, job.fmt, job.options, OPEN_FILES_PER_WORKER), job.decode)
+    start_s = perf_counter() - forked_at
+    made = 0
+    try:
+        while True:
+            task = tasks.get()
+            if task is None:
+                break
+            if done.is_set():  # shutting down: queued batches are skipped, as torch's workers do
+                continue
+            index, rows = task
+            name = f"{job.shm_prefix}-{worker}-{made}"
+            made += 1
+            before = FetchTimes(**fetcher.times.as_dict())
+            try:
+                buffers: list[mmap.mmap] = []
+
+                def out(nbytes: int) -> memoryview:
+                    fd, buffer = _shm_write(name, nbytes)
+                    os.close(fd)
+                    buffers.append(buffer)
+                    return memoryview(buffer)[:nbytes]
+
+                samples, payload = fetcher.fill(rows, out)
+                nbytes = len(buffers[0]) if buffers else 0
+                for buffer in buffers:
+                    buffer.close()
+            except BaseException as error:  # the main process raises it where the training loop waits
+                _unlink_quietly(name)
+                events, paths = trace.drain()
+                results.put(_Message("error", worker, index, events=events, paths=paths, error=_picklable(error)))
+                continue
+            times = FetchTimes(**fetcher.times.as_dict())
+            times.fetch_s -= before.fetch_s
+            times.decode_s -= before.decode_s
+            times.collate_s -= before.collate_s
+            times.batches -= before.batches
+            events, paths = trace.drain()
+            results.put(_Message("batch", worker, index, name, nbytes, samples, payload, events, paths, times, start_s))
+            start_s = 0.0
+    finally:
+        fetcher.close()  # the closes of the files still open: recorded, and sent with the exit message
+        events, paths = trace.drain()
+        results.put(_Message("exit", worker, events=events, paths=paths, start_s=start_s))
+        results.close()
+        results.join_thread()
+
+
+def _picklable(error: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def _unlink_quietly(name: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+
+
+class _Received:
+    """A batch in the main process: its shared memory mapped (as torch rebuilds a tensor from a
+    worker's shared memory), the name unlinked at once; unmapped when the next batch is taken."""
+
+    def __init__(self, message: _Message) -> None:
+        fd = os.open(message.shm, os.O_RDWR)
+        try:
+            os.unlink(message.shm)
+            self.buffer = mmap.mmap(fd, max(message.nbytes, 1))
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        self.buffer.close()
+
+
+class _WorkerPool:
+    """N forked workers, their index queues and the shared result queue."""
+
+    def __init__(self, job: _Job, count: int, prefetch: int, stats: LoaderStats, recorder: Any) -> None:
+        context = multiprocessing.get_context("fork")
+        self._job, self._count, self._window = job, count, count * prefetch
+        self._stats, self._recorder = stats, recorder
+        self._results = context.Queue()
+        self._done = context.Event()
+        self._tasks = [context.Queue() for _ in range(count)]
+        self._exited: set[int] = set()
+        self._paths = [np.zeros(0, dtype=np.uint32) for _ in range(count)]  # each worker's path index -> the rank's
+        self._ready_s = 0.0  # the latest worker's start so far (fork to its first batch taken up)
+        self._processes = []
+        forked_at = perf_counter()
+        for worker in range(count):
+            process = context.Process(target=_worker_loop, name=f"reader-{worker}", daemon=True,
+                                      args=(worker, job, self._tasks[worker], self._results, self._done, forked_at))
+            process.start()
+            self._processes.append(process)
+        stats.worker_starts += count
+        self._ready(perf_counter() - forked_at)
+
+    def _ready(self, seconds: float) -> None:
+        """worker_start_s counts, per pool, the time until its last worker was ready: forking in
+        this process, then each worker's own start (any part of it the loop did not wait for is
+        counted all the same: it is what starting the workers took)."""
+        if seconds > self._ready_s:
+            self._stats.worker_start_s += seconds - self._ready_s
+            self._ready_s = seconds
+
+    # messages ---------------------------------------------------------------------------------
+    def _take(self, message: _Message) -> None:
+        """Absorb what every message carries: the worker's events and times."""
+        if self._recorder is not None:
+            if message.paths:
+                added = np.array([self._recorder.path_id(path) for path in message.paths], dtype=np.uint32)
+                self._paths[message.worker] = np.concatenate([self._paths[message.worker], added])
+            self._recorder.absorb(message.events, self._paths[message.worker])
+        if message.times is not None:
+            self._stats.times.add(message.times)
+        self._ready(message.start_s)
+        if message.kind == "exit":
+            self._exited.add(message.worker)
+
+    def _next_message(self) -> _Message:
+        while True:
+            try:
+                message = self._results.get(timeout=POLL_S)
+            except queue.Empty:
+                for worker, process in enumerate(self._processes):
+                    if worker not in self._exited and not process.is_alive():
+                        raise RunFailure(f"reader worker process {worker} (pid {process.pid}) exited unexpectedly "
+                                         f"with code {process.exitcode}; see its output above")
+                continue
+            self._take(message)
+            return message
+
+    # one epoch ---------------------------------------------------------------------------------
+    def epoch(self, plan: EpochReadPlan) -> Iterator[Batch]:
+        count = plan.num_batches
+        cycle = itertools.cycle(range(self._count))
+        sent = 0
+        arrived: dict[int, _Message] = {}
+        outstanding = 0
+
+        def put() -> None:
+            nonlocal sent, outstanding
+            if sent < count:
+                self._tasks[next(cycle)].put((sent, plan.batch(sent)))
+                sent += 1
+                outstanding += 1
+
+        for _ in range(self._window):
+            put()
+        held: _Received | None = None
+        try:
+            for wanted in range(count):
+                while wanted not in arrived:
+                    message = self._next_message()
+                    if message.kind == "exit":
+                        raise RunFailure(f"reader worker process {message.worker} stopped before its batches were read")
+                    arrived[message.index] = message
+                message = arrived.pop(wanted)
+                outstanding -= 1
+                put()
+                if message.kind == "error":
+                    raise message.error
+                if held is not None:
+                    held.release()
+                held = _Received(message)
+                yield Batch(samples=message.samples, payload_bytes=message.payload)
+        finally:
+            if held is not None:
+                held.release()
+            for message in arrived.values():
+                if message.kind == "batch":
+                    _unlink_quietly(message.shm)
+            self.pending = outstanding - len(arrived)
+            self.clean = not arrived and outstanding == 0
+
+    def shutdown(self) -> None:
+        """torch's _shutdown_workers: the done event, a None on every index queue, then every
+        worker's exit message (with the events of batches it still fetched), then join."""
+        self._done.set()
+        for tasks in self._tasks:
+            tasks.put(None)
+        while len(self._exited) < self._count:
+            try:
+                message = self._next_message()
+            except RunFailure:
+                break
+            if message.kind == "batch":
+                _unlink_quietly(message.shm)
+        for process in self._processes:
+            process.join()
+        for tasks in self._tasks:
+            tasks.close()
+        self._results.close()
+
+
+class ProcessReader:
+    """The PyTorch DataLoader with worker processes (module doc); read_threads=0 fetches in the
+    training process itself, as num_workers=0 does."""
+
+    def __init__(self, storage: Any, fmt: DatasetFormat, options: FormatOptions, files: tuple[FileSpec, ...],
+                 workers: int, prefetch: int, persistent: bool, decode: str) -> None:
+        self._job = _Job(storage, fmt, options, files, decode, os.path.join(SHM_FOLDER, f"dlio_ckpt-{os.getpid()}-{id(self):x}"))
+        self._workers, self._prefetch, self._persistent = workers, max(prefetch, 1), persistent
+        self._recorder = getattr(storage, "recorder", None)
+        self._pool: _WorkerPool | None = None
+        self.stats = LoaderStats(workers="processes")
+
+    def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
+        if self._workers == 0:
+            yield from self._in_process(plan)
+            return
+        pool = self._pool or _WorkerPool(self._job, self._workers, self._prefetch, self.stats, self._recorder)
+        self._pool = None
+        finished = False
+        try:
+            yield from pool.epoch(plan)
+            finished = pool.clean
+        finally:
+            if finished and self._persistent:
+                self._pool = pool
+            else:
+                pool.shutdown()
+
+    def _in_process(self, plan: EpochReadPlan) -> Iterator[Batch]:
+        fetcher = BatchFetcher(self._job.files, OpenFiles(self._job.storage, self._job.fmt, self._job.options,
+                                                          OPEN_FILES_PER_WORKER), self._job.decode)
+        try:
+            for index in range(plan.num_batches):
+                def out(nbytes: int) -> memoryview:
+                    return memoryview(np.empty(nbytes, dtype=np.uint8))  # as collate's torch.empty
+
+                samples, payload = fetcher.fill(plan.batch(index), out)
+                yield Batch(samples=samples, payload_bytes=payload)
+        finally:
+            fetcher.close()
+            self.stats.times.add(fetcher.times)
+
+    def close(self) -> None:
+        """The persistent workers, at the end of the run (their file closes are absorbed)."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.shutdown()
