@@ -347,7 +347,7 @@ def test_tensorflow_parses_large_records(tmp_path, source, tf):
 
 @pytest.mark.parametrize("drop_last, read_threads", [(False, 2), (True, 0)])
 def test_tfdata_batches_count_samples_and_bytes(tmp_path, source, tf, drop_last, read_threads):
-    from dlio_ckpt.engine.tf_reader import tfdata_batches
+    from dlio_ckpt.engine.tf_reader import tfdata_batches, tfrecord_reads
 
     storage = PosixStorage()
     specs = [make_spec(tmp_path, "tfrecord", num_samples=5, sample_bytes=1000 + 10 * i, index=i) for i in range(3)]
@@ -364,7 +364,21 @@ def test_tfdata_batches_count_samples_and_bytes(tmp_path, source, tf, drop_last,
         assert sum(b.samples for b in batches) == total
         assert sum(b.payload_bytes for b in batches) == sum(s.payload_bytes for s in specs)
     assert recorder.bytes_read["train"] == sum(os.path.getsize(s.path) for s in specs)
-    assert recorder.op_counts[("train", "read")] == len(specs)
+    # every pread TFRecordDataset makes (tf_reader.tfrecord_reads), not one per file: the summary said 16 where the program made 48
+    assert recorder.op_counts[("train", "read")] == sum(len(tfrecord_reads(os.path.getsize(s.path))) for s in specs) == 2 * len(specs)
+
+
+def test_tfrecord_reads_are_the_preads_tensorflow_makes():
+    from dlio_ckpt.engine.tf_reader import READ_BUFFER, tfrecord_reads
+
+    # strace of TFRecordDataset (TensorFlow 2.21) over files of these sizes: pread64(fd, buf, 262144, offset) until a
+    # short one, then one asking for the rest of that buffer, which returns 0
+    assert READ_BUFFER == 262144
+    assert tfrecord_reads(4216) == [(0, 4216), (4216, 0)]
+    assert tfrecord_reads(400236) == [(0, 262144), (262144, 138092), (400236, 0)]
+    assert tfrecord_reads(1200236) == [(0, 262144), (262144, 262144), (524288, 262144), (786432, 262144),
+                                       (1048576, 151660), (1200236, 0)]
+    assert tfrecord_reads(2 * 262144) == [(0, 262144), (262144, 262144), (524288, 0)]
 
 
 def test_the_tensorflow_reader_loads_tensorflow_when_made_not_at_the_first_batch(monkeypatch):
