@@ -15,6 +15,7 @@ import numpy as np
 
 from dlio_ckpt import __version__
 from dlio_ckpt.metrics import bandwidth, utilisation
+from dlio_ckpt.metrics.loader import loader_section
 from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.storage.events import totals_by_phase
 
@@ -114,6 +115,7 @@ def train_section(ranks: list[dict[str, Any]], config: Any) -> dict[str, Any]:
         "step_s_mean": max(r.get("step_s_mean", 0.0) for r in ranks),  # iteration time: compute and data wait, slowest rank
     }
     section["storage"] = bandwidth.run_storage_section(section, len(ranks), config)
+    section["loader"] = loader_section(ranks)
     return section
 
 
