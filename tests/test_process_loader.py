@@ -222,3 +222,36 @@ def test_a_run_with_worker_processes_agrees_with_strace(workdir):
     train_events = events[events["phase"] == phases.index("train")]
     assert op_count(train_events, "seek") == seeks > 0
     assert train["loader"]["workers"] == "processes" and train["loader"]["worker_starts"] == 4
+
+
+def refused(overrides, expected):
+    from dlio_ckpt.config.load import validate_command_line
+    from dlio_ckpt.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        validate_command_line(overrides, multirun=False, world_size=1)
+    message = str(error.value)
+    assert expected in message and "\n" not in message
+
+
+def test_worker_processes_where_the_platform_cannot_fork_are_refused(tmp_path, monkeypatch):
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    root = tmp_path / "store"
+    refused(["workload=unet3d", "scale=tiny", "reader.read_threads=2", f"storage.root={root}"],
+            "reader.workers: processes forks worker processes, which this platform cannot do")
+    assert not root.exists()
+    # threads, or no workers at all, need no fork
+    from dlio_ckpt.config.load import validate_command_line
+
+    validate_command_line(["workload=unet3d", "scale=tiny", "reader.workers=threads", f"storage.root={root}"],
+                          multirun=False, world_size=1)
+
+
+def test_a_decode_without_its_format_is_refused_in_one_line_with_exit_2(workdir):
+    done = run_cli(["workload=unet3d", "scale=tiny", "progress=false", "reader.decode=pillow",
+                    f"storage.root={workdir / 'store'}"], workdir / "cwd")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "reader.decode: pillow decodes jpeg/png samples" in lines[0], lines
+    assert list((workdir / "cwd").iterdir()) == [] and not (workdir / "store").exists()
