@@ -8,7 +8,10 @@ _MultiProcessingDataLoaderIter), each step here the same:
 - batch indices go to the workers round robin, N x P batches outstanding: P x N are sent at the
   start, and one more each time the training loop takes a batch;
 - a worker fetches its whole batch (BatchFetcher: read, decode, collate into shared memory, as
-  default_collate stacks into shared memory in a worker) and puts it on the result queue;
+  default_collate stacks into shared memory in a worker) and puts it on the result queue, the
+  shared memory's descriptor passed as torch passes it (its file_descriptor strategy: a /dev/shm
+  file unlinked at once, its descriptor sent through multiprocessing's resource sharer, DupFd,
+  which the main process connects to for each batch, then maps it);
 - the main process returns batches strictly in order, keeping those that arrive early;
 - at the epoch's end (or when the loop stops early) the workers are told to stop, skip any
   batch still queued, and exit; the main process joins them.
@@ -29,7 +32,9 @@ import itertools
 import mmap
 import multiprocessing
 import os
+from multiprocessing import reduction
 import queue
+from contextlib import suppress
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Iterator
@@ -82,7 +87,7 @@ class _Message:
     kind: str  # batch | exit | error
     worker: int
     index: int = -1
-    shm: str = ""
+    shm: Any = None  # the batch's shared memory: a multiprocessing.reduction.DupFd of its descriptor
     nbytes: int = 0
     samples: int = 0
     payload: int = 0
@@ -113,10 +118,17 @@ class _WorkerTrace:
         return events, paths
 
 
-def _shm_write(name: str, nbytes: int) -> tuple[int, mmap.mmap]:
+def _shm_create(name: str, nbytes: int) -> tuple[int, mmap.mmap]:
+    """A shared-memory file as torch makes one for a batch: created, unlinked at once (only the
+    descriptor keeps it), sized and mapped."""
     fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    os.ftruncate(fd, max(nbytes, 1))
-    return fd, mmap.mmap(fd, max(nbytes, 1))
+    try:
+        os.unlink(name)
+        os.ftruncate(fd, max(nbytes, 1))
+        return fd, mmap.mmap(fd, max(nbytes, 1))
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, forked_at: float) -> None:
@@ -136,31 +148,32 @@ def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, fo
             name = f"{job.shm_prefix}-{worker}-{made}"
             made += 1
             before = FetchTimes(**fetcher.times.as_dict())
+            made_here: list[tuple[int, mmap.mmap]] = []
             try:
-                buffers: list[mmap.mmap] = []
-
                 def out(nbytes: int) -> memoryview:
-                    fd, buffer = _shm_write(name, nbytes)
-                    os.close(fd)
-                    buffers.append(buffer)
-                    return memoryview(buffer)[:nbytes]
+                    made_here.append(_shm_create(name, nbytes))
+                    return memoryview(made_here[-1][1])[:nbytes]
 
                 samples, payload = fetcher.fill(rows, out)
-                nbytes = len(buffers[0]) if buffers else 0
-                for buffer in buffers:
-                    buffer.close()
+                fd, buffer = made_here[0]
+                nbytes = len(buffer)
+                shared = reduction.DupFd(fd)  # what torch's reduce_storage sends for a tensor's storage
             except BaseException as error:  # the main process raises it where the training loop waits
-                _unlink_quietly(name)
                 events, paths = trace.drain()
                 results.put(_Message("error", worker, index, events=events, paths=paths, error=_picklable(error)))
                 continue
+            finally:
+                for fd, buffer in made_here:
+                    with suppress(BufferError):  # a failed fill's array may still view it: unmapped when collected
+                        buffer.close()
+                    os.close(fd)
             times = FetchTimes(**fetcher.times.as_dict())
             times.fetch_s -= before.fetch_s
             times.decode_s -= before.decode_s
             times.collate_s -= before.collate_s
             times.batches -= before.batches
             events, paths = trace.drain()
-            results.put(_Message("batch", worker, index, name, nbytes, samples, payload, events, paths, times, start_s))
+            results.put(_Message("batch", worker, index, shared, nbytes, samples, payload, events, paths, times, start_s))
             start_s = 0.0
     finally:
         fetcher.close()  # the closes of the files still open: recorded, and sent with the exit message
@@ -173,6 +186,7 @@ def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, fo
 def _picklable(error: BaseException) -> BaseException:
     import pickle
 
+    error = error.with_traceback(None)  # its frames would keep the batch's buffers alive
     try:
         pickle.loads(pickle.dumps(error))
         return error
@@ -180,21 +194,13 @@ def _picklable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def _unlink_quietly(name: str) -> None:
-    try:
-        os.unlink(name)
-    except OSError:
-        pass
-
-
 class _Received:
-    """A batch in the main process: its shared memory mapped (as torch rebuilds a tensor from a
-    worker's shared memory), the name unlinked at once; unmapped when the next batch is taken."""
+    """A batch in the main process: its shared memory's descriptor fetched from the worker and
+    mapped (torch's rebuild_storage_fd); unmapped when the next batch is taken."""
 
     def __init__(self, message: _Message) -> None:
-        fd = os.open(message.shm, os.O_RDWR)
+        fd = message.shm.detach()
         try:
-            os.unlink(message.shm)
             self.buffer = mmap.mmap(fd, max(message.nbytes, 1))
         finally:
             os.close(fd)
@@ -298,10 +304,6 @@ class _WorkerPool:
         finally:
             if held is not None:
                 held.release()
-            for message in arrived.values():
-                if message.kind == "batch":
-                    _unlink_quietly(message.shm)
-            self.pending = outstanding - len(arrived)
             self.clean = not arrived and outstanding == 0
 
     def shutdown(self) -> None:
@@ -315,8 +317,6 @@ class _WorkerPool:
                 message = self._next_message()
             except RunFailure:
                 break
-            if message.kind == "batch":
-                _unlink_quietly(message.shm)
         for process in self._processes:
             process.join()
         for tasks in self._tasks:

@@ -47,8 +47,8 @@ class NpzReader:
         self._handle = handle
         source = open_buffered(handle) if reads == "np_load" else handle
         with np.load(source, allow_pickle=False) as archive:
-            self.x = archive["x"]
-            self.y = archive["y"]
+            self.x = archive["x"]  # only x, as DLIO's NPZReader and a Dataset that takes its labels elsewhere:
+            # loading "y" too cost 4 lseeks more per file than such a program makes (benchmark in docs/metrics.md)
         if self.x.shape != (spec.num_samples, spec.sample_bytes):
             raise ValueError(f"{getattr(handle, 'path', '?')}: x has shape {self.x.shape}, the plan says {(spec.num_samples, spec.sample_bytes)}")
 
