@@ -161,8 +161,9 @@ def test_traced_library_formats_read_at_least_payload(tmp_path, source, name):
         reader.read(sample)
     reader.close()
     # The libraries read their metadata more than once (np.load sniffs the magic, zipfile and
-    # HDF5 re-read directory records), but never the payload twice.
-    assert spec.payload_bytes <= recorder.bytes_read["train"] <= os.path.getsize(spec.path) + 4096
+    # HDF5 re-read directory records; np.load(path) does it in 4 KiB buffered reads: the first
+    # 4 KiB twice, the end records in reads of up to 4 KiB), but never the payload twice.
+    assert spec.payload_bytes <= recorder.bytes_read["train"] <= os.path.getsize(spec.path) + 2 * 4096
     assert recorder.op_counts[("train", "close")] == 1
 
 

@@ -131,8 +131,19 @@ def _shm_create(name: str, nbytes: int) -> tuple[int, mmap.mmap]:
         raise
 
 
+def own_darshan_log(environ: Any, pid: int) -> None:
+    """Under darshan-runtime (trace/runtime.py) each process writes its log at exit to
+    DARSHAN_LOGFILE; a forked worker inherits its parent's path, where its log could not be
+    created (the parent's takes it), and its I/O would be lost. It gets its own beside it."""
+    logfile = environ.get("DARSHAN_LOGFILE")
+    if logfile:
+        stem = logfile[: -len(".darshan")] if logfile.endswith(".darshan") else logfile
+        environ["DARSHAN_LOGFILE"] = f"{stem}-worker-pid{pid}.darshan"
+
+
 def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, forked_at: float) -> None:
     """One worker process: fetch the batches its index queue names until told to stop."""
+    own_darshan_log(os.environ, os.getpid())
     trace = _WorkerTrace(job.storage)
     fetcher = BatchFetcher(job.files, OpenFiles(trace.storage, job.fmt, job.options, OPEN_FILES_PER_WORKER), job.decode)
     start_s = perf_counter() - forked_at
