@@ -269,3 +269,30 @@ def test_a_worker_under_darshan_runtime_writes_its_own_log_beside_its_parents():
     untouched = {"LD_PRELOAD": "x"}
     own_darshan_log(untouched, 42)
     assert untouched == {"LD_PRELOAD": "x"}
+
+
+def test_decode_torch_collates_what_numpy_decode_does(dataset):
+    """decode=torch pays torch's own conversion and torch.cat; the batch holds the same floats."""
+    pytest.importorskip("torch")
+    from dlio_ckpt.engine.batch_fetch import BatchFetcher, OpenFiles
+
+    rows = whole_plan(dataset).batch(0)
+    batches = {}
+    for decode in ("numpy", "torch"):
+        fetcher = BatchFetcher(dataset, OpenFiles(traced()[0], get_format("npz"), FormatOptions(), 2), decode)
+        buffer = bytearray(len(rows) * SAMPLE_BYTES * 4)
+        assert fetcher.fill(rows, lambda nbytes: memoryview(buffer)[:nbytes]) == (len(rows), len(rows) * SAMPLE_BYTES)
+        fetcher.close()
+        batches[decode] = np.frombuffer(buffer, dtype=np.float32)
+        assert fetcher.times.decode_s > 0 and fetcher.times.collate_s > 0
+    assert np.allclose(batches["numpy"], batches["torch"]) and 0 < batches["torch"].max() <= 1
+
+
+def test_decode_torch_without_torch_is_refused(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    refused(["workload=unet3d", "scale=tiny", "reader.decode=torch", f"storage.root={tmp_path / 'store'}"],
+            "reader.decode: torch decodes and collates each sample with torch, which is not installed")
+    assert not (tmp_path / "store").exists()

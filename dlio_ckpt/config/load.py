@@ -424,6 +424,12 @@ def check_loader(config: RunConfig) -> None:
         raise ConfigError(f"reader.decode: pillow decodes jpeg/png samples, and dataset.format "
                           f"{config.dataset.format} holds none (dlio_ckpt has no jpeg/png format); "
                           "set reader.decode=numpy or none")
+    if reader.decode == "torch":
+        from dlio_ckpt.optional import available
+
+        if not available("torch"):
+            raise ConfigError("reader.decode: torch decodes and collates each sample with torch, which is not installed; "
+                              "install it (pip install torch) or set reader.decode=numpy or none")
     if reader.name == "native" and reader.access == "sample" and reader.workers == "processes" and reader.read_threads > 0:
         from dlio_ckpt.engine.workers import can_fork
 

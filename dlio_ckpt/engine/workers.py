@@ -144,6 +144,10 @@ def own_darshan_log(environ: Any, pid: int) -> None:
 def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, forked_at: float) -> None:
     """One worker process: fetch the batches its index queue names until told to stop."""
     own_darshan_log(os.environ, os.getpid())
+    if job.decode == "torch":
+        import torch
+
+        torch.set_num_threads(1)  # what torch's _worker_loop does in each worker
     trace = _WorkerTrace(job.storage)
     fetcher = BatchFetcher(job.files, OpenFiles(trace.storage, job.fmt, job.options, OPEN_FILES_PER_WORKER), job.decode)
     start_s = perf_counter() - forked_at
@@ -346,6 +350,10 @@ class ProcessReader:
         self._recorder = getattr(storage, "recorder", None)
         self._pool: _WorkerPool | None = None
         self.stats = LoaderStats(workers="processes")
+        if decode == "torch":
+            import torch  # noqa: F401  imported before training starts its clock, as a PyTorch program has it
+
+
 
     def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
         if self._workers == 0:
