@@ -356,7 +356,7 @@ def test_tfdata_batches_count_samples_and_bytes(tmp_path, source, tf, drop_last,
         write(storage, "tfrecord", spec, source)
     recorder = EventRecorder(rank=0, clock=JobClock.start())
     traced = TracedStorage(storage, recorder, phase="train")
-    batches = list(tfdata_batches([s.path for s in specs], batch_size=4, read_threads=read_threads, prefetch_size=2,
+    batches = list(tfdata_batches([s.path for s in specs], [s.num_samples for s in specs], batch_size=4, read_threads=read_threads, prefetch_size=2,
                                   shuffle_buffer_size=8, seed=3, drop_last=drop_last, storage=traced))
     total = sum(s.num_samples for s in specs)
     if drop_last:
@@ -367,6 +367,24 @@ def test_tfdata_batches_count_samples_and_bytes(tmp_path, source, tf, drop_last,
     assert recorder.bytes_read["train"] == sum(os.path.getsize(s.path) for s in specs)
     # every pread TFRecordDataset makes (tf_reader.tfrecord_reads), not one per file: the summary said 16 where the program made 48
     assert recorder.op_counts[("train", "read")] == sum(len(tfrecord_reads(os.path.getsize(s.path))) for s in specs) == 2 * len(specs)
+
+
+@pytest.mark.parametrize("counts, parallel", [([5, 2, 7, 1, 4], 2), ([3, 3, 3], 4), ([2, 6, 1], 0), ([4, 1, 3, 2], 3)])
+def test_interleave_files_is_the_order_tensorflow_interleaves_records_in(tmp_path, source, tf, counts, parallel):
+    from dlio_ckpt.engine.tf_reader import interleave_files
+
+    paths, file_of = [], {}
+    for index, count in enumerate(counts):
+        # each file's records told apart by their size
+        spec = make_spec(tmp_path, "tfrecord", num_samples=count, sample_bytes=50 + index, index=index)
+        write(PosixStorage(), "tfrecord", spec, source)
+        paths.append(spec.path)
+        file_of[spec.sample_bytes] = index
+    features = {"image": tf.io.FixedLenFeature([], tf.string)}
+    dataset = tf.data.TFRecordDataset(paths, num_parallel_reads=parallel or None)
+    real = [file_of[len(tf.io.parse_single_example(record, features)["image"].numpy())] for record in dataset]
+    assert len(real) == sum(counts)
+    assert interleave_files(counts, parallel).tolist() == real
 
 
 def test_tfrecord_reads_are_the_preads_tensorflow_makes():

@@ -167,6 +167,9 @@ class _Training:
         self.max_batches = dlio_steps_per_epoch(plan.train, config.reader.batch_size, world.size, self.whole,
                                                 config.train.total_steps) if self.dlio else None
         self.first_plan = self.epoch_plan(1, config.reader.shuffle_seed)
+        prepare = getattr(self.reader, "prepare", None)
+        if prepare is not None:  # tf.data: the pipeline is built before training, as a program builds its dataset
+            prepare(self.first_plan)
         self.policy = make_policy(checkpoints, world, config)
         self.injector = FailureInjector(FailureSchedule.from_config(config.failures, world.size), world)
         self.checks = ResumeChecks(world.rank)
