@@ -296,3 +296,35 @@ def test_decode_torch_without_torch_is_refused(tmp_path, monkeypatch):
     refused(["workload=unet3d", "scale=tiny", "reader.decode=torch", f"storage.root={tmp_path / 'store'}"],
             "reader.decode: torch decodes and collates each sample with torch, which is not installed")
     assert not (tmp_path / "store").exists()
+
+
+def test_workers_of_a_killed_rank_exit_on_their_own(dataset, tmp_path):
+    """torch's worker watchdog: a rank SIGKILLed (a fault test, an OOM kill) leaves workers that
+    would hold its launcher's output open forever (an MPI job that never ended)."""
+    import signal
+    import time
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys, numpy as np\n"
+        "from dlio_ckpt.engine.workers import ProcessReader\n"
+        "from dlio_ckpt.formats import FileSpec, FormatOptions, get_format\n"
+        "from dlio_ckpt.plan.read import EpochReadPlan\n"
+        "from dlio_ckpt.storage.posix import PosixStorage\n"
+        f"specs = tuple(FileSpec(i, p, {SAMPLES}, {SAMPLE_BYTES}) for i, p in enumerate(sys.argv[1:]))\n"
+        "reader = ProcessReader(PosixStorage(), get_format('npz'), FormatOptions(), specs, 2, 2, True, 'none')\n"
+        "plan = EpochReadPlan(1, 0, np.array([(0, 0)] * 8), 1, False)\n"
+        "batches = reader.batches(plan)\n"
+        "next(batches)\n"
+        "print(' '.join(str(p.pid) for p in __import__('multiprocessing').active_children()), flush=True)\n"
+        "os.kill(os.getpid(), 9)\n")
+    done = subprocess.run([sys.executable, str(script), *(s.path for s in dataset)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    workers = [int(pid) for pid in done.stdout.split()]
+    assert len(workers) == 2
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in workers):
+        time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]
+                   for pid in workers)

@@ -141,7 +141,7 @@ def own_darshan_log(environ: Any, pid: int) -> None:
         environ["DARSHAN_LOGFILE"] = f"{stem}-worker-pid{pid}.darshan"
 
 
-def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, forked_at: float) -> None:
+def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, forked_at: float, parent: int) -> None:
     """One worker process: fetch the batches its index queue names until told to stop."""
     own_darshan_log(os.environ, os.getpid())
     if job.decode == "torch":
@@ -154,7 +154,14 @@ def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, fo
     made = 0
     try:
         while True:
-            task = tasks.get()
+            try:
+                task = tasks.get(timeout=POLL_S)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    # torch's worker watchdog: the rank died (killed, say); nobody will read what is
+                    # left, and a live orphan would hold its launcher's output open
+                    os._exit(1)
+                continue
             if task is None:
                 break
             if done.is_set():  # shutting down: queued batches are skipped, as torch's workers do
@@ -241,7 +248,8 @@ class _WorkerPool:
         forked_at = perf_counter()
         for worker in range(count):
             process = context.Process(target=_worker_loop, name=f"reader-{worker}", daemon=True,
-                                      args=(worker, job, self._tasks[worker], self._results, self._done, forked_at))
+                                      args=(worker, job, self._tasks[worker], self._results, self._done, forked_at,
+                                            os.getpid()))
             process.start()
             self._processes.append(process)
         stats.worker_starts += count
