@@ -31,7 +31,7 @@ from dlio_ckpt.engine.failures import (FailureInjector, InjectedFailure, Restart
                                        write_resume_note)
 from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader, TransferReader
 from dlio_ckpt.engine.resume_checks import ResumeChecks, state_digest
-from dlio_ckpt.engine.workers import ProcessReader
+from dlio_ckpt.engine.workers import ProcessReader, workers_fork
 from dlio_ckpt.errors import RunFailure
 from dlio_ckpt.formats.base import DatasetFormat, FormatOptions
 from dlio_ckpt.metrics.goodput import Ledger
@@ -113,7 +113,7 @@ def make_reader(ctx: RunContext, storage: Any, fmt: DatasetFormat, options: Form
         return TensorFlowReader(storage, files, reader, seed=reader.shuffle_seed + ctx.world.rank)
     if reader.access == "transfer":
         return TransferReader(storage, files, reader.transfer_size, reader.read_threads, reader.prefetch_size)
-    if reader.workers == "processes":
+    if reader.workers == "processes" and workers_fork(storage.name):
         return ProcessReader(storage, fmt, options, files, reader.read_threads, reader.prefetch_size,
                              reader.persistent_workers, reader.decode)
     return NativeReader(storage, fmt, options, files, reader.read_threads, reader.prefetch_size)
