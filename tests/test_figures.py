@@ -206,7 +206,7 @@ def test_evaluation_is_timed_apart_and_the_report_is_saved_in_the_log(workdir):
     root, run = workdir / "store", workdir / "run"
     done = run_ok(["workload=unet3d", "scale=tiny", "dataset.format=raw", "checkpoint.enabled=false", "progress=false",
                    "evaluation.enabled=true", "dataset.num_files_eval=2", "evaluation.computation_time=0.3",
-                   "train.step_counting=global",
+                   "train.step_counting=global", "reader.workers=threads",  # no worker start-up in the 4 steps compared
                    "train.computation_time=0", f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd")
     summary = load_summary(run)
     train, evaluation = summary["train"], summary["eval"]

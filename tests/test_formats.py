@@ -161,8 +161,9 @@ def test_traced_library_formats_read_at_least_payload(tmp_path, source, name):
         reader.read(sample)
     reader.close()
     # The libraries read their metadata more than once (np.load sniffs the magic, zipfile and
-    # HDF5 re-read directory records), but never the payload twice.
-    assert spec.payload_bytes <= recorder.bytes_read["train"] <= os.path.getsize(spec.path) + 4096
+    # HDF5 re-read directory records; np.load(path) does it in 4 KiB buffered reads: the first
+    # 4 KiB twice, the end records in reads of up to 4 KiB), but never the payload twice.
+    assert spec.payload_bytes <= recorder.bytes_read["train"] <= os.path.getsize(spec.path) + 2 * 4096
     assert recorder.op_counts[("train", "close")] == 1
 
 
@@ -349,7 +350,7 @@ def test_tensorflow_parses_large_records(tmp_path, source, tf):
 
 @pytest.mark.parametrize("drop_last, read_threads", [(False, 2), (True, 0)])
 def test_tfdata_batches_count_samples_and_bytes(tmp_path, source, tf, drop_last, read_threads):
-    from dlio_ckpt.engine.tf_reader import tfdata_batches
+    from dlio_ckpt.engine.tf_reader import tfdata_batches, tfrecord_reads
 
     storage = PosixStorage()
     specs = [make_spec(tmp_path, "tfrecord", num_samples=5, sample_bytes=1000 + 10 * i, index=i) for i in range(3)]
@@ -357,7 +358,7 @@ def test_tfdata_batches_count_samples_and_bytes(tmp_path, source, tf, drop_last,
         write(storage, "tfrecord", spec, source)
     recorder = EventRecorder(rank=0, clock=JobClock.start())
     traced = TracedStorage(storage, recorder, phase="train")
-    batches = list(tfdata_batches([s.path for s in specs], batch_size=4, read_threads=read_threads, prefetch_size=2,
+    batches = list(tfdata_batches([s.path for s in specs], [s.num_samples for s in specs], batch_size=4, read_threads=read_threads, prefetch_size=2,
                                   shuffle_buffer_size=8, seed=3, drop_last=drop_last, storage=traced))
     total = sum(s.num_samples for s in specs)
     if drop_last:
@@ -366,7 +367,39 @@ def test_tfdata_batches_count_samples_and_bytes(tmp_path, source, tf, drop_last,
         assert sum(b.samples for b in batches) == total
         assert sum(b.payload_bytes for b in batches) == sum(s.payload_bytes for s in specs)
     assert recorder.bytes_read["train"] == sum(os.path.getsize(s.path) for s in specs)
-    assert recorder.op_counts[("train", "read")] == len(specs)
+    # every pread TFRecordDataset makes (tf_reader.tfrecord_reads), not one per file: the summary said 16 where the program made 48
+    assert recorder.op_counts[("train", "read")] == sum(len(tfrecord_reads(os.path.getsize(s.path))) for s in specs) == 2 * len(specs)
+
+
+@pytest.mark.parametrize("counts, parallel", [([5, 2, 7, 1, 4], 2), ([3, 3, 3], 4), ([2, 6, 1], 0), ([4, 1, 3, 2], 3)])
+def test_interleave_files_is_the_order_tensorflow_interleaves_records_in(tmp_path, source, tf, counts, parallel):
+    from dlio_ckpt.engine.tf_reader import interleave_files
+
+    paths, file_of = [], {}
+    for index, count in enumerate(counts):
+        # each file's records told apart by their size
+        spec = make_spec(tmp_path, "tfrecord", num_samples=count, sample_bytes=50 + index, index=index)
+        write(PosixStorage(), "tfrecord", spec, source)
+        paths.append(spec.path)
+        file_of[spec.sample_bytes] = index
+    features = {"image": tf.io.FixedLenFeature([], tf.string)}
+    dataset = tf.data.TFRecordDataset(paths, num_parallel_reads=parallel or None)
+    real = [file_of[len(tf.io.parse_single_example(record, features)["image"].numpy())] for record in dataset]
+    assert len(real) == sum(counts)
+    assert interleave_files(counts, parallel).tolist() == real
+
+
+def test_tfrecord_reads_are_the_preads_tensorflow_makes():
+    from dlio_ckpt.engine.tf_reader import READ_BUFFER, tfrecord_reads
+
+    # strace of TFRecordDataset (TensorFlow 2.21) over files of these sizes: pread64(fd, buf, 262144, offset) until a
+    # short one, then one asking for the rest of that buffer, which returns 0
+    assert READ_BUFFER == 262144
+    assert tfrecord_reads(4216) == [(0, 4216), (4216, 0)]
+    assert tfrecord_reads(400236) == [(0, 262144), (262144, 138092), (400236, 0)]
+    assert tfrecord_reads(1200236) == [(0, 262144), (262144, 262144), (524288, 262144), (786432, 262144),
+                                       (1048576, 151660), (1200236, 0)]
+    assert tfrecord_reads(2 * 262144) == [(0, 262144), (262144, 262144), (524288, 0)]
 
 
 def test_the_tensorflow_reader_loads_tensorflow_when_made_not_at_the_first_batch(monkeypatch):

@@ -81,7 +81,7 @@ UNUSED: dict[str, str] = {
     "dataset.record_length_resize": "an in-memory resize after reading: no I/O",
     "dataset.record_length_bytes_resize": "an in-memory resize after reading: no I/O",
     "reader.computation_threads": "threads that parse records in memory: no I/O",
-    "reader.multiprocessing_context": "how DLIO starts PyTorch workers (dlio_ckpt uses threads)",
+    "reader.multiprocessing_context": "how DLIO starts PyTorch workers (dlio_ckpt forks them: reader.workers=processes)",
     "reader.read_type": "on-demand reads are what dlio_ckpt does",
     "reader.file_access": "every rank opens its files itself (multi), as DLIO's default",
     "reader.dont_use_mmap": "dlio_ckpt reads with pread, not mmap (docs/workloads.md)",

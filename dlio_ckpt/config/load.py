@@ -452,10 +452,32 @@ def check_dependencies(config: RunConfig) -> None:
     dataset_needs = getattr(DATASET_FORMATS.load(config.dataset.format), "requires", "")
     if dataset_needs and config.mode not in ("plan", "checkpoint", "datasize"):
         check_installed(dataset_needs)
+    check_loader(config)
     if config.checkpoint.enabled or config.mode == "checkpoint":
         needs = format_spec(config.checkpoint.format).requires
         if needs:
             check_installed(needs)
+
+
+def check_loader(config: RunConfig) -> None:
+    """What reader.workers and reader.decode need of the platform and the dataset format."""
+    reader = config.reader
+    if reader.decode == "pillow":
+        raise ConfigError(f"reader.decode: pillow decodes jpeg/png samples, and dataset.format "
+                          f"{config.dataset.format} holds none (dlio_ckpt has no jpeg/png format); "
+                          "set reader.decode=numpy or none")
+    if reader.decode == "torch":
+        from dlio_ckpt.optional import available
+
+        if not available("torch"):
+            raise ConfigError("reader.decode: torch decodes and collates each sample with torch, which is not installed; "
+                              "install it (pip install torch) or set reader.decode=numpy or none")
+    if reader.name == "native" and reader.access == "sample" and reader.workers == "processes" and reader.read_threads > 0:
+        from dlio_ckpt.engine.workers import can_fork
+
+        if not can_fork():
+            raise ConfigError("reader.workers: processes forks worker processes, which this platform cannot do "
+                              "(no fork start method); set reader.workers=threads or reader.read_threads=0")
 
 
 def check_storage(config: RunConfig) -> None:

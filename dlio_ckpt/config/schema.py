@@ -119,6 +119,10 @@ class ReaderConfig:
     transfer_size: Bytes
     drop_last: bool
     access: Literal["sample", "transfer"]  # sample: a read per sample (PyTorch); transfer: whole files in transfer_size reads (tf.data)
+    workers: Literal["processes", "threads"] = "processes"  # access=sample: forked worker processes per epoch, as torch's DataLoader; or threads
+    persistent_workers: bool = False  # workers=processes: keep the workers across epochs (DataLoader persistent_workers)
+    decode: Literal["none", "numpy", "torch", "pillow"] = "none"  # per-sample decode in the worker, timed apart (engine/batch_fetch.py)
+    npz_reads: Literal["np_load", "zip_pread"] = "np_load"  # npz: np.load(path)'s buffered reads and seeks, or one pread per zipfile read
 
     def validate(self, key: str) -> None:
         require(self.batch_size >= 1, f"{key}batch_size: must be at least 1 (got {self.batch_size})")

@@ -56,6 +56,7 @@ def format_options(ctx: RunContext) -> FormatOptions:
         transfer_size=ctx.config.reader.transfer_size,
         parquet_columns=tuple(ds.parquet_columns),
         row_group_size=ds.parquet_row_group_size,
+        npz_reads=ctx.config.reader.npz_reads,
     )
 
 

@@ -159,6 +159,7 @@ def _phases(ctx: RunContext, fmt: Any, plan: Any, lease: DatasetLease) -> tuple[
             "policy": result.policy,
             "resume": result.resume,
             "step_s_mean": result.ledger.step_s_mean,
+            "loader": result.loader,
         }
         for key in FAILURE_SECTIONS:  # goodput, where the time went, failures, resume (metrics/goodput.py)
             sections[key] = partial(failure_section, key)

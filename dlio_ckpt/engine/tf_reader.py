@@ -1,28 +1,42 @@
 """reader.name=tensorflow: a tf.data pipeline over an epoch's TFRecord files, as DLIO builds it.
 
-The pipeline is TFRecordDataset's own (an interleave of one record reader per file,
-`num_parallel_reads` = read_threads wide), then parse_single_example, shuffle, batch, prefetch.
-It is written as that interleave spelled out, so that each record carries the index of the file
-it came from; that is the only difference, and it costs one small integer per record.
+The pipeline is the one programs write: TFRecordDataset over the files (its interleave of one
+record reader per file, `num_parallel_reads` = read_threads wide), parse_single_example, shuffle,
+batch, prefetch, with one addition: `enumerate`, so each record carries its position in the
+interleaved stream, from which its file follows (`interleave_files`, TensorFlow's deterministic
+interleave order, checked against TensorFlow in tests/test_formats.py). Tagging each record with
+its file inside the interleave instead made each epoch 3-4x slower than the program's pipeline.
 
-Byte accounting. tf.data opens and reads the files with its own file system code, so none of it
-passes through our storage layer and nothing would be traced. To keep summary.json honest, each
-file whose records reached the training loop is recorded, when the epoch ends, as opened, read
-whole (its size on disk: tf.data reads every file it opens to the end, framing included) and
-closed, through the storage's EventRecorder. An epoch cut short (total_steps) leaves out files
-tf.data had opened and buffered but whose records were never consumed.
+Byte and call accounting. tf.data opens and reads the files with its own file system code, so
+none of it passes through our storage layer and nothing would be traced. To keep summary.json
+honest, each file whose records reached the training loop is recorded, when the epoch ends, with
+the calls TFRecordDataset makes on it (strace of TensorFlow 2.21, docs/metrics.md): an open,
+pread of READ_BUFFER bytes at offsets 0, B, 2B, ... until one returns short, one more pread
+asking for the rest of that buffer, which returns 0 (end of file; the only extra call when the
+size is a multiple of B), and a close: `tfrecord_reads`. An epoch cut short (total_steps)
+leaves out files tf.data had opened and buffered but whose records were never consumed.
 
 Read time. tf.data's reads happen in its own threads, so the pipeline itself stamps the time:
-`tf.timestamp()` when the interleave opens a file, and again as each record leaves the file's
-reader. A file's read event spans from its opening to its last record, so the train phase's
-read time (the union of those spans) is when tf.data was reading. A span also holds any time
-the reader stalled because the prefetch buffer was full, so the read rate derived from it is
-a lower bound on the storage's rate (exact when the storage, not compute, is the bottleneck).
+`tf.timestamp()` as each record is parsed, with the record's size. Records leave a file in file
+order, so the record whose bytes reach into buffer k is the one that made the reader issue pread
+k: that pread is recorded from the stamp of the record before it in the stream (the iterator's
+making, for the first) to that record's; the open at the first pread's start; the end-of-file
+pread and the close at the last record's stamp. A span also holds any time the reader stalled because the prefetch buffer
+was full, so the read rate derived from it is a lower bound on the storage's rate (exact when the
+storage, not compute, is the bottleneck).
+
+The pipeline is built once per reader and iterated once per epoch, as a Keras program builds its
+dataset once and `fit` iterates it each epoch: building it traces its functions (~0.1 s, and
+~0.5 s for the first in a process), which a real program pays once, before its loop (the reader's
+`prepare`, called before training starts its clock), not each epoch. So the files keep the first epoch's order (the file
+list such a program passes TFRecordDataset), and the records are reshuffled each epoch
+(reshuffle_each_iteration); a resumed epoch over fewer files builds its own.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -36,85 +50,181 @@ def load_tensorflow() -> Any:
     return require("tensorflow")
 
 
+READ_BUFFER = 256 * 1024  # TFRecordDataset's buffer_size for local files (its default, passed explicitly)
+
+
+def tfrecord_reads(size: int, buffer: int = READ_BUFFER) -> list[tuple[int, int]]:
+    """(offset, bytes moved) of each pread TFRecordDataset makes reading a file of `size` bytes
+    to its end (module doc): whole buffers, the short one, then the read that returns 0."""
+    reads = [(offset, min(buffer, size - offset)) for offset in range(0, size, buffer)]
+    reads.append((size, 0))
+    return reads
+
+
 def build_dataset(tf: Any, paths: Sequence[str], batch_size: int, read_threads: int, prefetch_size: int,
                   shuffle_buffer_size: int, seed: int, drop_last: bool) -> Any:
-    """The tf.data pipeline; elements are, per record: the index of its file, its image bytes,
-    when its file was opened and when it was read (wall-clock seconds, `tf.timestamp`)."""
+    """The tf.data pipeline, as programs write it: TFRecordDataset over the files with
+    `num_parallel_reads` = read_threads, parse_single_example, shuffle, batch, prefetch; plus
+    `enumerate`, so each element carries, per record: its position in the interleaved record
+    stream (its file follows: `interleave_files`), its image bytes, its record's size and when
+    it was parsed (wall-clock seconds, `tf.timestamp`).
+
+    Tagging records with their file inside the interleave (a zip or a map per file) made an epoch
+    3-4x slower than this pipeline on tiny files; enumerate costs nothing measurable."""
     parallel = read_threads if read_threads > 0 else None
-    files = tf.data.Dataset.from_tensor_slices((tf.range(len(paths), dtype=tf.int32), tf.constant(list(paths))))
-
-    def records_of(index: Any, path: Any) -> Any:
-        opened = tf.timestamp()
-        return tf.data.TFRecordDataset(path).map(lambda record: (index, record, opened, tf.timestamp()))
-
-    records = files.interleave(
-        records_of,
-        cycle_length=max(read_threads, 1),
-        block_length=1,
-        num_parallel_calls=parallel,
-    )
+    records = tf.data.TFRecordDataset(list(paths), buffer_size=READ_BUFFER, num_parallel_reads=parallel).enumerate()
     features = {
         "image": tf.io.FixedLenFeature([], tf.string),
         "label": tf.io.FixedLenFeature([], tf.int64),
     }
 
-    def parse(index: Any, record: Any, opened: Any, read: Any) -> tuple[Any, Any, Any, Any]:
+    def parse(position: Any, record: Any) -> tuple[Any, Any, Any, Any]:
         example = tf.io.parse_single_example(record, features)
-        return index, tf.cast(tf.strings.length(example["image"]), tf.int64), opened, read
+        return (position, tf.cast(tf.strings.length(example["image"]), tf.int64),
+                tf.cast(tf.strings.length(record), tf.int64), tf.timestamp())
 
     samples = records.map(parse, num_parallel_calls=parallel)
     if shuffle_buffer_size > 1:
-        samples = samples.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=False)
+        # one seed for the pipeline, a new order each epoch (each iteration), as Keras' fit sees it
+        samples = samples.shuffle(shuffle_buffer_size, seed=seed, reshuffle_each_iteration=True)
     batches = samples.batch(batch_size, drop_remainder=drop_last)
     return batches.prefetch(prefetch_size) if prefetch_size > 0 else batches
 
 
-class _ConsumedFiles:
-    """Each file whose records were consumed, recorded as read whole over the span from its
-    opening to its last record (see module doc)."""
+def interleave_files(counts: Sequence[int], cycle_length: int) -> np.ndarray:
+    """The file of each record of the stream TFRecordDataset(num_parallel_reads=cycle_length)
+    yields (deterministic, block_length 1: TensorFlow's InterleaveDataset order): slots visited in
+    turn; an empty slot opens the next file; a file that runs out empties its slot. `counts`:
+    records per file; 0 or 1 parallel reads read the files one after another."""
+    cycle_length = max(cycle_length, 1)
+    left = [int(c) for c in counts]
+    slots: list[int | None] = [None] * cycle_length
+    order: list[int] = []
+    following, open_files, slot = 0, 0, 0
+    while following < len(left) or open_files > 0:
+        current = slots[slot]
+        if current is not None:
+            if left[current] > 0:
+                left[current] -= 1
+                order.append(current)
+            else:
+                slots[slot] = None
+                open_files -= 1
+            slot = (slot + 1) % cycle_length
+            continue
+        if following < len(left):
+            slots[slot] = following
+            following += 1
+            open_files += 1
+        else:
+            slot = (slot + 1) % cycle_length
+    return np.array(order, dtype=np.int64)
 
-    def __init__(self, storage: Any, paths: Sequence[str]) -> None:
+
+RECORD_FRAMING = 16  # a TFRecord's length (8), its CRC (4) and the data's CRC (4) around the data
+
+
+class _ConsumedFiles:
+    """Each file whose records were consumed, recorded with TFRecordDataset's calls (module doc)."""
+
+    def __init__(self, storage: Any, paths: Sequence[str], file_of: np.ndarray, started: float) -> None:
         self._recorder = getattr(storage, "recorder", None)
         self._phase = getattr(storage, "phase", "other")
         self._sizer = getattr(storage, "inner", storage)  # sizing is bookkeeping, not tf.data's I/O
         self._paths = paths
-        self._opened = np.full(len(paths), np.inf)
-        self._last_read = np.full(len(paths), -np.inf)
+        self._file_of = file_of
+        self._started = started  # wall clock when the epoch's iterator was made
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per batch: position, record size, stamp
 
-    def consume(self, file_indices: np.ndarray, opened: np.ndarray, read: np.ndarray) -> None:
-        np.minimum.at(self._opened, file_indices, opened)
-        np.maximum.at(self._last_read, file_indices, read)
+    def consume(self, positions: np.ndarray, record_sizes: np.ndarray, read: np.ndarray) -> None:
+        self._parts.append((positions, record_sizes, read))
 
     def record(self) -> None:
         """Record every consumed file once; called when the epoch ends or is cut short."""
-        for index in np.flatnonzero(np.isfinite(self._last_read)):
+        if not self._parts:
+            return
+        positions = np.concatenate([p[0] for p in self._parts])
+        sizes = np.concatenate([p[1] for p in self._parts])
+        stamps = np.concatenate([p[2] for p in self._parts])
+        self._parts = []
+        order = np.argsort(positions, kind="stable")  # stream order: each file's records in file order
+        positions, sizes, stamps = positions[order], sizes[order], stamps[order]
+        # the stamp before each record in the stream (the iterator's making, for the first):
+        # when the reader went for the bytes that record needed
+        # (records are parsed in parallel, so a stamp can precede the one before it: no later than its own)
+        before = np.minimum(np.concatenate([[self._started], stamps[:-1]]), stamps)
+        files = self._file_of[positions]
+        for index in np.unique(files):
             path = self._paths[index]
             size = self._sizer.file_size(path) if self._sizer is not None else os.path.getsize(path)
             if self._recorder is None:
                 continue
-            clock = self._recorder.clock
-            start, end = clock.from_wall(float(self._opened[index])), clock.from_wall(float(self._last_read[index]))
-            for op, offset, length, at, until in (("open", -1, 0, start, start), ("read", 0, size, start, end),
-                                                  ("close", -1, 0, end, end)):
-                self._recorder.record(op, self._phase, path, offset, length, at, until)
-        self._last_read[:] = -np.inf
+            mine = files == index
+            self._record_file(path, size, stamps[mine], before[mine], sizes[mine])
+
+    def _record_file(self, path: str, size: int, stamps: np.ndarray, before: np.ndarray,
+                     record_sizes: np.ndarray) -> None:
+        clock = self._recorder.clock
+        ends = np.cumsum(record_sizes + RECORD_FRAMING)  # where each consumed record ends in the file
+        opened, last = float(before[0]), float(stamps.max())
+        events = [("open", -1, 0, opened, opened)]
+        for offset, length in tfrecord_reads(size):
+            # the first record reaching past `offset` made the reader fetch this buffer
+            j = int(np.searchsorted(ends, offset, side="right"))
+            if length == 0 or j >= len(stamps):
+                events.append(("read", offset, length, last, last))
+            else:
+                events.append(("read", offset, length, float(before[j]), float(stamps[j])))
+        events.append(("close", -1, 0, last, last))
+        for op, offset, length, at, until in events:
+            self._recorder.record(op, self._phase, path, offset, length, clock.from_wall(at), clock.from_wall(until))
 
 
-def tfdata_batches(paths: Sequence[str], batch_size: int, read_threads: int, prefetch_size: int,
-                   shuffle_buffer_size: int, seed: int, drop_last: bool = False, storage: Any = None) -> Iterator[Batch]:
-    """Batches of one epoch over `paths` (in read order): samples and image bytes per batch.
+class TFRecordPipeline:
+    """One reader's tf.data pipeline, built at the first epoch and iterated each epoch (module doc)."""
 
-    `storage` is the (traced) storage the dataset lives on; its recorder receives the per-file
-    read events described in the module docstring. shuffle_buffer_size <= 1 means no shuffle.
-    """
-    tf = load_tensorflow()
-    if not paths:
-        return
-    dataset = build_dataset(tf, paths, batch_size, read_threads, prefetch_size, shuffle_buffer_size, seed, drop_last)
-    consumed = _ConsumedFiles(storage, paths)
-    try:
-        for indices, lengths, opened, read in dataset.as_numpy_iterator():
-            consumed.consume(indices, opened, read)
-            yield Batch(samples=len(lengths), payload_bytes=int(lengths.sum()))
-    finally:
-        consumed.record()
+    def __init__(self, batch_size: int, read_threads: int, prefetch_size: int, shuffle_buffer_size: int, seed: int,
+                 drop_last: bool) -> None:
+        self._settings = (batch_size, read_threads, prefetch_size, shuffle_buffer_size, seed, drop_last)
+        self._read_threads = read_threads
+        self._paths: list[str] = []
+        self._dataset: Any = None
+        self._file_of: np.ndarray | None = None
+
+    def prepare(self, paths: Sequence[str], records: Sequence[int]) -> None:
+        """The dataset over `paths` (`records`: each file's record count, as the dataset plan
+        has it), built unless the one built already reads the same files."""
+        if paths and (self._dataset is None or sorted(paths) != sorted(self._paths)):
+            self._paths = list(paths)
+            self._dataset = build_dataset(load_tensorflow(), self._paths, *self._settings)
+            self._file_of = interleave_files(records, self._read_threads)
+
+    def batches(self, paths: Sequence[str], records: Sequence[int], storage: Any = None) -> Iterator[Batch]:
+        """Batches of one epoch over `paths` (in read order): samples and image bytes per batch.
+
+        `storage` is the (traced) storage the dataset lives on; its recorder receives the
+        per-file events described in the module docstring."""
+        if not paths:
+            return
+        self.prepare(paths, records)
+        started = time.time()
+        iterator = self._dataset.as_numpy_iterator()
+        consumed = None
+        try:
+            for positions, lengths, record_sizes, read in iterator:
+                if consumed is None:
+                    consumed = _ConsumedFiles(storage, self._paths, self._file_of, started)
+                consumed.consume(positions, record_sizes, read)
+                yield Batch(samples=len(lengths), payload_bytes=int(lengths.sum()))
+        finally:
+            if consumed is not None:
+                consumed.record()
+
+
+def tfdata_batches(paths: Sequence[str], records: Sequence[int], batch_size: int, read_threads: int,
+                   prefetch_size: int, shuffle_buffer_size: int, seed: int, drop_last: bool = False,
+                   storage: Any = None) -> Iterator[Batch]:
+    """One epoch of a fresh pipeline over `paths` (`records`: each file's record count);
+    shuffle_buffer_size <= 1 means no shuffle."""
+    pipeline = TFRecordPipeline(batch_size, read_threads, prefetch_size, shuffle_buffer_size, seed, drop_last)
+    yield from pipeline.batches(paths, records, storage)

@@ -32,6 +32,7 @@ from dlio_ckpt.engine.failures import (FailureInjector, InjectedFailure, Restart
                                        write_resume_note)
 from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader, TransferReader
 from dlio_ckpt.engine.resume_checks import ResumeChecks, state_digest
+from dlio_ckpt.engine.workers import ProcessReader, workers_fork
 from dlio_ckpt.errors import RunFailure
 from dlio_ckpt.formats.base import DatasetFormat, FormatOptions
 from dlio_ckpt.metrics.goodput import Ledger
@@ -86,6 +87,7 @@ class TrainResult:
     restarts: list[dict[str, Any]] = field(default_factory=list)  # one per injected failure
     policy: dict[str, Any] = field(default_factory=dict)  # the checkpoint policy's summary
     resume: dict[str, Any] = field(default_factory=dict)  # the determinism checks (ResumeChecks.local)
+    loader: dict[str, Any] = field(default_factory=dict)  # reader.workers=processes: worker start-up, fetch, decode, collate
 
 
 def _waiting_for(batches: Iterable[Batch], result: TrainResult) -> Iterator[Batch]:
@@ -112,7 +114,17 @@ def make_reader(ctx: RunContext, storage: Any, fmt: DatasetFormat, options: Form
         return TensorFlowReader(storage, files, reader, seed=reader.shuffle_seed + ctx.world.rank)
     if reader.access == "transfer":
         return TransferReader(storage, files, reader.transfer_size, reader.read_threads, reader.prefetch_size)
+    if reader.workers == "processes" and workers_fork(storage.name):
+        return ProcessReader(storage, fmt, options, files, reader.read_threads, reader.prefetch_size,
+                             reader.persistent_workers, reader.decode)
     return NativeReader(storage, fmt, options, files, reader.read_threads, reader.prefetch_size)
+
+
+def close_reader(reader: Any) -> None:
+    """Persistent worker processes stop (and hand over their last events) when training ends."""
+    close = getattr(reader, "close", None)
+    if close is not None:
+        close()
 
 
 def whole_files(config: Any) -> bool:
@@ -156,6 +168,9 @@ class _Training:
         self.max_batches = dlio_steps_per_epoch(plan.train, config.reader.batch_size, world.size, self.whole,
                                                 config.train.total_steps) if self.dlio else None
         self.first_plan = self.epoch_plan(1, config.reader.shuffle_seed)
+        prepare = getattr(self.reader, "prepare", None)
+        if prepare is not None:  # tf.data: the pipeline is built before training, as a program builds its dataset
+            prepare(self.first_plan)
         self.policy = make_policy(checkpoints, world, config)
         self.injector = FailureInjector(FailureSchedule.from_config(config.failures, world.size), world)
         self.checks = ResumeChecks(world.rank)
@@ -200,12 +215,15 @@ class _Training:
             self.blocked(time.perf_counter() - finish)
         finally:
             self.progress.close()
+            close_reader(self.reader)
         result = self.result
         result.wall_s = time.perf_counter() - self.start - result.eval_wall_s
         self.ledger.wall_s = self.ledger.carried_wall_s + result.wall_s
         result.policy = self.policy.summary()
         result.restarts = self.injector.restarts
         result.resume = self.checks.local()
+        stats = getattr(self.reader, "stats", None)
+        result.loader = stats.as_dict() if stats is not None else {}
         if note is not None and world.is_root:
             mark_note_done(self.ctx.run_dir)
         return result
@@ -387,8 +405,11 @@ def _evaluate(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat, options: F
     compute = ComputeModel(config.evaluation.computation_time, 0.0, "fixed", 0)
     reader = make_reader(ctx, ctx.storage.with_phase("eval"), fmt, options, plan.eval)
     start = time.perf_counter()
-    with closing(reader.batches(eval_plan)) as batches:
-        for batch in batches:
-            compute.run()
-            result.eval_samples += batch.samples
+    try:
+        with closing(reader.batches(eval_plan)) as batches:
+            for batch in batches:
+                compute.run()
+                result.eval_samples += batch.samples
+    finally:
+        close_reader(reader)
     result.eval_wall_s += time.perf_counter() - start

@@ -51,6 +51,7 @@ class FormatOptions:
     transfer_size: int = 0  # bytes per read call when reading; 0 = whole sample
     parquet_columns: tuple[str, ...] = ()  # parquet: name:dtype:count per column (formats/parquet.py)
     row_group_size: int = 0  # parquet: rows per row group; 0 = one row group per file
+    npz_reads: str = "np_load"  # np_load: np.load(path)'s buffered reads and seeks; zip_pread: one pread per zipfile read
 
 
 class Scratch:

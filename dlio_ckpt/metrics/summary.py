@@ -15,6 +15,7 @@ import numpy as np
 
 from dlio_ckpt import __version__
 from dlio_ckpt.metrics import bandwidth, utilisation, verdict
+from dlio_ckpt.metrics.loader import loader_section
 from dlio_ckpt.metrics.timing import phase_busy_seconds
 from dlio_ckpt.storage.events import totals_by_phase
 
@@ -123,6 +124,7 @@ def train_section(ranks: list[dict[str, Any]], config: Any, page_cache_risk: boo
     section.update({key: judged[key] for key in ("au_target_met", "au_verdict", "au_verdict_reason")})
     section["run_verdict"] = {key: judged[key] for key in ("verdict", "limited_by", "line")}
     section["storage"] = bandwidth.run_storage_section(section, len(ranks), config, judged)
+    section["loader"] = loader_section(ranks)
     return section
 
 

@@ -194,6 +194,30 @@ class EventRecorder:
         bytearray (the extender's `__self__`) holds COMPACT_EVENTS * EVENT_BYTES bytes."""
         return self._events.extend
 
+    def absorb(self, packed: bytes, mapping: np.ndarray) -> None:
+        """Events another process recorded (a reader worker process, engine/workers.py) added
+        as this recorder's: `packed` is that recorder's bytes (pack_event rows, times as its
+        handles read perf_counter, the same CLOCK_MONOTONIC in a forked child); `mapping` maps its
+        path indices onto this recorder's (`path_id` of each of its paths, in order)."""
+        if not packed:
+            return
+        rows = np.frombuffer(bytearray(packed), EVENT_DTYPE)
+        rows["file"] = mapping[rows["file"]]
+        self._events.extend(rows.tobytes())
+        if len(self._events) >= COMPACT_EVENTS * EVENT_BYTES:
+            self.compact()
+
+    def take_packed(self) -> bytes:
+        """The events appended so far, removed from this recorder: what a worker process sends
+        its parent (`absorb`) with each batch. Only for a recorder nothing else appends to meanwhile.
+        Compacted chunks come first (their times already on the job clock, as `events_of` leaves
+        rows without RAW_TIMES), then the raw tail."""
+        with self._chunk_lock:
+            chunks, self._chunks = self._chunks, []
+            packed = bytes(self._events)
+            del self._events[:]
+        return b"".join(chunk.tobytes() for chunk in chunks) + packed
+
     def path_table(self) -> dict[str, int]:
         """The path -> index table, for a caller that looks a path up before calling `path_id`
         (entries are only ever added, under the lock, so a hit is final)."""
