@@ -65,6 +65,11 @@ class FileState:
         self._file_key = zlib.crc32(self.pf.relpath.encode())
 
     @property
+    def file_key(self) -> int:
+        """A hash of the file's path: part of every seed of its draws."""
+        return self._file_key
+
+    @property
     def size(self) -> int:
         return int(self.starts[-1])
 
