@@ -196,12 +196,13 @@ class ModelConfig:
 class IncrementalOptions:
     """checkpoint.incremental.*: the Merkle-tree incremental encoding (Tan et al., ICPP'23)."""
 
-    chunk_bytes: Bytes  # leaf size of the tree; the last chunk of a file may be shorter
+    chunk_bytes: Bytes  # leaf size of the tree (the last chunk of a file may be shorter); 0: chosen from checkpoint.update
     hash: Literal["xxh3_128", "blake3"]
     full_every: int  # every n-th checkpoint is a full one (starts a new chain); 0: only the first
 
     def validate(self, key: str) -> None:
-        require(4096 <= self.chunk_bytes <= 1 << 30, f"{key}chunk_bytes: must be 4KiB to 1GiB (got {self.chunk_bytes})")
+        require(self.chunk_bytes == 0 or 64 <= self.chunk_bytes <= 1 << 30,
+                f"{key}chunk_bytes: must be 64 bytes to 1GiB, or 0 to choose it from checkpoint.update (got {self.chunk_bytes})")
         require(self.full_every >= 0, f"{key}full_every: cannot be negative (got {self.full_every})")
 
 
@@ -268,8 +269,8 @@ class CheckpointConfig:
     drop_caches: bool
     update: Literal["random", "sparse", "sgd", "trace"]  # how the state evolves between checkpoints (dlio_ckpt/state)
     update_fraction: float  # sparse: fraction of update chunks that change per training step
-    update_moves: float  # sparse: fraction of update chunks that move to another offset per checkpoint
-    update_chunk_bytes: Bytes  # sparse: the unit that changes or moves
+    update_moves: float  # sparse: fraction of update chunks that move to another offset per training step
+    update_chunk_bytes: Bytes  # sparse: the unit that changes or moves (an embedding row)
     learning_rate: float  # sgd: initial step scale, relative to the weights' magnitude
     state_dir: str  # where a state larger than memory lives (scratch, untraced); empty: the system temp folder
     encoding: Literal["full", "incremental", "lossy"]

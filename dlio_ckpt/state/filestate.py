@@ -57,6 +57,7 @@ class FileState:
     starts: np.ndarray = field(init=False)  # file offset of each tensor, plus the file size at the end
     store: object = None
     step: int = 0
+    exact: bool = False  # the store holds the model's closed form at `step` bit for bit (not a lossy restore's bytes)
 
     def __post_init__(self) -> None:
         sizes = np.array([t.nbytes for t in self.pf.tensors], dtype=np.int64)

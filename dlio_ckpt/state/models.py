@@ -26,7 +26,7 @@ from dlio_ckpt.registry import Registry
 from dlio_ckpt.state.filestate import FileState, float_dtype, make_finite
 from dlio_ckpt.state.mlp_trace import MlpTrace
 from dlio_ckpt.state.units import move_units, rewrite_units
-from dlio_ckpt.state.values import CHUNK_VALUES, INIT_STD, WALK_VALUES, NoiseWalk, ValuePool
+from dlio_ckpt.state.values import CHUNK_VALUES, INIT_STD, NoiseWalk, ValuePool, walk_size
 
 UPDATE_MODELS = Registry(
     key="checkpoint.update",
@@ -40,6 +40,7 @@ UPDATE_MODELS = Registry(
 )
 
 FILL_CHUNK_BYTES = 4 << 20
+_UINT_OF = {np.float16: np.uint16, np.float32: np.uint32, np.float64: np.uint64}
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 _MASK64 = (1 << 64) - 1
 # Draw purposes (part of every seed, so each kind of draw has its own stream).
@@ -178,15 +179,37 @@ def as_stored(values: np.ndarray, tensor: TensorSpec) -> np.ndarray:
     return values.astype(dtype, copy=False)
 
 
-def add_difference(fs: FileState, at: int, tensor: TensorSpec, before: np.ndarray, after: np.ndarray) -> None:
-    """Carry the stored elements at `at` from T(a) to T(b): add as_stored(after) -
-    as_stored(before), in float64, where differences and sums of float16/float32 values are exact;
-    so elements holding T(a) become T(b) bit for bit, and any other (a lossy restore's) keeps its offset."""
+def carry_floats(fs: FileState, targets, a: int, b: int) -> None:
+    """Carry the float chunks from T(a) to T(b) (`targets(fs, step)`: the closed form). A store
+    known to hold T(a) exactly is overwritten with T(b); any other is carried element by element
+    (add_difference), and is known exact again when every element held T(a)."""
+    if fs.exact:
+        for at, tensor, values in targets(fs, b):
+            write_floats(fs, at, tensor, values)
+        return
+    exact = True
+    for (at, tensor, before), (_, _, after) in zip(targets(fs, a), targets(fs, b)):
+        exact &= add_difference(fs, at, tensor, before, after)
+    fs.exact = exact
+
+
+def add_difference(fs: FileState, at: int, tensor: TensorSpec, before: np.ndarray, after: np.ndarray) -> bool:
+    """Carry the stored elements at `at` from T(a) to T(b): an element holding T(a) (bit for bit)
+    becomes T(b); any other (a lossy restore's) gets T(b) - T(a) added in float64, where the
+    difference and the sum of float16/float32 values are exact, so it keeps its offset. Returns
+    whether every element held T(a)."""
     dtype = float_dtype(tensor.dtype_bytes)
-    current = np.frombuffer(fs.store.read_at(at, len(before) * tensor.dtype_bytes), dtype=dtype).astype(np.float64)
-    current += as_stored(after, tensor).astype(np.float64)
-    current -= as_stored(before, tensor).astype(np.float64)
-    write_floats(fs, at, tensor, current)
+    current = np.frombuffer(fs.store.read_at(at, len(before) * tensor.dtype_bytes), dtype=dtype)
+    before, after = as_stored(before, tensor), as_stored(after, tensor)
+    elsewhere = np.flatnonzero(current.view(_UINT_OF[dtype]) != before.view(_UINT_OF[dtype]))
+    if len(elsewhere):
+        moved = current[elsewhere].astype(np.float64) + after[elsewhere].astype(np.float64) - before[elsewhere].astype(np.float64)
+        if dtype == np.float16:
+            np.clip(moved, -FLOAT16_MAX, FLOAT16_MAX, out=moved)
+        after = after.copy()
+        after[elsewhere] = moved
+    fs.store.write_at(at, after)
+    return not len(elsewhere)
 
 
 class SgdModel:
@@ -201,19 +224,27 @@ class SgdModel:
     def __init__(self, cfg, seed: int, source: ByteSource) -> None:
         self._cfg = cfg
         self._source = source
+        self._seed = seed
         self._pool = ValuePool(seed)
-        self._walk = NoiseWalk(seed, self._pool.noise)
+        self._walks: dict[int, NoiseWalk] = {}  # by size: a tiny file reads a tiny walk
+
+    def _walk(self, fs: FileState) -> NoiseWalk:
+        size = walk_size(max((count for _, _, count, _ in float_chunks(fs)), default=0))
+        if size not in self._walks:
+            self._walks[size] = NoiseWalk(self._seed, self._pool.noise, size)
+        return self._walks[size]
 
     def _targets(self, fs: FileState, step: int) -> Iterator[tuple[int, TensorSpec, np.ndarray]]:
         """(file offset, tensor, T(step) as float32) of every float chunk. The chunk's start
         weights, walk window and factors come from draws seeded by the file alone (not the step)."""
         rng = fs.rng(0, 0, FLOATS)
-        walk = self._walk.at(step)
+        walker = self._walk(fs)
+        walk = walker.at(step) if step else None
         rate = np.float32(self._cfg.learning_rate * INIT_STD)
         for at, _, count, tensor in float_chunks(fs):
             scale = INIT_STD * (1.0 + 0.01 * rng.standard_normal())  # no two chunks hold the same values
             values = ValuePool.window(self._pool.normal, rng, count) * np.float32(scale)
-            start = int(rng.integers(0, WALK_VALUES))
+            start = int(rng.integers(0, walker.size))
             if step:
                 values += walk[start : start + count] * rate
             yield at, tensor, values
@@ -222,10 +253,10 @@ class SgdModel:
         fill_from_source(fs, self._source, skip_floats=True)
         for at, tensor, values in self._targets(fs, 0):
             write_floats(fs, at, tensor, values)
+        fs.exact = True
 
     def update(self, fs: FileState, a: int, b: int) -> None:
-        for (at, tensor, before), (_, _, after) in zip(self._targets(fs, a), self._targets(fs, b)):
-            add_difference(fs, at, tensor, before, after)
+        carry_floats(fs, self._targets, a, b)
         change_byte_tensors(fs, self._cfg, self._source, a, b)
 
 
@@ -245,10 +276,10 @@ class TraceModel:
         fill_from_source(fs, self._source, skip_floats=True)
         for at, tensor, values in self._targets(fs, 0):
             write_floats(fs, at, tensor, values)
+        fs.exact = True
 
     def update(self, fs: FileState, a: int, b: int) -> None:
-        for (at, tensor, before), (_, _, after) in zip(self._targets(fs, a), self._targets(fs, b)):
-            add_difference(fs, at, tensor, before, after)
+        carry_floats(fs, self._targets, a, b)
         change_byte_tensors(fs, self._cfg, self._source, a, b)
 
     def _targets(self, fs: FileState, step: int) -> Iterator[tuple[int, TensorSpec, np.ndarray]]:

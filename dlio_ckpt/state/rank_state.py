@@ -102,6 +102,7 @@ class RankState:
             fs.store.write_at(at, piece)
             at += len(piece)
         fs.step = step
+        fs.exact = False  # restored bytes: the next update checks them against the closed form
         self.step = step
 
     def digest(self, pf: PlannedFile) -> str:
