@@ -58,7 +58,7 @@ def truth_state_factory(checkpoints: Any) -> tuple[Callable[[], Any] | None, tup
     from dlio_ckpt.state.rank_state import RankState
 
     files = holder.plan.files_by_rank[holder.world.rank]
-    return (lambda: RankState(files, holder.cfg, holder.config.seed, holder.source)), files
+    return (lambda: RankState(files, holder.cfg, holder.config.seed, holder.source, layout=holder.plan.files_by_rank)), files
 
 
 class UninterruptedRun:

@@ -58,6 +58,7 @@ class FileState:
     store: object = None
     step: int = 0
     exact: bool = False  # the store holds the model's closed form at `step` bit for bit (not a lossy restore's bytes)
+    float_offset: int = 0  # global index of its first float element over the layout (all ranks' files in rank order)
 
     def __post_init__(self) -> None:
         sizes = np.array([t.nbytes for t in self.pf.tensors], dtype=np.int64)

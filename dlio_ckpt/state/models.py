@@ -36,6 +36,7 @@ UPDATE_MODELS = Registry(
         "sparse": "dlio_ckpt.state.models:SparseModel",
         "sgd": "dlio_ckpt.state.models:SgdModel",
         "trace": "dlio_ckpt.state.models:TraceModel",
+        "files": "dlio_ckpt.state.models:FilesModel",
     },
 )
 
@@ -296,6 +297,52 @@ class TraceModel:
                 np.multiply(params[position : position + take], np.float32(_tile_scale(key, tile)),
                             out=values[done : done + take])
                 done += take
+            yield at, tensor, values
+
+
+class FilesModel:
+    """`files`: the float tensors replay a user's training trajectory (checkpoint.update_files,
+    state/trajectory.py). The layout's float elements, all ranks' files in rank order, are laid
+    over the saved states' flattened floats: global float element g holds the saved value
+    g mod M (M: the saved state's float count), so a layout of the user's model size holds exactly
+    its values, sharded as the layout shards; beyond M it goes round again, each further lap times
+    a fixed scale (_tile_scale: no two laps are the same bytes). uint8 tensors change as under
+    `sparse`. An update adds T(b) - T(a) as the other float models do."""
+
+    stored = True
+
+    def __init__(self, cfg, seed: int, source: ByteSource) -> None:
+        from dlio_ckpt.state.trajectory import Trajectory
+
+        self._cfg = cfg
+        self._source = source
+        self._trajectory = Trajectory(cfg.update_files)
+
+    def fill(self, fs: FileState) -> None:
+        fill_from_source(fs, self._source, skip_floats=True)
+        for at, tensor, values in self._targets(fs, 0):
+            write_floats(fs, at, tensor, values)
+        fs.exact = True
+
+    def update(self, fs: FileState, a: int, b: int) -> None:
+        if self._trajectory.saved_step(a) != self._trajectory.saved_step(b):  # between two saves nothing moves
+            carry_floats(fs, self._targets, a, b)
+        change_byte_tensors(fs, self._cfg, self._source, a, b)
+
+    def _targets(self, fs: FileState, step: int) -> Iterator[tuple[int, TensorSpec, np.ndarray]]:
+        params = self._trajectory.params_at(step)
+        period = len(params)
+        element = fs.float_offset  # the global index of the file's first float element
+        for at, _, count, tensor in float_chunks(fs):
+            values = np.empty(count, dtype=np.float32)
+            done = 0
+            while done < count:
+                lap, position = divmod(element + done, period)
+                take = min(period - position, count - done)
+                scale = np.float32(_tile_scale(0x5EED, lap) if lap else 1.0)
+                np.multiply(params[position : position + take], scale, out=values[done : done + take])
+                done += take
+            element += count
             yield at, tensor, values
 
 
