@@ -159,3 +159,24 @@ def test_sgd_compresses_as_real_trajectories_do(tmp_path):
     emulated = lc_ratio(chain)
     assert real["adam"] < emulated < real["sgd"], (real, emulated)
     assert emulated < 25  # not Huffman's ceiling
+
+
+def test_npy_and_safetensors_states_are_read_in_their_own_order(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    saved = {step: rng.standard_normal(300).astype(np.float32) for step in (0, 2)}
+    for step, values in saved.items():
+        np.save(folder / f"state_{step}.npy", values)
+    pf = PlannedFile("m/{step}.bin", 0, (TensorSpec("w", 300, 4, "model"),))
+    state = files_state(folder, (pf,))
+    state.advance(3)
+    assert np.array_equal(floats(state, pf), saved[2])
+    safetensors = pytest.importorskip("safetensors.numpy")
+    other = tmp_path / "st"
+    other.mkdir()
+    for step, values in saved.items():
+        safetensors.save_file({"b": values[200:], "a": values[:200], "count": np.arange(3)}, str(other / f"s{step}.safetensors"))
+    from dlio_ckpt.state.trajectory import load_state
+
+    assert sorted(load_state(other / "s2.safetensors").tolist()) == sorted(saved[2].tolist())  # the ints are not parameters
