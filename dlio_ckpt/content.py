@@ -77,6 +77,15 @@ class ByteSource:
             yield memoryview(self._pool[position : position + take])
             emitted += take
 
+    def rows(self, keys: np.ndarray, nbytes: int) -> np.ndarray:
+        """(len(keys), nbytes) bytes, row i from a pool position `keys[i]` picks (nbytes at most
+        `window`): fresh contents for many small units in one gather."""
+        if nbytes > self.window:
+            raise ValueError(f"rows of {nbytes} bytes are longer than the pool window ({self.window})")
+        starts = np.asarray(keys, dtype=np.uint64) % np.uint64(max(1, self.window - nbytes + 1))
+        starts = starts.astype(np.int64) if not self.zeros else np.zeros(len(starts), np.int64)
+        return self._pool[starts[:, None] + np.arange(nbytes, dtype=np.int64)]
+
     def array(self, key: int, nbytes: int) -> np.ndarray:
         """Item `key` as one uint8 array (a copy only when it spans several pool windows)."""
         if nbytes <= self.window:

@@ -14,6 +14,10 @@ checkpoint at step N: with single_writer, after a non-root rank sent its first f
 chunk reached the file, so a partial file is on disk); `generate-write` (inside the write of a
 rank's first dataset file, after the format wrote it under its final name, before its fsync). Unset, a fault
 point costs one environment lookup.
+
+Divergences the determinism check must catch (`fault_how`; the caller carries them out): `resume`
+with `perturb-state` (one byte of the rank's restored state flipped) or `skip-batch` (the rank's
+data loader skips one batch after the restore), at every restore of a run with failures.
 """
 
 from __future__ import annotations
@@ -42,3 +46,14 @@ def fault_point(point: str, rank: int, path: str = "") -> None:
     if how == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path or None)
     raise RunFailure(f"failure injected at {point} on rank {rank} ({VARIABLE})")
+
+
+def fault_how(point: str, rank: int) -> str | None:
+    """The `how` of a DLIO_CKPT_FAULT naming `point` on `rank` ("" when none is given), or None:
+    for faults the caller carries out itself."""
+    spec = os.environ.get(VARIABLE)
+    if not spec:
+        return None
+    where, _, who = spec.partition("@")
+    who, _, how = who.partition(":")
+    return how if where == point and who == str(rank) else None

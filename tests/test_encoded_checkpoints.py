@@ -139,7 +139,9 @@ def test_lossy_restores_the_reconstruction_within_its_error_bound(tmp_path):
     for row in rows[1:]:
         assert row["compression_ratio"] > 3
         assert 0 < row["max_rel_error"] <= row["error_bound"]
-        assert row["rms_rel_error"] <= row["max_rel_error"]
+        # rms error over rms value: under 1 % (not compared with max_rel_error, normalised by the largest
+        # weight: which of the two is larger depends on the tails of the deltas and weights)
+        assert 0 < row["rms_rel_error"] < 0.01
     restored = engine.restore()
     assert restored.verified and restored.chain_length == 3  # the engine compared the rebuilt state's digest
 

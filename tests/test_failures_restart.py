@@ -61,7 +61,7 @@ def test_restart_resumes_exactly_where_an_uninterrupted_run_is(workdir, ranks):
     # the same samples at every step, on every rank, as the uninterrupted run
     assert b["resume"]["sample_order_digests"] == a["resume"]["sample_order_digests"]
     assert b["resume"]["deterministic"] is True and b["resume"]["first_divergence"] is None
-    assert b["resume"]["states_checked"] >= 2 * max(ranks, 1)  # each restore's state against the one saved
+    assert b["resume"]["states_checked"] >= 2 * max(ranks, 1)  # each restore and checkpoint against the uninterrupted run
     assert a["resume"]["deterministic"] is None  # no restart: nothing to check
     # and the same bytes in every checkpoint (state after the restarts = uninterrupted state)
     plain_bytes, failed_bytes = checkpoint_bytes(workdir, a), checkpoint_bytes(workdir, b)
@@ -119,7 +119,9 @@ def test_failures_restart_exit_stops_and_the_same_command_resumes(workdir, ranks
     assert (restart["step"], restart["restored_step"], restart["restart"]) == (10, 8, "exit")
     assert summary["failures"]["lost_steps"] == 2
     assert summary["train"]["steps"] == steps
-    assert summary["resume"]["deterministic"] is True and summary["resume"]["states_checked"] == max(ranks, 1)
+    # every checkpoint of both processes and the restore, on every rank, against the uninterrupted run
+    checked = max(ranks, 1) * (len(range(4, steps + 1, 4)) + 1)
+    assert summary["resume"]["deterministic"] is True and summary["resume"]["states_checked"] == checked
     assert summary["time_accounting"]["wall_s"] > summary["train"]["wall_s"]  # the first process's time counts too
     # one run id over both processes: its checkpoints are in one folder
     assert list(checkpoint_bytes(workdir, summary)) == [f"step_{s:08d}" for s in range(4, steps + 1, 4)]

@@ -228,24 +228,28 @@ def test_float_models_are_deterministic_finite_and_change_every_float(base_cfg, 
     assert 0.8 < changed_bytes < 1.0  # uint8 units: 1 - 0.9^40 of them, as under sparse
 
 
-def test_sgd_deltas_are_heavy_tailed_small_and_decay_with_the_learning_rate(base_cfg):
-    from dlio_ckpt.state.values import decay_rss
+def test_sgd_deltas_are_random_walks_that_grow_with_the_interval_and_decay_with_the_learning_rate(base_cfg):
+    from dlio_ckpt.state.values import NOISE_DF, decay_rss
 
     st = state(base_cfg, (ALIGNED,), update="sgd", learning_rate=0.001)
     x0 = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0]
     assert abs(x0.std() - 0.02) < 0.001
+    st.advance(1)
+    one = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0] - x0
     st.advance(10)
     early = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0] - x0
     st.advance(990)
     x990 = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0]
     st.advance(1000)
     late = floats_of(file_bytes(st, ALIGNED), ALIGNED)[0] - x990
-    rms = np.sqrt(np.mean(early ** 2))
-    assert np.mean(early ** 4) / rms ** 4 > 6  # heavy tails (a normal distribution gives 3)
-    assert np.median(np.abs(early)) < 0.55 * rms  # most steps are small (normal: 0.67)
-    assert abs(rms / (0.001 * 0.02 * decay_rss(0, 10) * np.sqrt(3)) - 1) < 0.15  # t(3) has variance 3
-    expected = decay_rss(990, 1000) / decay_rss(0, 10)
-    assert abs(np.sqrt(np.mean(late ** 2)) / rms / expected - 1) < 0.1
+    rms = lambda d: np.sqrt(np.mean(d ** 2))
+    t_sd = np.sqrt(NOISE_DF / (NOISE_DF - 2))  # a Student-t's standard deviation
+    assert np.mean(one ** 4) / rms(one) ** 4 > 6  # one step: heavy tails (a normal distribution gives 3)
+    assert abs(rms(one) / (0.001 * 0.02 * decay_rss(0, 1) * t_sd) - 1) < 0.1
+    # ten steps add up as a random walk: sqrt(10) times one step (not ten times, not one)
+    assert abs(rms(early) / (0.001 * 0.02 * decay_rss(0, 10) * t_sd) - 1) < 0.1
+    assert np.corrcoef(one, early)[0, 1] > 0.2  # the first step is part of the first ten
+    assert abs(rms(late) / rms(early) / (decay_rss(990, 1000) / decay_rss(0, 10)) - 1) < 0.1
 
 
 def test_trace_holds_the_mlps_parameters_tiled_and_scaled(base_cfg):
@@ -325,3 +329,63 @@ def test_a_256_mib_state_keeps_memory_bounded(tmp_path, model):
     growth = int(result.stdout.split()[-1])
     assert growth < 64 << 20, f"peak RSS grew by {growth >> 20} MiB"
     assert os.listdir(tmp_path) == []
+
+
+# the state at a step is a function of the step ----------------------------------------------
+SCHEDULE_MODELS = [dict(update="sparse", update_chunk_bytes=256, update_fraction=0.05),
+                   dict(update="sparse", update_chunk_bytes=512, update_fraction=0.05, update_moves=0.02),
+                   dict(update="sgd", update_chunk_bytes=64, update_fraction=0.05),
+                   dict(update="trace", update_chunk_bytes=64, update_fraction=0.05)]
+
+
+@pytest.mark.parametrize("kw", SCHEDULE_MODELS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
+def test_the_state_at_a_step_is_the_same_whatever_the_checkpoint_schedule_or_restarts(base_cfg, kw):
+    direct = state(base_cfg, (MIXED,), **kw)
+    direct.advance(20)
+    stepwise = state(base_cfg, (MIXED,), **kw)
+    for step in range(1, 21):
+        stepwise.advance(step)
+    scheduled = state(base_cfg, (MIXED,), **kw)
+    for step in (3, 7, 13, 20):
+        scheduled.advance(step)
+    assert direct.digest(MIXED) == stepwise.digest(MIXED) == scheduled.digest(MIXED)
+    # a restart: the state saved at step 7 loaded into a fresh state, carried on to 20
+    seven = state(base_cfg, (MIXED,), **kw)
+    seven.advance(7)
+    resumed = state(base_cfg, (MIXED,), **kw)
+    resumed.load(MIXED, BytesView(bytearray(file_bytes(seven, MIXED))), 7)
+    resumed.advance(20)
+    assert resumed.digest(MIXED) == direct.digest(MIXED)
+    other_seed = state(base_cfg, (MIXED,), seed=8, **kw)
+    other_seed.advance(20)
+    assert other_seed.digest(MIXED) != direct.digest(MIXED)
+
+
+@pytest.mark.parametrize("model", ["sgd", "trace"])
+def test_a_restored_error_is_carried_on_as_training_would(base_cfg, model):
+    """update(a, b) adds T(b) - T(a) to what the state holds: a lossy restore's error stays."""
+    at_five = state(base_cfg, (ALIGNED,), update=model)
+    at_five.advance(5)
+    saved = np.frombuffer(file_bytes(at_five, ALIGNED), np.float32).copy()
+    saved[100] += np.float32(0.5)
+    resumed = state(base_cfg, (ALIGNED,), update=model)
+    resumed.load(ALIGNED, BytesView(bytearray(saved.tobytes())), 5)
+    resumed.advance(30)
+    direct = state(base_cfg, (ALIGNED,), update=model)
+    direct.advance(30)
+    got = np.frombuffer(file_bytes(resumed, ALIGNED), np.float32)
+    want = np.frombuffer(file_bytes(direct, ALIGNED), np.float32)
+    differs = np.flatnonzero(got != want)
+    assert differs.tolist() == [100] and abs(float(got[100]) - float(want[100]) - 0.5) < 1e-6
+
+
+def test_sparse_changes_grow_with_the_interval(base_cfg):
+    fraction, unit = 0.01, 256
+    for steps in (1, 10, 40):
+        st = state(base_cfg, (ALIGNED,), update="sparse", update_chunk_bytes=unit, update_fraction=fraction)
+        st.advance(100)
+        before = units_of(file_bytes(st, ALIGNED), unit)
+        st.advance(100 + steps)
+        changed = sum(x != y for x, y in zip(before, units_of(file_bytes(st, ALIGNED), unit)))
+        n, p = len(before), 1 - (1 - fraction) ** steps
+        assert abs(changed - n * p) < 5 * (n * p * (1 - p)) ** 0.5 + 1, (steps, changed, n * p)

@@ -50,10 +50,11 @@ def make_encoder(cfg: Any, files: tuple[PlannedFile, ...]) -> Any:
     """The rank's encoder for checkpoint.encoding (None for `full`), over the files it owns."""
     tensors = {pf.relpath: pf.tensors for pf in files}
     if cfg.encoding == "incremental":
-        from dlio_ckpt.codec.incremental import IncrementalEncoder
+        from dlio_ckpt.codec.incremental import IncrementalEncoder, choose_leaf_bytes
 
         inc = cfg.incremental
-        return IncrementalEncoder(inc.chunk_bytes, inc.hash, inc.full_every)
+        leaf = choose_leaf_bytes(inc.chunk_bytes, cfg.update, cfg.update_chunk_bytes)
+        return IncrementalEncoder(leaf, inc.hash, inc.full_every)
     if cfg.encoding == "lossy":
         from dlio_ckpt.codec.lossy import LossyEncoder
         from dlio_ckpt.state.store import ScratchStore
@@ -128,7 +129,7 @@ def tensor_chunks_of(view: Any, pf: PlannedFile, chunk_bytes: int) -> Callable[[
     return chunks
 
 
-SETTING_STATS = ("bits", "mantissa_bits")  # codec stats that echo a setting: never added up
+SETTING_STATS = ("bits", "mantissa_bits", "leaf_bytes")  # codec stats that echo a setting: never added up
 
 
 def merge_stats(stats: list[dict]) -> dict:

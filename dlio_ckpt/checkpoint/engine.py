@@ -108,7 +108,8 @@ class CheckpointEngineImpl:
         if self._state is None:
             from dlio_ckpt.state.rank_state import RankState
 
-            self._state = RankState(self.plan.files_by_rank[self.world.rank], self.cfg, self.config.seed, self.source)
+            self._state = RankState(self.plan.files_by_rank[self.world.rank], self.cfg, self.config.seed, self.source,
+                                    layout=self.plan.files_by_rank)
         return self._state
 
     def use_state(self, state: Any) -> None:

@@ -38,6 +38,19 @@ VERSION = 1
 HEADER = struct.Struct("<2sBBIIIQII")
 assert HEADER.size == 32
 MAX_NODES = (1 << 32) - 1
+DEFAULT_LEAF_BYTES = 64 << 10  # where every element changes (random, sgd, trace): few leaves, little metadata
+MIN_AUTO_LEAF_BYTES = 256  # below this a leaf's digest and tree node (32 bytes) cost more than they save
+
+
+def choose_leaf_bytes(configured: int, update: str, unit_bytes: int) -> int:
+    """The Merkle leaf size: `configured` when set (> 0); else the update unit under `sparse` (a
+    leaf per embedding row: a changed row rewrites its own bytes, not a 64 KiB leaf around it),
+    at least MIN_AUTO_LEAF_BYTES; else DEFAULT_LEAF_BYTES."""
+    if configured > 0:
+        return configured
+    if update == "sparse":
+        return max(unit_bytes, MIN_AUTO_LEAF_BYTES)
+    return DEFAULT_LEAF_BYTES
 COPY_BYTES = 4 << 20  # the decoder's largest single read
 
 
@@ -128,6 +141,7 @@ class IncrementalEncoder:
             "full": previous is None,
             "hash": self.hash_name,
             "leaves": n,
+            "leaf_bytes": chunk,
             "fixed_leaves": labelling.fixed_leaves,
             "first_leaves": labelling.first_leaves,
             "shift_leaves": labelling.shift_leaves,

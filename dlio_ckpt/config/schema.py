@@ -223,12 +223,13 @@ class ModelConfig:
 class IncrementalOptions:
     """checkpoint.incremental.*: the Merkle-tree incremental encoding (Tan et al., ICPP'23)."""
 
-    chunk_bytes: Bytes  # leaf size of the tree; the last chunk of a file may be shorter
+    chunk_bytes: Bytes  # leaf size of the tree (the last chunk of a file may be shorter); 0: chosen from checkpoint.update
     hash: Literal["xxh3_128", "blake3"]
     full_every: int  # every n-th checkpoint is a full one (starts a new chain); 0: only the first
 
     def validate(self, key: str) -> None:
-        require(4096 <= self.chunk_bytes <= 1 << 30, f"{key}chunk_bytes: must be 4KiB to 1GiB (got {self.chunk_bytes})")
+        require(self.chunk_bytes == 0 or 64 <= self.chunk_bytes <= 1 << 30,
+                f"{key}chunk_bytes: must be 64 bytes to 1GiB, or 0 to choose it from checkpoint.update (got {self.chunk_bytes})")
         require(self.full_every >= 0, f"{key}full_every: cannot be negative (got {self.full_every})")
 
 
@@ -294,11 +295,12 @@ class CheckpointConfig:
     num_checkpoints_read: int
     sleep_between_s: float
     drop_caches: bool
-    update: Literal["random", "sparse", "sgd", "trace"]  # how the state evolves between checkpoints (dlio_ckpt/state)
+    update: Literal["random", "sparse", "sgd", "trace", "files"]  # how the state evolves per training step (dlio_ckpt/state)
     update_fraction: float  # sparse: fraction of update chunks that change per training step
-    update_moves: float  # sparse: fraction of update chunks that move to another offset per checkpoint
-    update_chunk_bytes: Bytes  # sparse: the unit that changes or moves
+    update_moves: float  # sparse: fraction of update chunks that move to another offset per training step
+    update_chunk_bytes: Bytes  # sparse: the unit that changes or moves (an embedding row)
     learning_rate: float  # sgd: initial step scale, relative to the weights' magnitude
+    update_files: str  # files: the folder of a training run's saved states (state/trajectory.py)
     state_dir: str  # where a state larger than memory lives (scratch, untraced); empty: the system temp folder
     encoding: Literal["full", "incremental", "lossy"]
     incremental: IncrementalOptions
@@ -313,6 +315,13 @@ class CheckpointConfig:
         require(self.update_chunk_bytes >= 8 and self.update_chunk_bytes % 8 == 0,
                 f"{key}update_chunk_bytes: must be a multiple of 8 bytes (got {self.update_chunk_bytes})")
         require(self.learning_rate > 0, f"{key}learning_rate: must be positive (got {self.learning_rate})")
+        if self.update == "files":
+            from dlio_ckpt.state.trajectory import trajectory_steps
+
+            try:
+                trajectory_steps(self.update_files)
+            except ValueError as exc:
+                require(False, str(exc))  # names checkpoint.update_files and what to do
         require(0 < self.overhead_bound < 1, f"{key}overhead_bound: a fraction of training time, between 0 and 1 (got {self.overhead_bound})")
         for name in ("steps_between_checkpoints", "epochs_between_checkpoints", "checkpoint_after_epoch",
                      "keep_last", "num_checkpoints_write", "num_checkpoints_read"):

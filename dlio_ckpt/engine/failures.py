@@ -107,6 +107,19 @@ def restore_for_restart(ctx: Any, checkpoints: Any) -> Any:
     return checkpoints.restore(load_state=True)
 
 
+def perturb_state(checkpoints: Any, rank: int) -> None:
+    """A test's divergence (DLIO_CKPT_FAULT=resume@<rank>:perturb-state): flip the first byte of the
+    rank's restored state, as a restore that brought back a wrong byte would."""
+    from dlio_ckpt.engine.resume_checks import _state_holder
+
+    holder = _state_holder(checkpoints)
+    files = holder.plan.files_by_rank[rank] if holder is not None else ()
+    if not files:
+        return
+    view = holder.state.view(files[0])
+    view.write_at(0, bytes([bytes(view.read_at(0, 1))[0] ^ 0xFF]))
+
+
 def restored_step(record: Any) -> int:
     """The step training goes on from: the checkpoint's, or 0 when none could be restored."""
     if record is None:

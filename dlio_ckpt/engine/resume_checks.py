@@ -1,18 +1,21 @@
 """Is training after a restart the training an uninterrupted run would have done? (Rojas et al.)
 
-Two witnesses per rank, compared as the run goes:
-- samples: the (file, sample) rows of every step. After a resume they must equal the rows an
-  uninterrupted run reads at that step (the epoch's order rebuilt from the configuration, not from
-  the checkpoint), and a step computed again after a failure must read what it read the first time.
-- state: the xxh3_128 of the rank's logical checkpoint state, taken at every save. The state
-  restored at step r must equal the state saved at step r, and a checkpoint step reached again
-  after a failure must hold the same state as the first time.
-The first mismatch (step, rank, what) is kept; summary.json `resume` reports it.
+The truth is an uninterrupted run computed from the configuration alone, never from what the run
+saved (UninterruptedRun):
+- samples: the (file, sample) rows the uninterrupted run reads at global step s: the epochs'
+  orders rebuilt with the configured shuffle seed, step s located by counting batches from the
+  start (not from the checkpoint's resume point);
+- state: the xxh3_128 of the rank's logical checkpoint state at step s, from a fresh RankState
+  of the same configuration advanced straight to s (the state at a step is a function of the seed
+  and the step: dlio_ckpt/state/models.py), not from the bytes the run saved or restored.
+With failures on (where a restart can happen), the run's rows are compared with the truth at
+every step (so at every step after each restart), its state at every checkpoint and right after
+each restore. The first mismatch (step, rank, what) is kept; summary.json `resume` reports it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import xxhash
@@ -20,67 +23,140 @@ import xxhash
 from dlio_ckpt.plan.resume import batch_digest, order_digest
 
 
-def state_digest(checkpoints: Any) -> str | None:
-    """One digest of this rank's checkpoint state now (its files' digests in plan order), or None
+def _state_holder(checkpoints: Any) -> Any:
+    """The engine that holds the rank's state (multi-level: the levels share the first's), or None
     without an evolving state (checkpointing off)."""
-    plan = getattr(checkpoints, "plan", None)
-    world = getattr(checkpoints, "world", None)
-    engines = getattr(checkpoints, "engines", None)  # multi-level: the levels share one state
+    engines = getattr(checkpoints, "engines", None)
     holder = engines[0] if engines else checkpoints
-    if plan is None or world is None or not hasattr(holder, "state"):
+    if getattr(holder, "plan", None) is None or getattr(holder, "world", None) is None or not hasattr(holder, "state"):
         return None
-    state = holder.state
+    return holder
+
+
+def rank_state_digest(state: Any, files: Any) -> str:
+    """One digest of a rank's state (its files' digests in plan order)."""
     hasher = xxhash.xxh3_128()
-    for pf in plan.files_by_rank[world.rank]:
+    for pf in files:
         hasher.update(f"{pf.relpath}:{state.digest(pf)};".encode())
     return hasher.hexdigest()
 
 
+def state_digest(checkpoints: Any) -> str | None:
+    """One digest of this rank's checkpoint state now, or None without an evolving state."""
+    holder = _state_holder(checkpoints)
+    if holder is None:
+        return None
+    return rank_state_digest(holder.state, holder.plan.files_by_rank[holder.world.rank])
+
+
+def truth_state_factory(checkpoints: Any) -> tuple[Callable[[], Any] | None, tuple]:
+    """A maker of fresh states of this rank's files, configured as the run's, and the files
+    (None, (): no evolving state)."""
+    holder = _state_holder(checkpoints)
+    if holder is None:
+        return None, ()
+    from dlio_ckpt.state.rank_state import RankState
+
+    files = holder.plan.files_by_rank[holder.world.rank]
+    return (lambda: RankState(files, holder.cfg, holder.config.seed, holder.source, layout=holder.plan.files_by_rank)), files
+
+
+class UninterruptedRun:
+    """What an uninterrupted run reads and holds at any global step, from the configuration alone.
+
+    `epoch_plan(epoch)` gives the uninterrupted run's plan of an epoch (the configured shuffle
+    seed); `new_state()` a fresh state (None: no evolving state). Digests are cached per step; the
+    reference state only moves forward, and is rebuilt from step 0 when asked for an earlier step."""
+
+    def __init__(self, epoch_plan: Callable[[int], Any], epochs: int, new_state: Callable[[], Any] | None = None,
+                 files: Any = ()) -> None:
+        self._epoch_plan = epoch_plan
+        self._epochs = epochs
+        self._new_state = new_state
+        self._files = files
+        self._plan: tuple[int, int, Any] | None = None  # (epoch, its first global step, its plan)
+        self._state: Any = None
+        self._digests: dict[int, str] = {}
+
+    def rows(self, step: int) -> np.ndarray | None:
+        """The rows of global step `step` (counted from 1), or None past the last epoch."""
+        epoch, first, plan = self._plan if self._plan is not None and self._plan[1] <= step else (1, 1, None)
+        plan = plan if plan is not None else self._epoch_plan(1)
+        while step >= first + plan.num_batches:
+            if epoch >= self._epochs:
+                return None
+            first += plan.num_batches
+            epoch += 1
+            plan = self._epoch_plan(epoch)
+        self._plan = (epoch, first, plan)
+        return plan.batch(step - first)
+
+    def state_digest(self, step: int) -> str | None:
+        if self._new_state is None:
+            return None
+        if step not in self._digests:
+            if self._state is None or self._state.step > step:
+                if self._state is not None:
+                    self._state.close()
+                self._state = self._new_state()
+            self._state.advance(step)
+            self._digests[step] = rank_state_digest(self._state, self._files)
+        return self._digests[step]
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._state.close()
+            self._state = None
+
+
 class ResumeChecks:
-    def __init__(self, rank: int) -> None:
+    """One rank's witnesses, compared with the truth (an UninterruptedRun; None: nothing compared,
+    as without failures, where the run is the uninterrupted one)."""
+
+    def __init__(self, rank: int, truth: UninterruptedRun | None = None) -> None:
         self.rank = rank
+        self.truth = truth
         self.sample_digests: dict[int, str] = {}
         self.state_digests: dict[int, str] = {}
         self.divergence: dict[str, Any] | None = None
-        self.samples_checked = 0  # steps compared with an uninterrupted run's (resumed or recomputed)
-        self.states_checked = 0  # restored or re-saved states compared with the first time
+        self.samples_checked = 0  # steps compared with the uninterrupted run's
+        self.states_checked = 0  # saved or restored states compared with the uninterrupted run's
         self.restores = 0
 
     def _diverged(self, step: int, what: str, detail: str) -> None:
         if self.divergence is None or step < self.divergence["step"]:
             self.divergence = {"step": step, "rank": self.rank, "what": what, "detail": detail}
 
-    def samples(self, step: int, rows: np.ndarray, reference: np.ndarray | None) -> None:
+    def samples(self, step: int, rows: np.ndarray) -> None:
         digest = batch_digest(rows)
-        if reference is not None:
-            self.samples_checked += 1
-            if batch_digest(reference) != digest:
-                self._diverged(step, "samples", "the batch after the resume differs from the uninterrupted order")
-        earlier = self.sample_digests.get(step)
-        if earlier is not None:
-            self.samples_checked += reference is None
-            if earlier != digest:
-                self._diverged(step, "samples", "the recomputed step read other samples than the first time")
         self.sample_digests[step] = digest
+        if self.truth is None:
+            return
+        self.samples_checked += 1
+        truth = self.truth.rows(step)
+        if truth is None:
+            self._diverged(step, "samples", "the run read a step the uninterrupted run does not have")
+        elif batch_digest(truth) != digest:
+            self._diverged(step, "samples", "the batch differs from the uninterrupted run's at this step")
+
+    def _state(self, step: int, digest: str | None, detail: str) -> None:
+        if digest is None or self.truth is None:
+            return
+        truth = self.truth.state_digest(step)
+        if truth is None:
+            return
+        self.states_checked += 1
+        if truth != digest:
+            self._diverged(step, "state", detail)
 
     def saved_state(self, step: int, digest: str | None) -> None:
-        if digest is None:
-            return
-        earlier = self.state_digests.get(step)
-        if earlier is not None:
-            self.states_checked += 1
-            if earlier != digest:
-                self._diverged(step, "state", "the state saved again at this step differs from the first time")
-        self.state_digests[step] = digest
+        if digest is not None:
+            self.state_digests[step] = digest
+        self._state(step, digest, "the state saved at this step differs from the uninterrupted run's")
 
     def restored_state(self, step: int, digest: str | None) -> None:
         self.restores += 1
-        earlier = self.state_digests.get(step)
-        if digest is None or earlier is None:
-            return
-        self.states_checked += 1
-        if earlier != digest:
-            self._diverged(step, "state", "the restored state differs from the state saved at this step")
+        self._state(step, digest, "the restored state differs from the uninterrupted run's at this step")
 
     def local(self) -> dict[str, Any]:
         return {"divergence": self.divergence, "samples_checked": self.samples_checked,

@@ -28,12 +28,13 @@ from dlio_ckpt.checkpoint.policy import make_policy
 from dlio_ckpt.engine.compute import ComputeModel
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.failures import (FailureInjector, InjectedFailure, RestartExit, drop_state, fail_and_restore,
-                                       mark_note_done, read_resumed_note, restore_for_restart, restored_step,
-                                       write_resume_note)
+                                       mark_note_done, perturb_state, read_resumed_note, restore_for_restart,
+                                       restored_step, write_resume_note)
 from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader, TransferReader
-from dlio_ckpt.engine.resume_checks import ResumeChecks, state_digest
+from dlio_ckpt.engine.resume_checks import ResumeChecks, UninterruptedRun, state_digest, truth_state_factory
 from dlio_ckpt.engine.workers import ProcessReader, workers_fork
 from dlio_ckpt.errors import RunFailure
+from dlio_ckpt.faults import fault_how
 from dlio_ckpt.formats.base import DatasetFormat, FormatOptions
 from dlio_ckpt.metrics.goodput import Ledger
 from dlio_ckpt.metrics.progress import Progress
@@ -173,7 +174,7 @@ class _Training:
             prepare(self.first_plan)
         self.policy = make_policy(checkpoints, world, config)
         self.injector = FailureInjector(FailureSchedule.from_config(config.failures, world.size), world)
-        self.checks = ResumeChecks(world.rank)
+        self.checks = ResumeChecks(world.rank, self.uninterrupted_run() if self.injector.enabled else None)
         self.ledger = self.result.ledger
         self.last_checkpoint_step = -1  # never save a step at or before the one last saved or restored
         self.last_checkpoint_end = 0.0
@@ -186,6 +187,12 @@ class _Training:
             reader = dataclasses.replace(reader, shuffle_seed=seed)
         return plan_epoch(self.plan.train, reader, self.world.rank, self.world.size, epoch, self.sequential,
                           whole_files=self.whole, max_batches=self.max_batches)
+
+    def uninterrupted_run(self) -> UninterruptedRun:
+        """The truth the determinism checks compare with: from the configuration alone."""
+        factory, files = truth_state_factory(self.checkpoints)
+        return UninterruptedRun(lambda epoch: self.epoch_plan(epoch, self.config.reader.shuffle_seed),
+                                self.config.train.epochs, factory, files)
 
     @property
     def tracking(self) -> bool:
@@ -216,6 +223,8 @@ class _Training:
         finally:
             self.progress.close()
             close_reader(self.reader)
+            if self.checks.truth is not None:
+                self.checks.truth.close()
         result = self.result
         result.wall_s = time.perf_counter() - self.start - result.eval_wall_s
         self.ledger.wall_s = self.ledger.carried_wall_s + result.wall_s
@@ -245,8 +254,6 @@ class _Training:
             whole_epoch = self.first_plan if epoch == 1 and seed == config.reader.shuffle_seed else self.epoch_plan(epoch, seed)
             resumed = epoch == point.epoch and point.step_in_epoch > 0
             run_plan = resume_plan(whole_epoch, point) if resumed else whole_epoch
-            # what an uninterrupted run reads in this epoch: the samples after a resume must match it
-            reference = self.epoch_plan(epoch, config.reader.shuffle_seed) if resumed else None
             epoch_step = point.step_in_epoch if resumed else 0
             done = False
             result.au_blocks.start_block()
@@ -271,8 +278,7 @@ class _Training:
                         self.warming = False
                     self.ledger.step(step, seconds, wall)
                     self.policy.step_done(wall, first=index == 0)
-                    self.checks.samples(step, run_plan.batch(index),
-                                        None if reference is None else reference.batch(epoch_step - 1))
+                    self.checks.samples(step, run_plan.batch(index))
                     result.au_blocks.step(now - step_start, seconds)
                     self.progress.advance(1, batch.payload_bytes)
                     event = self.injector.strikes(step, self.elapsed())
@@ -344,8 +350,16 @@ class _Training:
         self.last_checkpoint_step = step if step > 0 else -1
         self.last_checkpoint_end = time.perf_counter()
         self.warming = True
+        fault = fault_how("resume", self.world.rank)
+        if fault == "perturb-state" and step > 0:
+            perturb_state(self.checkpoints, self.world.rank)
         self.checks.restored_state(step, state_digest(self.checkpoints) if step > 0 and self.tracking else None)
-        return self.resume_point(record, step)
+        point = self.resume_point(record, step)
+        if fault == "skip-batch":  # the loader loses one batch: the run reads the next step's samples early
+            batch = self.first_plan.batch_size
+            point = dataclasses.replace(point, step_in_epoch=point.step_in_epoch + 1,
+                                        sample_offset=point.sample_offset + batch)
+        return point
 
     def resume_point(self, record: Any, step: int) -> ResumePoint:
         if step == 0:

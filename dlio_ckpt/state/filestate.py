@@ -57,12 +57,19 @@ class FileState:
     starts: np.ndarray = field(init=False)  # file offset of each tensor, plus the file size at the end
     store: object = None
     step: int = 0
+    exact: bool = False  # the store holds the model's closed form at `step` bit for bit (not a lossy restore's bytes)
+    float_offset: int = 0  # global index of its first float element over the layout (all ranks' files in rank order)
 
     def __post_init__(self) -> None:
         sizes = np.array([t.nbytes for t in self.pf.tensors], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._index = {t.name: i for i, t in enumerate(self.pf.tensors)}
         self._file_key = zlib.crc32(self.pf.relpath.encode())
+
+    @property
+    def file_key(self) -> int:
+        """A hash of the file's path: part of every seed of its draws."""
+        return self._file_key
 
     @property
     def size(self) -> int:

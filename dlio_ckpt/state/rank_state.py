@@ -26,11 +26,21 @@ COPY_CHUNK_BYTES = 4 << 20
 class RankState:
     """The state of `files` (one rank's PlannedFiles) at training step `step`."""
 
-    def __init__(self, files: tuple[PlannedFile, ...], cfg, seed: int, source: ByteSource) -> None:
+    def __init__(self, files: tuple[PlannedFile, ...], cfg, seed: int, source: ByteSource,
+                 layout: tuple[tuple[PlannedFile, ...], ...] | None = None) -> None:
+        """`layout`: every rank's files (the plan's files_by_rank), which places this rank's
+        float elements in the model's global order (`files` replays a trajectory by it); None:
+        this rank's files alone."""
         self.cfg = cfg
         self.step = 0
         self.model = UPDATE_MODELS.load(cfg.update)(cfg, seed, source)
         self._files = {(pf.owner, pf.relpath): FileState(pf, seed) for pf in files}
+        offset = 0
+        for pf in (pf for rank_files in (layout or (files,)) for pf in rank_files):
+            fs = self._files.get((pf.owner, pf.relpath))
+            if fs is not None:
+                fs.float_offset = offset
+            offset += sum(t.numel for t in pf.tensors if t.dtype_bytes > 1)
         self._memory_left = MEMORY_LIMIT_BYTES  # for all files together: many small files must not add up
         self._active: FileState | None = None  # the file read last: the only store keeping a read buffer
 
@@ -102,6 +112,7 @@ class RankState:
             fs.store.write_at(at, piece)
             at += len(piece)
         fs.step = step
+        fs.exact = False  # restored bytes: the next update checks them against the closed form
         self.step = step
 
     def digest(self, pf: PlannedFile) -> str:

@@ -1,11 +1,13 @@
 """Chunk-granular changes to a stored state: which update units change, new contents, moves.
 
 The `sparse` model (and the uint8 tensors under `sgd` and `trace`) change whole units of
-`checkpoint.update_chunk_bytes`. Which units change is drawn as a Bernoulli process with geometric
-gaps (work in proportion to the changes, not to the units), processed block by block: a block is
-read once, its changed units get fresh bytes from the ByteSource pool at a seeded position, the
-float elements they touch are made finite, and it is written back. Memory: one block and one
-batch of unit indices, whatever the state's size.
+`checkpoint.update_chunk_bytes` (rows of an embedding table). Which units change at each training
+step is drawn as a Bernoulli process with geometric gaps, seeded by the step (work in proportion to
+the changes, not to the units); an update over the steps (a, b] gathers every step's changes and
+keeps each unit's last one, so the state at a step is the same whatever steps it went through. The
+changes are processed block by block: a block is read once, its changed units get pool bytes at a
+position hashed from (unit, step of the change), the float elements they touch are made finite,
+and it is written back. Memory: one block plus the indices of the interval's changes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.state.filestate import FileState
 from dlio_ckpt.state.store import ScratchStore
+from dlio_ckpt.state.values import mix64
 
 BLOCK_BYTES = 1 << 20  # read-modify-write granularity (rounded to whole units)
 _BATCH = 1 << 16  # unit indices drawn at a time
@@ -25,77 +28,100 @@ _FIRST = np.zeros(1, dtype=np.int64)  # "the block's first unit"
 
 
 def changed_units(rng: np.random.Generator, count: int, probability: float) -> Iterator[np.ndarray]:
-    """Sorted indices of the units (of `count`) that change, each with `probability`, in batches."""
+    """Sorted indices of the units (of `count`) that change, each with `probability`, in batches
+    (each about the expected count: a step that changes few units draws few numbers)."""
     if count <= 0 or probability <= 0:
         return
     if probability >= 1:
         for first in range(0, count, _BATCH):
             yield np.arange(first, min(count, first + _BATCH), dtype=np.int64)
         return
+    expected = count * probability
+    batch = int(min(_BATCH, expected + 6 * expected**0.5 + 16))
     position = -1
     while True:
-        picks = position + np.cumsum(rng.geometric(probability, size=_BATCH))
+        picks = position + np.cumsum(rng.geometric(probability, size=batch))
         inside = picks[picks < count]
         if len(inside):
             yield inside
-        if len(inside) < _BATCH:
+        if len(inside) < batch:
             return
         position = int(picks[-1])
 
 
-def _by_block(batches: Iterator[np.ndarray], per_block: int) -> Iterator[tuple[int, np.ndarray]]:
-    """(block number, unit indices in it) from sorted batches of unit indices."""
-    pending = np.empty(0, dtype=np.int64)
-    for batch in batches:
-        indices = np.concatenate([pending, batch])
-        cuts = np.flatnonzero(np.diff(indices // per_block)) + 1
-        groups = np.split(indices, cuts)
-        for group in groups[:-1]:
-            yield int(group[0] // per_block), group
-        pending = groups[-1]
-    if len(pending):
-        yield int(pending[0] // per_block), pending
+def step_changes(fs: FileState, count: int, fraction: float, a: int, b: int, purpose: int) -> tuple[np.ndarray, np.ndarray]:
+    """The units (of `count`) that changed in the steps (a, b], sorted, and the last step each
+    changed at. Each step t draws its own changes (seeded by t alone), so the set is the same
+    whatever steps the state was advanced through: the state at a step does not depend on the
+    checkpoint schedule."""
+    units, steps = [], []
+    for t in range(a + 1, b + 1):
+        for batch in changed_units(fs.rng(t - 1, t, purpose), count, fraction):
+            units.append(batch)
+            steps.append(np.full(len(batch), t, dtype=np.int64))
+    if not units:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    units, steps = np.concatenate(units), np.concatenate(steps)
+    if b - a > 1:
+        order = np.lexsort((steps, units))
+        units, steps = units[order], steps[order]
+        last = np.ones(len(units), dtype=bool)
+        last[:-1] = units[1:] != units[:-1]
+        units, steps = units[last], steps[last]
+    return units, steps
 
 
-def rewrite_units(fs: FileState, lo: int, hi: int, unit: int, probability: float, rng: np.random.Generator,
+def unit_keys(fs: FileState, lo: int, units: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """The pool position key of each unit's contents after its change at `steps`: a function of
+    (seed, file, range, unit, step) alone."""
+    return mix64(fs.seed & ((1 << 64) - 1), fs.pf.owner, fs.file_key, lo, units, steps)
+
+
+def rewrite_units(fs: FileState, lo: int, hi: int, unit: int, fraction: float, a: int, b: int, purpose: int,
                   source: ByteSource) -> int:
-    """Give each unit of file bytes [lo, hi) (the last one may be partial) fresh contents with
-    `probability`; return how many changed."""
+    """Every unit of file bytes [lo, hi) (the last one may be partial) that changed in the steps
+    (a, b] (each with `fraction` per step) gets the contents of its last change; return how many
+    changed. A unit's contents after a change at step t depend on (unit, t) alone."""
     count = -(-(hi - lo) // unit)
-    changed = 0
+    units, steps = step_changes(fs, count, fraction, a, b, purpose)
+    if not len(units):
+        return 0
+    keys = unit_keys(fs, lo, units, steps)
     if unit > BLOCK_BYTES:  # a changed unit is rewritten a block at a time: memory stays one block
-        for units in changed_units(rng, count, probability):
-            for index in units.tolist():
-                unit_lo = lo + index * unit
-                unit_hi = min(hi, unit_lo + unit)
-                for at in range(unit_lo, unit_hi, BLOCK_BYTES):
-                    _rewrite_block(fs, at, min(unit_hi, at + BLOCK_BYTES), BLOCK_BYTES, _FIRST, rng, source)
-            changed += len(units)
-        return changed
+        for index, key in zip(units.tolist(), keys.tolist()):
+            unit_lo = lo + index * unit
+            unit_hi = min(hi, unit_lo + unit)
+            for part, at in enumerate(range(unit_lo, unit_hi, BLOCK_BYTES)):
+                block_hi = min(unit_hi, at + BLOCK_BYTES)
+                fresh = source.array(int(mix64(key, part)), block_hi - at)
+                _rewrite_block(fs, at, block_hi, BLOCK_BYTES, _FIRST, fresh[None, :])
+        return len(units)
     per_block = BLOCK_BYTES // unit
-    for block, units in _by_block(changed_units(rng, count, probability), per_block):
+    blocks = units // per_block
+    cuts = np.flatnonzero(np.diff(blocks)) + 1
+    for group, group_keys in zip(np.split(units, cuts), np.split(keys, cuts)):
+        block = int(group[0] // per_block)
         block_lo = lo + block * per_block * unit
-        _rewrite_block(fs, block_lo, min(hi, block_lo + per_block * unit), unit, units - block * per_block, rng, source)
-        changed += len(units)
-    return changed
+        _rewrite_block(fs, block_lo, min(hi, block_lo + per_block * unit), unit, group - block * per_block,
+                       source.rows(group_keys, unit))
+    return len(units)
 
 
-def _rewrite_block(fs: FileState, block_lo: int, block_hi: int, unit: int, local: np.ndarray,
-                   rng: np.random.Generator, source: ByteSource) -> None:
+def _rewrite_block(fs: FileState, block_lo: int, block_hi: int, unit: int, local: np.ndarray, fresh: np.ndarray) -> None:
     """Replace the units `local` (sorted, counted from block_lo; the last may be partial) of file
-    bytes [block_lo, block_hi) with pool bytes from a seeded position, their floats made finite."""
+    bytes [block_lo, block_hi) with the rows of `fresh`, their floats made finite."""
     read_lo, read_hi = max(0, block_lo - _MARGIN), min(fs.size, block_hi + _MARGIN)
     raw = np.frombuffer(fs.store.read_at(read_lo, read_hi - read_lo), dtype=np.uint8).copy()
     touched = np.zeros(len(raw), dtype=bool)
-    fresh = source.array(int(rng.integers(0, 1 << 62)), block_hi - block_lo)
     whole = (block_hi - block_lo) // unit
     inner = slice(block_lo - read_lo, block_lo - read_lo + whole * unit)
-    full = local[local < whole]
-    raw[inner].reshape(whole, unit)[full] = fresh[: whole * unit].reshape(whole, unit)[full]
-    touched[inner].reshape(whole, unit)[full] = True
+    full = local < whole
+    if full.any():
+        raw[inner].reshape(whole, unit)[local[full]] = fresh[full]
+        touched[inner].reshape(whole, unit)[local[full]] = True
     if local[-1] == whole:  # the range's last, partial unit
         tail = slice(inner.stop, block_hi - read_lo)
-        raw[tail] = fresh[whole * unit :]
+        raw[tail] = fresh[-1, : tail.stop - tail.start]
         touched[tail] = True
     fs.make_finite_range(raw, read_lo, touched)
     fs.store.write_at(read_lo, raw)
