@@ -221,6 +221,7 @@ class LossyOptions:
     coder: Literal["huffman", "zstd"]
     full_every: int  # every n-th checkpoint stores the state in full; 0: only the first
     mantissa_bits: int  # 0: buckets are (sign, exponent) as published; m: also the top m mantissa bits
+    half: Literal["float16", "bfloat16"] = "float16"  # what 2-byte float tensors hold: float16 (IEEE) or bfloat16 (the top 16 bits of a float32)
 
     def validate(self, key: str) -> None:
         require(1 <= self.bits <= 8, f"{key}bits: must be 1 to 8 (got {self.bits})")
