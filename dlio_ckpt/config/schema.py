@@ -286,6 +286,7 @@ class CheckpointConfig:
     lossy: LossyOptions
     policy: Literal["fixed", "young_daly", "checkfreq"]  # when to checkpoint (checkpoint/policy.py, docs/failures.md)
     overhead_bound: float  # checkfreq: the blocking overhead the interval is tuned to stay under
+    profile_steps: int  # checkfreq: the probe checkpoint's step; the steps before it (from the 5th) give t_i
     levels: list[LevelConfig]  # multi-level tiers, fastest first (docs/levels.md); empty: one level, the folder above
 
     def validate(self, key: str) -> None:
@@ -295,6 +296,7 @@ class CheckpointConfig:
                 f"{key}update_chunk_bytes: must be a multiple of 8 bytes (got {self.update_chunk_bytes})")
         require(self.learning_rate > 0, f"{key}learning_rate: must be positive (got {self.learning_rate})")
         require(0 < self.overhead_bound < 1, f"{key}overhead_bound: a fraction of training time, between 0 and 1 (got {self.overhead_bound})")
+        require(self.profile_steps >= 2, f"{key}profile_steps: the probe needs at least one timed step before it (got {self.profile_steps})")
         for name in ("steps_between_checkpoints", "epochs_between_checkpoints", "checkpoint_after_epoch",
                      "keep_last", "num_checkpoints_write", "num_checkpoints_read"):
             require(getattr(self, name) >= 0, f"{key}{name}: cannot be negative (got {getattr(self, name)})")
