@@ -34,7 +34,7 @@ def test_surrogate_pick_reaches_98_percent_of_the_exhaustive_optimum_on_held_out
 def test_advise_json_and_plot(tmp_path, capsys):
     run = write_run(tmp_path / "run")
     plot = tmp_path / "out" / "map.png"
-    assert main([str(run), "--json", "--samples", "200", "--intervals", "8", "--plot", str(plot)]) == 0
+    assert main([str(run), "--json", "--surrogate", "--samples", "200", "--intervals", "8", "--plot", str(plot)]) == 0
     doc = json.loads(capsys.readouterr().out)
     best, surrogate, baseline = doc["advice"]["best"], doc["advice"]["surrogate"], doc["advice"]["young_daly[sync/full:local+shared]"]
     assert best["configuration"]["levels"] and best["configuration"]["interval_steps"] >= 1
