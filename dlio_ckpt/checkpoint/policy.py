@@ -9,8 +9,9 @@ policies measure, then decide an interval in steps; they replace the step and se
   warm-up); a probe checkpoint measures the cost: at step PROFILE_STEPS for young_daly, at step
   `checkpoint.profile_steps` (default 100) for checkfreq, whose t_i is then, as published, the
   mean of iterations 5 to 99 (the first four left out; all but the first when the profile is
-  8 steps or fewer). For the probe the persist is waited for, so the full snapshot+persist time
-  t_f is known (async: that wait is blocking time, as in CheckFreq).
+  8 steps or fewer). For young_daly's probe the persist is waited for, so the full
+  snapshot+persist time t_f is known; checkfreq does not wait (synchronous: the save is the
+  persist; async: t_f is read once the next save has waited for the probe's persist).
 - young_daly: C = the mean blocking time of a checkpoint (what training loses), M =
   failures.mtbf_s; both Young's and Daly's intervals are reported and Daly's is used (it is the
   more accurate when C is not tiny against M), in steps of t_i. The interval is derived again
@@ -27,7 +28,7 @@ policies measure, then decide an interval in steps; they replace the step and se
   prediction). While it exceeds the bound k grows by CheckFreq's 2, or by the factor the
   measurement says is missing (k * measured / bound) when that is more, so the bound is met
   after one window rather than after k/2 of them. The bound is the run's, so the policy also
-  keeps a budget: the time the checkpoints have cost so far (the probe's wait included, and each
+  keeps a budget: the time the checkpoints have cost so far (the probe's stall included, and each
   window's time beyond its steps) over the run's time; the next checkpoint waits (`budget_k`
   steps, however small k is) until taking it at the last checkpoint's cost keeps that share
   within the bound. Every number in it is agreed over the ranks, so they wait alike.
@@ -156,6 +157,27 @@ class CheckFreqPolicy(AdaptivePolicy):
         self._extra_s = self._window_s = 0.0  # the run so far: time the checkpoints cost, and all of it
         self._cost_s = 0.0  # what the last checkpoint cost (its window's time beyond the steps)
         self.budget_k = 0  # steps the next checkpoint waits for the run's overhead to stay within the bound
+        self._async = config.checkpoint.strategy == "async"
+        self._pending: Any = None  # async: the probe's record, until its persist time is known
+
+    def probe(self, step: int) -> bool:
+        """Synchronous: the save is the whole persist, nothing to wait for. Async: the probe is not
+        waited for (a wait of t_f, 4-7 % of a 1,000-step run here, is more than the bound allows);
+        its t_f is read when the next save has waited for it (one checkpoint in flight)."""
+        return False
+
+    def checkpoint_done(self, step: int, record: Any, window_s: float) -> None:
+        if self._pending is not None:  # collective on every rank alike: _pending is set on all of them
+            (full,) = self._agreed(self._pending.persist_s)
+            if full > 0:
+                self._pending = None
+                self.full_s = full
+                self.persist_k = checkfreq_k(self.iteration_s, self.stall_s, full)
+                if self.persist_k > (self.interval or 0):
+                    self._set(step, self.persist_k, f"the probe's persist took {full:.3g} s")
+        elif self.interval is None and self._async:
+            self._pending = record  # the probe: its persist time arrives with a later save
+        super().checkpoint_done(step, record, window_s)
 
     def due(self, step: int, epoch: int, epoch_end: bool, trigger_step: int | None = None) -> bool:
         if self.interval is not None and step - self.last_step < self.budget_k:
@@ -175,7 +197,7 @@ class CheckFreqPolicy(AdaptivePolicy):
             reason = "profiled" + (f": k {self.persist_k} -> {self.bound_k} for the bound" if self.bound_k > self.persist_k else "")
             self._set(step, max(self.persist_k, self.bound_k), reason)
             self._cost_s = blocking  # what the next one should cost: its stall
-            self._extra_s, self._window_s = persist, window  # the probe waited for its persist: all of it is overhead
+            self._extra_s, self._window_s = blocking, window
         else:
             overhead = checkfreq_window_overhead(window, self.window_steps, self.iteration_s)
             self.measured_overhead = overhead
