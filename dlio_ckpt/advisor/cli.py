@@ -173,9 +173,9 @@ def advise(args: argparse.Namespace) -> tuple[dict[str, Any], Candidate, Setting
         per_system = 10
         around = [near(systems[i % len(systems)], rng) for i in range(max(1, args.samples // per_system))]
         started = time.perf_counter()
-        X, y = samples(around, per_system, replace(settings, replicates=16), seed=args.seed)
+        X, y, groups = samples(around, per_system, replace(settings, replicates=16), seed=args.seed, with_groups=True)
         sampling_s = time.perf_counter() - started
-        surrogate = train(X, y, seed=args.seed)
+        surrogate = train(X, y, seed=args.seed, groups=groups)  # held out: whole systems
         found = search(surrogate, pool, settings, top=args.top)
         rows["surrogate"] = found.best
         search_doc.update({
