@@ -9,7 +9,13 @@ LossyEncoder / LossyDecoder in this process (one core; numpy does not thread the
   every `--trace-every` SGD steps, when that module is there (26,122 float32: ratio and error
   only, too small to time);
 - `sparse`: the same weights where 1 % of the elements change per checkpoint and the rest stay
-  bit for bit (`never_changed_exact`: whether those that never changed came back exact).
+  bit for bit (`never_changed_exact`: whether those that never changed came back exact);
+- `sgd` held as bfloat16 and as float16 (`half`): each 2-byte format's own ratio and errors.
+
+Beside the file-normalised max_rel_error, the per-element figures: p50 / p99 / max of
+|x - xr| / |x| (codec stats elem_rel_error_*). `chain`: a 100-link chain of a 1 MiB model in 8
+tensors restored (the decoder's cost per link and tensor). `--numpy` runs the numpy reference
+kernels instead of the C loops (codec/lossy_kernels.py).
 
 For each coder (huffman, zstd) and `--bits`: compression ratio (logical / container bytes, the
 header and tables included), kept_fraction (elements with a non-zero index), bits per element,
@@ -41,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from dlio_ckpt.codec import lossy_kernels
 from dlio_ckpt.codec.base import ChainLink
 from dlio_ckpt.codec.lossy import LossyDecoder, LossyEncoder
 from dlio_ckpt.plan.model import TensorSpec
@@ -81,9 +88,9 @@ def trace_states(checkpoints: int, every: int):
 class Chain:
     """One file's chain: containers in memory, restores through the decoder."""
 
-    def __init__(self, bits: int, coder: str, numel: int) -> None:
-        self.tensors = (TensorSpec("weights", numel, 4, "model"),)
-        self.encoder = LossyEncoder(bits, coder, 0, lambda key: self.tensors, lambda size: BytesView(bytearray(size)))
+    def __init__(self, bits: int, coder: str, numel: int, dtype_bytes: int = 4, half: str = "float16") -> None:
+        self.tensors = (TensorSpec("weights", numel, dtype_bytes, "model"),)
+        self.encoder = LossyEncoder(bits, coder, 0, lambda key: self.tensors, lambda size: BytesView(bytearray(size)), half=half)
         self.containers: list[bytes] = []
 
     def write(self, weights: np.ndarray):
@@ -98,10 +105,10 @@ class Chain:
     def restore(self, upto: int) -> tuple[np.ndarray, float]:
         links = [ChainLink(i, len(c), lambda offset, n, d=c: memoryview(d)[offset : offset + n])
                  for i, c in enumerate(self.containers[: upto + 1])]
-        out = bytearray(4 * self.tensors[0].numel)
+        out = bytearray(self.tensors[0].nbytes)
         start = time.process_time()
         LossyDecoder().rebuild(links, BytesView(out))
-        return np.frombuffer(out, dtype=np.float32), time.process_time() - start
+        return np.frombuffer(out, dtype=np.uint8), time.process_time() - start
 
 
 def ratios(name: str, states, bits_list, coders) -> list[dict]:
@@ -117,7 +124,8 @@ def ratios(name: str, states, bits_list, coders) -> list[dict]:
                 if index == 0:
                     continue
                 row = {k: encoded.stats[k] for k in ("compression_ratio", "kept_fraction", "max_rel_error",
-                                                       "rms_rel_error", "error_bound")}
+                                                       "rms_rel_error", "error_bound", "elem_rel_error_p50",
+                                                       "elem_rel_error_p99", "elem_rel_error_max", "elem_zero_changed")}
                 row["bits_per_element"] = 8 * encoded.nbytes / len(weights)
                 row["metadata_bytes"] = encoded.metadata_bytes
                 per.append(row)
@@ -125,6 +133,7 @@ def ratios(name: str, states, bits_list, coders) -> list[dict]:
             # for sparse, whether the elements that never changed came back bit for bit
             restored, _ = chain.restore(len(states) - 1)
             assert xxhash.xxh3_128(restored.tobytes()).hexdigest() == encoded.state_digest
+            restored = restored.view(np.float32)
             err = float(np.abs(weights.astype(np.float64) - restored).max() / np.abs(weights).max())
             assert err <= encoded.stats["error_bound"] and err == per[-1]["max_rel_error"], (err, encoded.stats)
             summary = {
@@ -137,6 +146,9 @@ def ratios(name: str, states, bits_list, coders) -> list[dict]:
                 "max_rel_error_max": max(r["max_rel_error"] for r in per),
                 "rms_rel_error_last": per[-1]["rms_rel_error"],
                 "error_bound_max": max(r["error_bound"] for r in per),
+                "elem_rel_error_p50_max": max(r["elem_rel_error_p50"] for r in per),
+                "elem_rel_error_p99_max": max(r["elem_rel_error_p99"] for r in per),
+                "elem_rel_error_max": max(r["elem_rel_error_max"] for r in per),
                 "per_checkpoint": per,
             }
             if name == "sparse":
@@ -146,7 +158,33 @@ def ratios(name: str, states, bits_list, coders) -> list[dict]:
             rows.append(summary)
             print(f"{name:6s} {coder:7s} bits={bits} ratio {summary['compression_ratio_mean']:8.1f} "
                   f"(min {summary['compression_ratio_min']:.1f}) kept {summary['kept_fraction_mean']:.2e} "
-                  f"max_rel {summary['max_rel_error_max']:.2e} rms_rel {summary['rms_rel_error_last']:.2e}", flush=True)
+                  f"max_rel {summary['max_rel_error_max']:.2e} rms_rel {summary['rms_rel_error_last']:.2e} "
+                  f"per element p50 {summary['elem_rel_error_p50_max']:.2e} p99 {summary['elem_rel_error_p99_max']:.2e} "
+                  f"max {summary['elem_rel_error_max']:.2e}", flush=True)
+    return rows
+
+
+def half_ratios(numel: int, checkpoints: int, bits: int, lr: float, coders) -> list[dict]:
+    """The sgd state held as bfloat16 and as float16 (2-byte tensors, `checkpoint.lossy.half`):
+    each format's own ratio and errors, measured against its own values."""
+    rows = []
+    for half in ("bfloat16", "float16"):
+        fmt = lossy_kernels.float_format(2, half)
+        states = [fmt.from_f64(w.astype(np.float64)) for w in sgd_states(numel, checkpoints, lr)]
+        for coder in coders:
+            chain = Chain(bits, coder, numel, 2, half)
+            per = [chain.write(w.view(np.uint8))[0].stats for w in states][1:]
+            restored, _ = chain.restore(len(states) - 1)
+            x, xr = fmt.to_f64(states[-1].tobytes()), fmt.to_f64(restored.tobytes())
+            assert float(np.abs(x - xr).max() / np.abs(x).max()) <= per[-1]["error_bound"]
+            row = {"half": half, "coder": coder, "bits": bits, "elements": numel,
+                   **{k: max(r[k] for r in per) for k in ("max_rel_error", "error_bound", "elem_rel_error_p50",
+                                                          "elem_rel_error_p99", "elem_rel_error_max")},
+                   "compression_ratio_mean": statistics.fmean(r["compression_ratio"] for r in per)}
+            rows.append(row)
+            print(f"{half:8s} {coder:7s} bits={bits} ratio {row['compression_ratio_mean']:8.1f} max_rel {row['max_rel_error']:.2e} "
+                  f"bound {row['error_bound']:.2e} per element p50 {row['elem_rel_error_p50']:.2e} "
+                  f"p99 {row['elem_rel_error_p99']:.2e}", flush=True)
     return rows
 
 
@@ -174,6 +212,37 @@ def speed(numel: int, bits: int, coders, repeats: int, lr: float) -> list[dict]:
         r = rows[-1]
         print(f"speed  {coder:7s} bits={bits} encode {r['encode_delta_MBps']:.0f} MB/s, decode {r['decode_delta_MBps']:.0f} MB/s "
               f"(full: encode {r['encode_full_MBps']:.0f}, restore {r['restore_full_link_MBps']:.0f} MB/s)", flush=True)
+    return rows
+
+
+def chain_restore(mib: float, ntensors: int, links: int, bits: int, coders, lr: float) -> list[dict]:
+    """Restore of a `links`-link chain of a `mib` MiB float32 model of `ntensors` tensors (CPU s):
+    the decoder's cost per link and per tensor, the issue's 100-link chain of a 1 MiB model."""
+    numel = int(mib * (1 << 20)) // 4
+    sizes = [numel // ntensors] * ntensors
+    sizes[-1] += numel - sum(sizes)
+    tensors = tuple(TensorSpec(f"t{i}", n, 4, "model") for i, n in enumerate(sizes))
+    rows = []
+    for coder in coders:
+        encoder = LossyEncoder(bits, coder, 0, lambda key: tensors, lambda size: BytesView(bytearray(size)))
+        containers, encode_s = [], 0.0
+        for index, weights in enumerate(sgd_states(numel, links, lr, seed=3)):
+            start = time.process_time()
+            encoded = encoder.encode(index, "f", BytesView(weights.view(np.uint8)))
+            containers.append(b"".join(bytes(piece) for piece in encoded.chunks(4 << 20)))
+            encode_s += time.process_time() - start
+        chain = [ChainLink(i, len(c), lambda offset, n, d=c: memoryview(d)[offset : offset + n]) for i, c in enumerate(containers)]
+        out = bytearray(4 * numel)
+        start = time.process_time()
+        LossyDecoder().rebuild(chain, BytesView(out))
+        restore_s = time.process_time() - start
+        assert xxhash.xxh3_128(bytes(out)).hexdigest() == encoded.state_digest
+        rows.append({"coder": coder, "bits": bits, "mib": mib, "tensors": ntensors, "links": links,
+                     "restore_s": restore_s, "restore_ms_per_link_per_tensor": 1e3 * restore_s / links / ntensors,
+                     "encode_MBps": links * 4 * numel / encode_s / 1e6})
+        print(f"chain  {coder:7s} bits={bits} {links} links of a {mib} MiB model in {ntensors} tensors: restore "
+              f"{restore_s:.3f} s ({rows[-1]['restore_ms_per_link_per_tensor']:.2f} ms per link per tensor), "
+              f"encode {rows[-1]['encode_MBps']:.0f} MB/s", flush=True)
     return rows
 
 
@@ -230,13 +299,18 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="sgd: step scale relative to the weights' 0.02")
     parser.add_argument("--trace-every", type=int, default=50, help="trace: SGD steps between checkpoints")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chain-links", type=int, default=100, help="links of the 1 MiB model's chain restored")
+    parser.add_argument("--chain-tensors", type=int, default=8, help="tensors of the 1 MiB model")
     parser.add_argument("--rss-gib", type=float, default=0,
                         help="only measure peak RSS encoding a shard of this many GiB (files in --tmp)")
     parser.add_argument("--rss-child", default="", help=argparse.SUPPRESS)
     parser.add_argument("--tmp", default="", help="folder for --rss-gib's scratch files (default: system temp)")
     parser.add_argument("--quick", action="store_true", help="8 MiB, bits 3, 3 checkpoints, 1 repeat")
+    parser.add_argument("--numpy", action="store_true", help="the numpy reference path, without the C loops (the before)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "lossy_codec.json"))
     args = parser.parse_args()
+    if args.numpy:
+        lossy_kernels._C = None
     if args.quick:
         args.mib, args.bits, args.checkpoints, args.repeats = 8, "3", 3, 1
     if args.rss_child:  # one coder per process, so that ru_maxrss is that coder's alone
@@ -268,6 +342,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "numpy": np.__version__,
                     "platform": platform.platform()},
+        "kernels": "numpy" if lossy_kernels._C is None else "C (codec/_lossy_c.c)",
         "settings": vars(args),
         "ratios": [],
     }
@@ -278,7 +353,9 @@ def main() -> None:
         print("trace: dlio_ckpt/state/mlp_trace.py is not there; skipped")
     else:
         results["ratios"] += ratios("trace", trace, bits_list, coders)
+    results["half"] = half_ratios(numel // 2, args.checkpoints, args.time_bits, args.lr, coders)
     results["speed"] = speed(numel, args.time_bits, coders, args.repeats, args.lr)
+    results["chain"] = chain_restore(1, args.chain_tensors, args.chain_links, args.time_bits, coders, args.lr)
     results["load_average"] = {"before": load_before, "after": os.getloadavg()}
     results["wall_s"] = time.time() - started
     out = Path(args.out)

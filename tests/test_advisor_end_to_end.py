@@ -38,3 +38,17 @@ def test_advice_from_a_real_run_with_failures_and_two_levels(workdir, capsys):
     (system,) = doc["calibration"]["systems"]
     assert system["node_failure_share"] == 1.0 and system["mtbf_s"] == 60.0
     assert 0 < doc["advice"]["best"]["goodput"] <= 1 and doc["search"]["configurations"] == 6 + 6 + 6 * 7
+    # goodput as the run measures it: useful compute over wall, so the simulated iteration share
+    # times the run's compute share of an iteration (useful compute / (steps x iteration time))
+    share = measured["time_accounting"]["useful_compute_s"] / (measured["train"]["steps"] * run["step_s"])
+    assert system["compute_share"] == pytest.approx(min(1.0, share)) and 0 < share < 1
+    best = doc["advice"]["best"]
+    assert best["goodput"] == pytest.approx(best["iteration_goodput"] * system["compute_share"])
+    assert "useful compute / training wall time" in doc["goodput"]
+    # the surrogate is not on the default path: exhaustive simulation decides
+    assert "surrogate" not in doc["advice"] and doc["search"]["decided_by"] == "exhaustive simulation"
+    config = best["configuration"]
+    assert config["interval_min"] == pytest.approx(config["interval_s"] / 60)
+    for name, every in config["every"].items():  # each level written before its next write
+        level = next(lv for lv in run["levels"] if lv["name"] == name)
+        assert config["bandwidth_Bps"][name] == pytest.approx(level["bytes"] / (config["interval_s"] * every))

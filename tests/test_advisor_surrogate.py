@@ -17,10 +17,13 @@ from test_advisor_calibrate import write_run
 def test_surrogate_pick_reaches_98_percent_of_the_exhaustive_optimum_on_held_out_systems():
     base = random_system(np.random.default_rng(3))
     rng = np.random.default_rng(5)
-    X, y = samples([near(base, rng) for _ in range(60)], 10, Settings(replicates=16), seed=1)
-    surrogate = train(X, y, seed=0)
+    X, y, groups = samples([near(base, rng) for _ in range(60)], 10, Settings(replicates=16), seed=1, with_groups=True)
+    assert len(set(groups.tolist())) == 60 and np.array_equal(np.bincount(groups), np.full(60, 10))
+    by_sample = train(X, y, seed=0)
+    surrogate = train(X, y, seed=0, groups=groups)  # held out: 12 whole systems, none of their samples fitted
     assert set(surrogate.errors) == {"gradient_boosting", "neural_network"}
     assert all(e["r2"] > 0.8 for e in surrogate.errors.values()), surrogate.errors
+    assert by_sample.errors != surrogate.errors  # a different split: another held-out set
     held_out = np.random.default_rng(99)  # systems no training sample came from
     settings = Settings(seed=7)
     for _ in range(2):
@@ -34,7 +37,7 @@ def test_surrogate_pick_reaches_98_percent_of_the_exhaustive_optimum_on_held_out
 def test_advise_json_and_plot(tmp_path, capsys):
     run = write_run(tmp_path / "run")
     plot = tmp_path / "out" / "map.png"
-    assert main([str(run), "--json", "--samples", "200", "--intervals", "8", "--plot", str(plot)]) == 0
+    assert main([str(run), "--json", "--surrogate", "--samples", "200", "--intervals", "8", "--plot", str(plot)]) == 0
     doc = json.loads(capsys.readouterr().out)
     best, surrogate, baseline = doc["advice"]["best"], doc["advice"]["surrogate"], doc["advice"]["young_daly[sync/full:local+shared]"]
     assert best["configuration"]["levels"] and best["configuration"]["interval_steps"] >= 1

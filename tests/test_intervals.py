@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from dlio_ckpt.plan.failures import FailureSchedule, failure_time
-from dlio_ckpt.plan.intervals import (checkfreq_k, checkfreq_overhead, checkfreq_retune, daly_interval,
-                                      expected_waste, steps_for, young_interval)
+from dlio_ckpt.plan.intervals import (checkfreq_bound_k, checkfreq_budget_k, checkfreq_k, checkfreq_overhead, checkfreq_retune,
+                                      checkfreq_window_overhead, daly_interval, expected_waste, steps_for,
+                                      young_interval)
 
 
 def test_young_is_sqrt_2cm():
@@ -56,8 +57,22 @@ def test_checkfreq_k():
     assert checkfreq_k(0.1, 0.05, 0.56) == 6  # 4.6 -> 5, 5.1 -> 6
     assert checkfreq_k(0.1, 0.3, 0.3) == 1  # a synchronous checkpoint: nothing to overlap
     assert checkfreq_overhead(0.05, 5, 0.1) == pytest.approx(0.1)
-    assert checkfreq_retune(5, 0.1, 0.05) == 7
+    assert checkfreq_retune(5, 0.055, 0.05) == 7  # CheckFreq's +2 (5 * 0.055 / 0.05 = 5.5 -> 6 is less)
+    assert checkfreq_retune(5, 0.15, 0.05) == 15  # 3x over the bound: 3x the interval, in one window
     assert checkfreq_retune(5, 0.04, 0.05) == 5
+    assert checkfreq_retune(5, math.inf, 0.05) == 7
+
+
+def test_checkfreq_bound_k_and_window_overhead():
+    # a synchronous checkpoint of 0.3 s at t_i = 0.1 s: CheckFreq's k is 1 (predicted 300 %);
+    # within 5 % takes k = 0.3 / (0.05 * 0.1) = 60
+    assert checkfreq_k(0.1, 0.3, 0.3) == 1 and checkfreq_bound_k(0.1, 0.3, 0.05) == 60
+    assert checkfreq_overhead(0.3, 60, 0.1) == pytest.approx(0.05)
+    assert checkfreq_bound_k(0.1, 0.0, 0.05) == 1 and checkfreq_bound_k(0.0, 0.3, 0.05) == 1
+    # 10 steps of 0.1 s took 1.25 s: 0.25 s beyond them, 20 % of the window
+    assert checkfreq_window_overhead(1.25, 10, 0.1) == pytest.approx(0.2)
+    assert checkfreq_window_overhead(0.9, 10, 0.1) == 0.0  # faster than profiled: no overhead
+    assert checkfreq_window_overhead(0.0, 10, 0.1) == 0.0
 
 
 def test_failures_at_steps_in_order():
@@ -83,3 +98,12 @@ def test_failure_counts_follow_the_exponential_law():
     assert 7.0 < counts.var() < 13.5
     # a fixed seed gives a fixed count (what the end-to-end runs rely on)
     assert FailureSchedule((), 30.0, 3, "process", 2).count_before(300.0) == counts[3]
+
+
+def test_checkfreq_budget_waits_until_the_runs_overhead_allows_the_next_checkpoint():
+    # 1 s of 10 s spent on checkpoints, the next costs 0.5 s, bound 5 %: the run must reach
+    # (1 + 0.5) / 0.05 = 30 s including the checkpoint: 19.5 s more of steps, 195 of 0.1 s
+    assert checkfreq_budget_k(1.0, 10.0, 0.5, 0.1, 0.05) == 195
+    assert (1.0 + 0.5) / (10.0 + 195 * 0.1 + 0.5) == pytest.approx(0.05)
+    assert checkfreq_budget_k(0.1, 100.0, 0.1, 0.1, 0.05) == 0  # well within: no wait
+    assert checkfreq_budget_k(1.0, 10.0, 0.5, 0.0, 0.05) == 0

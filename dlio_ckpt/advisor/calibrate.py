@@ -370,7 +370,13 @@ class Calibration:
         # the machine's failures, whatever the runs checkpointed: taken from every run of the folder
         rank_mtbf = [r.mtbf_s * r.world_size for r in self.runs if r.mtbf_s > 0]  # independent failures: M(N) = M(1) / N
         info: dict[str, Any] = {"variant": variant, "world_size": target, "measured_world_sizes": sizes,
-                                "projected": target not in sizes, "assumed": []}
+                                "projected": target not in sizes, "assumed": [],
+                                # measured goodput counts compute only: the simulator's share of wall time in
+                                # surviving iterations times the compute share of an iteration is that figure
+                                "compute_share": float(np.mean([r.compute_share for r in (pooled or runs)])),
+                                "level_bytes": {lv.name: float(np.mean([x.bytes for r in (pooled or runs) for x in r.levels
+                                                                         if x.name == lv.name] or [0.0]))
+                                                for lv in template.levels}}
         if mtbf_s is None:
             if not rank_mtbf:
                 raise UserError("no MTBF: the runs injected no drawn failures (failures.mtbf_s=0); pass --mtbf-s SECONDS, "

@@ -51,7 +51,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("--plot", type=Path, default=None, help=f"goodput map PNG (default without --json: ./{DEFAULT_PLOT})")
     p.add_argument("--no-plot", action="store_true", help="no goodput map (no matplotlib needed)")
-    p.add_argument("--samples", type=int, default=2000, help="simulator samples the surrogate trains on (default 2000)")
+    p.add_argument("--surrogate", action="store_true",
+                   help="also train the learned surrogate and let it rank the configurations (not needed: exhaustive "
+                        "simulation decides in well under a second; docs/advisor.md, 'Surrogate')")
+    p.add_argument("--samples", type=int, default=2000, help="--surrogate: simulator samples it trains on (default 2000)")
     p.add_argument("--intervals", type=int, default=16, help="points of the interval grid per layout (default 16)")
     p.add_argument("--top", type=int, default=5, help="surrogate's best configurations confirmed in the simulator (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the failure draws and the training samples")
@@ -70,6 +73,8 @@ WEIBULL_SHAPES = (0.3, 10.0)
 MAX_MTBF_S = 1e9  # about 32 years: a job's MTBF beyond it has no failures to plan for
 MAX_SEED = 2**63 - 1
 MIN_STEP_S = 1e-7  # a calibrated iteration below it is damage (a simulated job is MTBF / iteration steps long)
+GOODPUT_DEFINITION = ("goodput = useful compute / training wall time, as the runs' summary.json measures it: the simulated "
+                      "share of wall time in surviving iterations x the measured compute share of an iteration")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -109,20 +114,30 @@ def _check_system(system: Any, variant: str, args: argparse.Namespace) -> None:
         raise UserError(f"[{variant}]: the runs' restart overhead is not finite; the runs' summary.json is damaged")
 
 
-def _outcome(o: Outcome) -> dict[str, Any]:
-    """Shares of wall time; none when replicates were stopped unfinished (the goodput is then an upper bound)."""
+def _outcome(o: Outcome, compute_share: float) -> dict[str, Any]:
+    """Shares of wall time; none when replicates were stopped unfinished (the goodput is then an
+    upper bound). `goodput` is the measured runs' figure (summary.json goodput: useful compute over
+    wall time): the simulated share of wall time in surviving iterations (`iteration_goodput`)
+    times the measured compute share of an iteration."""
     whole = not o.censored
-    return {"goodput": o.goodput, "goodput_sd": o.goodput_sd, "failures": o.failures, "censored": o.censored,
+    return {"goodput": o.goodput * compute_share, "iteration_goodput": o.goodput, "compute_share": compute_share,
+            "goodput_sd": o.goodput_sd * compute_share, "failures": o.failures, "censored": o.censored,
             "checkpoint_share": o.checkpoint_s / o.wall_s if whole else None,
             "lost_work_share": o.lost_work_s / o.wall_s if whole else None,
             "restart_share": o.restart_s / o.wall_s if whole else None, "restores_by_level": o.restores_by_level}
 
 
-def _config(c: Candidate) -> dict[str, Any]:
+def _config(c: Candidate, level_bytes: dict[str, float]) -> dict[str, Any]:
+    """The configuration, its interval in steps, seconds and minutes, and per level the write
+    aggregate bandwidth it needs: the level's bytes per checkpoint (all ranks, as measured) over the
+    time between two writes to it (interval x every), so each is written before the next."""
+    interval_s = c.plan.interval_steps * c.system.step_s
+    every = dict(zip((lv.name for lv in c.system.levels), c.plan.every))
     return {"description": c.describe(), "variant": c.variant, "levels": [lv.name for lv in c.system.levels],
-            "interval_steps": c.plan.interval_steps, "interval_s": c.plan.interval_steps * c.system.step_s,
-            "interval_min": c.plan.interval_steps * c.system.step_s / 60.0,
-            "every": dict(zip((lv.name for lv in c.system.levels), c.plan.every))}
+            "interval_steps": c.plan.interval_steps, "interval_s": interval_s, "interval_min": interval_s / 60,
+            "every": every,
+            "bandwidth_Bps": {name: (level_bytes.get(name, 0.0) / (interval_s * e) if interval_s > 0 else None)
+                              for name, e in every.items()}}
 
 
 def advise(args: argparse.Namespace) -> tuple[dict[str, Any], Candidate, Settings]:
@@ -144,35 +159,49 @@ def advise(args: argparse.Namespace) -> tuple[dict[str, Any], Candidate, Setting
     started = time.perf_counter()
     best, best_outcome, _ = exhaustive(pool, settings)
     exhaustive_s = time.perf_counter() - started
-
-    rng = np.random.default_rng(args.seed)
-    per_system = 10
-    around = [near(systems[i % len(systems)], rng) for i in range(max(1, args.samples // per_system))]
-    started = time.perf_counter()
-    X, y = samples(around, per_system, replace(settings, replicates=16), seed=args.seed)
-    sampling_s = time.perf_counter() - started
-    surrogate = train(X, y, seed=args.seed)
-    found = search(surrogate, pool, settings, top=args.top)
+    share = {info["variant"]: info["compute_share"] for info in infos}
+    level_bytes = {info["variant"]: info["level_bytes"] for info in infos}
 
     fresh = replace(settings, seed=settings.seed + 1_000_003, replicates=2 * settings.replicates)
-    rows = {"best": best, "surrogate": found.best}
+    rows = {"best": best}
+    search_doc: dict[str, Any] = {"configurations": len(pool), "exhaustive_s": exhaustive_s, "decided_by": "exhaustive simulation",
+                                  "surrogate": "off (--surrogate trains it: exhaustive simulation is what decides)"}
+    predicted: list[float | None] = [None]
+    found = None
+    if args.surrogate:
+        rng = np.random.default_rng(args.seed)
+        per_system = 10
+        around = [near(systems[i % len(systems)], rng) for i in range(max(1, args.samples // per_system))]
+        started = time.perf_counter()
+        X, y, groups = samples(around, per_system, replace(settings, replicates=16), seed=args.seed, with_groups=True)
+        sampling_s = time.perf_counter() - started
+        surrogate = train(X, y, seed=args.seed, groups=groups)  # held out: whole systems
+        found = search(surrogate, pool, settings, top=args.top)
+        rows["surrogate"] = found.best
+        search_doc.update({
+            "surrogate": "on", "surrogate_s": found.seconds, "surrogate_simulated": found.simulated,
+            "speedup": exhaustive_s / found.seconds if found.seconds else None,
+            "surrogate_over_optimum": found.outcome.goodput / best_outcome.goodput,
+            "training_samples": surrogate.samples, "sampling_s": sampling_s, "training_s": surrogate.train_s,
+            "sampling": f"{len(around)} systems around the calibrated one x {per_system} configurations",
+            "models": surrogate.errors, "model_used": surrogate.chosen})
     rows.update({f"young_daly[{b.variant}]": b for b in baselines})
-    predicted = surrogate.predict(feature_matrix(list(rows.values())))
-    table = {name: {"configuration": _config(c), "predicted_goodput": float(p), "search_goodput":
-                    (best_outcome.goodput if name == "best" else found.outcome.goodput if name == "surrogate" else None),
-                    **_outcome(score(c, fresh))} for (name, c), p in zip(rows.items(), predicted)}
+    if args.surrogate:
+        predicted = [float(p) * share[c.variant] for c, p in zip(rows.values(), surrogate.predict(feature_matrix(list(rows.values()))))]
+    else:
+        predicted = [None] * len(rows)
+    searched = {"best": best_outcome.goodput, "surrogate": found.outcome.goodput if found else None}
+    table = {name: {"configuration": _config(c, level_bytes[c.variant]), "predicted_goodput": p,
+                    "search_goodput": (searched[name] * share[c.variant] if searched.get(name) is not None else None),
+                    **_outcome(score(c, fresh), share[c.variant])} for (name, c), p in zip(rows.items(), predicted)}
+    search_doc["settings"] = {"horizon_mtbf": settings.horizon_mtbf, "replicates": settings.replicates, "seed": settings.seed,
+                              "rescored_with": {"seed": fresh.seed, "replicates": fresh.replicates}}
     doc = {
         "tool": PROG, "tool_version": __version__, "folder": str(args.folder),
+        "goodput": GOODPUT_DEFINITION,
         "calibration": _calibration(calibration, systems, infos),
         "advice": table,
-        "search": {"configurations": len(pool), "exhaustive_s": exhaustive_s, "surrogate_s": found.seconds,
-                   "surrogate_simulated": found.simulated, "speedup": exhaustive_s / found.seconds if found.seconds else None,
-                   "surrogate_over_optimum": found.outcome.goodput / best_outcome.goodput,
-                   "training_samples": surrogate.samples, "sampling_s": sampling_s, "training_s": surrogate.train_s,
-                   "sampling": f"{len(around)} systems around the calibrated one x {per_system} configurations",
-                   "models": surrogate.errors, "model_used": surrogate.chosen,
-                   "settings": {"horizon_mtbf": settings.horizon_mtbf, "replicates": settings.replicates, "seed": settings.seed,
-                                "rescored_with": {"seed": fresh.seed, "replicates": fresh.replicates}}},
+        "search": search_doc,
     }
     return doc, best, settings
 
@@ -199,25 +228,15 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f} %"
 
 
-def checkpoint_bytes(doc: dict[str, Any], configuration: dict[str, Any]) -> float | None:
-    """Bytes one checkpoint of the configuration's first level writes (all ranks), as measured in
-    runs of its variant at the advised world size; None when no such run was measured."""
-    size = next((s["world_size"] for s in doc["calibration"]["systems"] if s["variant"] == configuration["variant"]), None)
-    first = configuration["levels"][0] if configuration["levels"] else None
-    sizes = [lv["bytes"] for r in doc["calibration"]["runs"] if r["variant"] == configuration["variant"]
-             and r["world_size"] == size for lv in r["levels"] if lv["name"] == first and lv["bytes"]]
-    return float(np.mean(sizes)) if sizes else None
-
-
-def interval_text(doc: dict[str, Any], configuration: dict[str, Any]) -> str:
-    """The interval (the description gives it in steps) in wall time, and the mean write rate it
-    asks of the storage: a storage architect sizes bandwidth, not steps."""
-    seconds = configuration["interval_s"]
-    text = f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.3g} s"
-    nbytes = checkpoint_bytes(doc, configuration)
-    if nbytes and seconds > 0:
-        text += f"; {nbytes / (1 << 20):,.1f} MiB per checkpoint: {nbytes / seconds / (1 << 20):,.2f} MiB/s of writes on average"
-    return text
+def _rate(bps: float | None) -> str:
+    """A bandwidth in B/s, in the largest unit under 1,000 of it."""
+    if bps is None:
+        return "-"
+    for unit in ("B/s", "KB/s", "MB/s", "GB/s"):
+        if bps < 1000 or unit == "GB/s":
+            return f"{bps:.3g} {unit}"
+        bps /= 1000
+    return "-"
 
 
 def format_text(doc: dict[str, Any]) -> str:
@@ -233,23 +252,31 @@ def format_text(doc: dict[str, Any]) -> str:
         lines += [f"  fit over ranks, {key}: {text}" for key, text in (s.get("fits") or {}).items()]
         lines += [f"  fit over bytes per rank, {key}: {text}" for key, text in (s.get("size_fits") or {}).items()]
         lines += [f"  assumed: {a}" for a in s["assumed"]]
-    lines += ["", "| | configuration | predicted | simulated (fresh seed) | checkpoint | lost work | restart |",
-              "|---|---|---|---|---|---|---|"]
+        lines.append(f"  compute share of an iteration (measured): {s['compute_share']:.1%}")
+    lines += ["", doc["goodput"] + ".",
+              "| | configuration | interval | bandwidth needed | predicted | goodput (simulated, fresh seed) | checkpoint | lost work | restart |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for name, row in doc["advice"].items():
-        lines.append(f"| {name} | {row['configuration']['description']} ({interval_text(doc, row['configuration'])}) | "
-                     f"{_pct(row['predicted_goodput'])} | "
+        cfg = row["configuration"]
+        bandwidth = ", ".join(f"{lv} {_rate(b)}" for lv, b in cfg["bandwidth_Bps"].items())
+        lines.append(f"| {name} | {cfg['description']} | {cfg['interval_steps']} steps = {cfg['interval_s']:.4g} s = "
+                     f"{cfg['interval_min']:.4g} min | {bandwidth} | {_pct(row['predicted_goodput'])} | "
                      f"{_pct(row['goodput'])} | {_pct(row['checkpoint_share'])} | {_pct(row['lost_work_share'])} | "
                      f"{_pct(row['restart_share'])} |")
     if doc["advice"]["best"]["censored"]:
         lines.append("warning: even the best configuration loses more than 75 % of the time in some replicates "
                      "(stopped unfinished; goodput is an upper bound): the MTBF is too short for these checkpoint costs")
     sr = doc["search"]
-    models = ", ".join(f"{name} MAE {e['mae']:.4f} R2 {e['r2']:.3f}" for name, e in sr["models"].items())
-    lines += ["", f"search: exhaustive simulation of {sr['configurations']} configurations {sr['exhaustive_s']:.2f} s; "
-                  f"surrogate ({sr['model_used']}) ranked them and simulated {sr['surrogate_simulated']} in "
-                  f"{sr['surrogate_s']:.3f} s ({sr['speedup']:.1f}x faster), reaching {sr['surrogate_over_optimum']:.2%} "
-                  f"of the optimum", f"surrogate training (once): {sr['training_samples']} samples ({sr['sampling']}) "
-                  f"simulated in {sr['sampling_s']:.2f} s, both models fitted in {sr['training_s']:.2f} s; held out: {models}"]
+    if sr["surrogate"] == "on":
+        models = ", ".join(f"{name} MAE {e['mae']:.4f} R2 {e['r2']:.3f}" for name, e in sr["models"].items())
+        lines += ["", f"search: exhaustive simulation of {sr['configurations']} configurations {sr['exhaustive_s']:.2f} s "
+                      f"(decides); surrogate ({sr['model_used']}) ranked them and simulated {sr['surrogate_simulated']} in "
+                      f"{sr['surrogate_s']:.3f} s, reaching {sr['surrogate_over_optimum']:.2%} of the optimum",
+                  f"surrogate training: {sr['training_samples']} samples ({sr['sampling']}) simulated in "
+                  f"{sr['sampling_s']:.2f} s, both models fitted in {sr['training_s']:.2f} s; held out: {models}"]
+    else:
+        lines += ["", f"search: exhaustive simulation of {sr['configurations']} configurations in {sr['exhaustive_s']:.2f} s "
+                      f"decides; the surrogate is off (--surrogate)"]
     if doc.get("plot"):
         lines.append(f"plot: {doc['plot']['path']} (goodput over {doc['plot']['x']} and {doc['plot']['y']})")
     notes = doc["calibration"]["notes"]

@@ -53,17 +53,23 @@ def near(system: System, rng: np.random.Generator) -> System:
                    downtime_s=jitter(system.downtime_s) if system.downtime_s > 0 else _log_uniform(rng, 1.0, 60.0))
 
 
-def samples(systems: list[System], per_system: int, settings: Settings, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """`per_system` random candidates of each system, scored in the simulator."""
+def samples(systems: list[System], per_system: int, settings: Settings, seed: int,
+            with_groups: bool = False) -> tuple[np.ndarray, ...]:
+    """`per_system` random candidates of each system, scored in the simulator; with `with_groups`
+    also each sample's system number, so that validation can hold out whole systems."""
     rng = np.random.default_rng(seed)
     chosen: list[Candidate] = []
     goodputs: list[float] = []
+    groups: list[int] = []
     for number, system in enumerate(systems):
         pool = candidates(system)
         trace = replace(settings, seed=settings.seed + number).trace()
         for index in rng.choice(len(pool), size=min(per_system, len(pool)), replace=False):
             chosen.append(pool[int(index)])
             goodputs.append(score(pool[int(index)], settings, trace).goodput)
+            groups.append(number)
+    if with_groups:
+        return feature_matrix(chosen), np.array(goodputs), np.array(groups)
     return feature_matrix(chosen), np.array(goodputs)
 
 
@@ -87,8 +93,10 @@ class Surrogate:
             return self.models[model or self.chosen].predict(X)
 
 
-def train(X: np.ndarray, y: np.ndarray, seed: int = 0, holdout: float = 0.2) -> Surrogate:
-    """Fit boosted trees and a small MLP on (X, y); compare them on a held-out share."""
+def train(X: np.ndarray, y: np.ndarray, seed: int = 0, holdout: float = 0.2, groups: np.ndarray | None = None) -> Surrogate:
+    """Fit boosted trees and a small MLP on (X, y); compare them on a held-out share: of the
+    systems when `groups` (each sample's system) is given, so the error is on systems the models
+    never saw (issue 23: a split by sample lets a system's other samples leak into the fit)."""
     from sklearn.ensemble import HistGradientBoostingRegressor
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPRegressor
@@ -98,16 +106,22 @@ def train(X: np.ndarray, y: np.ndarray, seed: int = 0, holdout: float = 0.2) -> 
 
     with threadpool_limits(1), warnings.catch_warnings():  # one core (see Surrogate.predict)
         warnings.simplefilter("ignore", ConvergenceWarning)  # the held-out error says how well it fitted
-        return _train(X, y, seed, holdout, HistGradientBoostingRegressor, MLPRegressor, make_pipeline, StandardScaler)
+        return _train(X, y, seed, holdout, groups, HistGradientBoostingRegressor, MLPRegressor, make_pipeline, StandardScaler)
 
 
-def _train(X: np.ndarray, y: np.ndarray, seed: int, holdout: float, *sk: Any) -> Surrogate:
+def _train(X: np.ndarray, y: np.ndarray, seed: int, holdout: float, groups: np.ndarray | None, *sk: Any) -> Surrogate:
     HistGradientBoostingRegressor, MLPRegressor, make_pipeline, StandardScaler = sk
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(y))
-    cut = max(1, int(len(y) * holdout))
-    test, fit = order[:cut], order[cut:]
+    if groups is None:
+        order = rng.permutation(len(y))
+        cut = max(1, int(len(y) * holdout))
+        test, fit = order[:cut], order[cut:]
+    else:
+        names = rng.permutation(np.unique(groups))
+        held = names[: max(1, int(len(names) * holdout))]
+        in_test = np.isin(groups, held)
+        test, fit = np.flatnonzero(in_test), np.flatnonzero(~in_test)
     makers = {
         "gradient_boosting": lambda: HistGradientBoostingRegressor(max_iter=200, learning_rate=0.1, random_state=seed),
         "neural_network": lambda: make_pipeline(StandardScaler(), MLPRegressor(

@@ -61,7 +61,8 @@ def make_encoder(cfg: Any, files: tuple[PlannedFile, ...]) -> Any:
 
         lossy = cfg.lossy
         return LossyEncoder(lossy.bits, lossy.coder, lossy.full_every, tensors_of=tensors.__getitem__,
-                            scratch=lambda size: ScratchStore(size, cfg.state_dir), mantissa_bits=lossy.mantissa_bits)
+                            scratch=lambda size: ScratchStore(size, cfg.state_dir), mantissa_bits=lossy.mantissa_bits,
+                            half=lossy.half)
     return None
 
 

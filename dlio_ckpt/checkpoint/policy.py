@@ -6,17 +6,32 @@ policies measure, then decide an interval in steps; they replace the step and se
 
 - Profiling: the iteration time t_i is the mean wall time of a step (compute and waiting for
   data, checkpoints excluded) without the first step after a start or restart (pipeline
-  warm-up); a probe checkpoint at step PROFILE_STEPS (CheckFreq profiles early in the run, then
-  checkpoints) measures the cost. For the probe the persist is waited for, so the full
-  snapshot+persist time t_f is known (async: that wait is blocking time, as in CheckFreq).
+  warm-up); a probe checkpoint measures the cost: at step PROFILE_STEPS for young_daly, at step
+  `checkpoint.profile_steps` (default 100) for checkfreq, whose t_i is then, as published, the
+  mean of iterations 5 to 99 (the first four left out; all but the first when the profile is
+  8 steps or fewer). For young_daly's probe the persist is waited for, so the full
+  snapshot+persist time t_f is known; checkfreq does not wait (synchronous: the save is the
+  persist; async: t_f is read once the next save has waited for the probe's persist).
 - young_daly: C = the mean blocking time of a checkpoint (what training loses), M =
   failures.mtbf_s; both Young's and Daly's intervals are reported and Daly's is used (it is the
   more accurate when C is not tiny against M), in steps of t_i. The interval is derived again
   when the measured C drifts by more than DRIFT from the C it was derived from.
 - checkfreq: stall = the probe's blocking time, t_f = its persist time (from the save call to
-  durable); k = max(ceil((t_f - stall)/t_i), 1); after every later checkpoint the measured
-  overhead (its blocking time over the wall time since the previous checkpoint) is compared with
-  checkpoint.overhead_bound and k += 2 when it exceeds it, as the paper does.
+  durable); CheckFreq's k = max(ceil((t_f - stall)/t_i), 1) (one checkpoint in flight: k steps
+  must cover the persist), raised to ceil(stall / (bound t_i)) when its own predicted overhead
+  stall / (k t_i) would exceed checkpoint.overhead_bound (the published rule starts at k = 1 for
+  a synchronous checkpoint, stall = t_f, and climbs by 2 per checkpoint: 6.4 % over 1,000 steps
+  against a 5 % bound, issue 23). After every later checkpoint the overhead is measured as
+  CheckFreq's monitor does: the window's wall time (end of the previous checkpoint to the end of
+  this one) beyond its steps at the profiled t_i, as a share of the window, so a persist that
+  slows the steps down counts as well as the stall (async measured 3x the stall-only
+  prediction). While it exceeds the bound k grows by CheckFreq's 2, or by the factor the
+  measurement says is missing (k * measured / bound) when that is more, so the bound is met
+  after one window rather than after k/2 of them. The bound is the run's, so the policy also
+  keeps a budget: the time the checkpoints have cost so far (the probe's stall included, and each
+  window's time beyond its steps) over the run's time; the next checkpoint waits (`budget_k`
+  steps, however small k is) until taking it at the last checkpoint's cost keeps that share
+  within the bound. Every number in it is agreed over the ranks, so they wait alike.
 
 Every rank must take the same checkpoints, so every measurement is the maximum over ranks
 (one allgather per checkpoint) and every rank derives the same interval from the same numbers.
@@ -29,10 +44,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dlio_ckpt.plan.intervals import (checkfreq_k, checkfreq_overhead, checkfreq_retune, daly_interval,
-                                      expected_waste, steps_for, young_interval)
+from dlio_ckpt.plan.intervals import (checkfreq_bound_k, checkfreq_budget_k, checkfreq_k, checkfreq_overhead,
+                                      checkfreq_retune, checkfreq_window_overhead, daly_interval, expected_waste,
+                                      steps_for, young_interval)
 
-PROFILE_STEPS = 5  # the probe checkpoint's step (CheckFreq profiles from iteration 5; a tiny run is short)
+PROFILE_STEPS = 5  # young_daly's probe step (a tiny run is short); checkfreq: checkpoint.profile_steps
+WARMUP_STEPS = 4  # checkfreq: iterations 1-4 are not timed (CheckFreq times iterations 5-99)
 DRIFT = 0.25  # young_daly: derive again when the measured cost moves this much from the one in use
 
 
@@ -46,6 +63,7 @@ class AdaptivePolicy:
         self.world = world
         self.config = config
         self.interval: int | None = None  # steps; None while profiling
+        self.profile_steps = PROFILE_STEPS
         self.last_step = 0
         self._step_s: list[float] = []
         self.iteration_s = 0.0
@@ -55,7 +73,7 @@ class AdaptivePolicy:
         if epoch_end or not self.config.checkpoint.enabled:
             return False
         if self.interval is None:  # the probe, once the steps before it are measured (a relaunch measures anew)
-            return len(self._step_s) >= PROFILE_STEPS - 1 and step > self.last_step
+            return len(self._step_s) >= self.profile_steps - 1 and step > self.last_step
         return step - self.last_step >= self.interval
 
     def probe(self, step: int) -> bool:
@@ -79,9 +97,11 @@ class AdaptivePolicy:
 
     def checkpoint_done(self, step: int, record: Any, window_s: float) -> None:
         """Collective: called on every rank after each save."""
+        self.window_steps = step - self.last_step
         self.last_step = step
         blocking, persist, iteration, window = self._agreed(record.blocking_s, max(record.persist_s, record.blocking_s),
-                                                            self._iteration(), window_s)
+                                                            self._iteration() if self.interval is None else self.iteration_s,
+                                                            window_s)
         self.iteration_s = iteration
         self._measured(step, blocking, persist, window)
 
@@ -130,23 +150,71 @@ class CheckFreqPolicy(AdaptivePolicy):
     def __init__(self, checkpoints: Any, world: Any, config: Any) -> None:
         super().__init__(checkpoints, world, config)
         self.bound = config.checkpoint.overhead_bound
+        self.profile_steps = config.checkpoint.profile_steps
         self.stall_s = self.full_s = 0.0
+        self.persist_k = self.bound_k = 0
         self.measured_overhead: float | None = None
+        self._extra_s = self._window_s = 0.0  # the run so far: time the checkpoints cost, and all of it
+        self._cost_s = 0.0  # what the last checkpoint cost (its window's time beyond the steps)
+        self.budget_k = 0  # steps the next checkpoint waits for the run's overhead to stay within the bound
+        self._async = config.checkpoint.strategy == "async"
+        self._pending: Any = None  # async: the probe's record, until its persist time is known
+
+    def probe(self, step: int) -> bool:
+        """Synchronous: the save is the whole persist, nothing to wait for. Async: the probe is not
+        waited for (a wait of t_f, 4-7 % of a 1,000-step run here, is more than the bound allows);
+        its t_f is read when the next save has waited for it (one checkpoint in flight)."""
+        return False
+
+    def checkpoint_done(self, step: int, record: Any, window_s: float) -> None:
+        if self._pending is not None:  # collective on every rank alike: _pending is set on all of them
+            (full,) = self._agreed(self._pending.persist_s)
+            if full > 0:
+                self._pending = None
+                self.full_s = full
+                self.persist_k = checkfreq_k(self.iteration_s, self.stall_s, full)
+                if self.persist_k > (self.interval or 0):
+                    self._set(step, self.persist_k, f"the probe's persist took {full:.3g} s")
+        elif self.interval is None and self._async:
+            self._pending = record  # the probe: its persist time arrives with a later save
+        super().checkpoint_done(step, record, window_s)
+
+    def due(self, step: int, epoch: int, epoch_end: bool, trigger_step: int | None = None) -> bool:
+        if self.interval is not None and step - self.last_step < self.budget_k:
+            return False
+        return super().due(step, epoch, epoch_end, trigger_step)
+
+    def _iteration(self) -> float:
+        """CheckFreq's t_i: the mean of iterations 5 to 99 of the profile (steps 2-4 are warm-up)."""
+        timed = self._step_s[WARMUP_STEPS - 1:] if self.profile_steps > 2 * WARMUP_STEPS else self._step_s
+        return sum(timed) / len(timed) if timed else 0.0
 
     def _measured(self, step: int, blocking: float, persist: float, window: float) -> None:
         if self.interval is None:
             self.stall_s, self.full_s = blocking, persist
-            self._set(step, checkfreq_k(self.iteration_s, self.stall_s, self.full_s), "profiled")
-            return
-        self.measured_overhead = blocking / window if window > 0 else math.inf
-        k = checkfreq_retune(self.interval, self.measured_overhead, self.bound)
-        self._set(step, k, f"overhead {self.measured_overhead:.3f} > {self.bound}")
+            self.persist_k = checkfreq_k(self.iteration_s, self.stall_s, self.full_s)
+            self.bound_k = checkfreq_bound_k(self.iteration_s, self.stall_s, self.bound)
+            reason = "profiled" + (f": k {self.persist_k} -> {self.bound_k} for the bound" if self.bound_k > self.persist_k else "")
+            self._set(step, max(self.persist_k, self.bound_k), reason)
+            self._cost_s = blocking  # what the next one should cost: its stall
+            self._extra_s, self._window_s = blocking, window
+        else:
+            overhead = checkfreq_window_overhead(window, self.window_steps, self.iteration_s)
+            self.measured_overhead = overhead
+            self._cost_s = overhead * window
+            self._extra_s += self._cost_s
+            self._window_s += window
+            self._set(step, checkfreq_retune(self.interval, overhead, self.bound), f"overhead {overhead:.3f} > {self.bound}")
+        self.budget_k = checkfreq_budget_k(self._extra_s, self._window_s, self._cost_s, self.iteration_s, self.bound)
 
     def summary(self) -> dict[str, Any]:
         k = self.interval or 0
         return {"name": self.name, "interval_steps": self.interval, "interval_s": k * self.iteration_s,
                 "iteration_s": self.iteration_s, "stall_s": self.stall_s, "full_s": self.full_s,
+                "profile_steps": self.profile_steps, "persist_k": self.persist_k, "bound_k": self.bound_k,
+                "budget_k": self.budget_k,
                 "overhead_bound": self.bound, "measured_overhead": self.measured_overhead,
+                "monitored_overhead": self._extra_s / self._window_s if self._window_s > 0 else None,  # probe included
                 "predicted_overhead": checkfreq_overhead(self.stall_s, k, self.iteration_s) if k else None,
                 "young_s": None, "daly_s": None, "history": self.history}
 

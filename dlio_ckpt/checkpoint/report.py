@@ -60,7 +60,8 @@ def _codec_figures(rows: list[dict], data_bytes: int) -> dict:
         figures["dedup_ratio"] = ratio
     else:
         figures["compression_ratio"] = ratio
-        for key in ("max_rel_error", "rms_rel_error", "error_bound"):
+        for key in ("max_rel_error", "rms_rel_error", "error_bound", "elem_rel_error_p50", "elem_rel_error_p99",
+                    "elem_rel_error_max"):
             if key in codec:
                 figures[key] = codec[key]
     figures["codec"] = codec  # everything the codec counted (leaf labels, the paper's baselines, ...)
@@ -249,5 +250,7 @@ def encoding_rows(ckpt: dict) -> list[tuple[str, str]]:
     if key == "compression_ratio":
         worst = max(r.get("max_rel_error", 0.0) for r in rows)
         text += f", max relative error {worst:.2e}"
+        if any("elem_rel_error_p99" in r for r in rows):  # |x - xr| / |x| per element, not per file's max|x|
+            text += f" (per element: p99 {max(r.get('elem_rel_error_p99', 0.0) for r in rows):.2e})"
     text += f", encoding {max(r['encode_s_max'] for r in rows):.3f} s at most"
     return [("encoding", text)]

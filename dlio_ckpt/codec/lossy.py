@@ -40,8 +40,9 @@ lower the dropped-bucket term, more mantissa bits lower the kept-bucket term but
 into 2^m buckets, so the 2^bits - 1 kept ones cover fewer binades and the dropped term grows (on
 `sparse` at 8 bits the max error is least near m = 4; benchmarks/README.md).
 
-Float tensors are those of 2 (float16, the bfloat16 stand-in), 4 (float32) and 8 (float64) bytes
-per element; uint8 tensors, and a float tensor whose delta is not finite at some element, are
+Float tensors are those of 2 (IEEE float16, or bfloat16 with `half="bfloat16"`: the top 16 bits
+of a float32, recorded in the tensor header), 4 (float32) and 8 (float64) bytes per element (the
+per-element loops are in lossy_kernels: C where built, else numpy, the same bytes); uint8 tensors, and a float tensor whose delta is not finite at some element, are
 stored raw in that checkpoint (then xr_t = x_t exactly).
 
 Streaming: per tensor, pass 1 reads x and xr_{t-1} segment by segment (`segment_elems` elements)
@@ -64,7 +65,8 @@ Container (little-endian; docs/checkpointing.md "Lossy checkpoints"):
                   index, previous index (-1 for a full one), logical size, tensor count,
                   segment_elems, xxh3_128 of the reconstructed logical bytes
     per tensor    TENSOR_HEADER (32 bytes): mode (0 raw, 1 quantised), dtype bytes, symbols
-                  (kept buckets + 1), fill symbol, lane, element count, body bytes; then the body:
+                  (kept buckets + 1), fill symbol, float format (0 IEEE, 1 bfloat16; 0 in
+                  containers written before it), lane, element count, body bytes; then the body:
       raw         the tensor's bytes
       quantised   representatives (float64 x symbols, index 0 holds -0.0), code lengths
                   (uint8 x symbols, Huffman only), then per segment: payload bytes (uint32),
@@ -86,7 +88,7 @@ import numpy as np
 import xxhash
 import zstandard
 
-from dlio_ckpt.codec import huffman
+from dlio_ckpt.codec import huffman, lossy_kernels
 from dlio_ckpt.codec.base import ChainLink, EncodedFile
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.base import FileView, MutableFileView
@@ -99,7 +101,8 @@ SEGMENT_HEADER = struct.Struct("<I")
 KIND_FULL, KIND_DELTA = 0, 1
 MODE_RAW, MODE_QUANTISED = 0, 1
 CODERS = ("huffman", "zstd")
-FLOAT_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4"), 8: np.dtype("<f8")}
+FLOAT_BYTES = (2, 4, 8)
+FORMAT_IEEE, FORMAT_BFLOAT16 = 0, 1  # TENSOR_HEADER's format field: how a 2-byte tensor's elements are read
 N_BUCKETS = 4096  # mantissa_bits 0: a bucket is the top 12 bits (sign, exponent field) of a float64 delta
 MAX_MANTISSA_BITS = 10  # mantissa bits a bucket may add below the exponent (4096 << 10 buckets)
 DENSE_TABLE_BYTES = 32 << 20  # pass 1 keeps dense per-bucket tables up to this; beyond, only the non-empty buckets
@@ -109,11 +112,12 @@ MAX_LANE = 1 << 16
 ZSTD_LEVEL = 3
 
 
-def apply_delta(previous: np.ndarray, symbols: np.ndarray, representatives: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """xr_t for one segment from xr_{t-1} in float64 (exact for every float dtype): the one
-    formula the encoder and the decoder share, so a restore is bit-identical to what the encoder
-    kept."""
-    return (previous + representatives[symbols]).astype(dtype)
+def apply_delta(previous, symbols: np.ndarray, representatives: np.ndarray, fmt: lossy_kernels.FloatFormat) -> np.ndarray:
+    """xr_t's raw elements for one segment from xr_{t-1}'s raw bytes: the sum in float64 (exact
+    widening for every float format), narrowed back into the format; the one formula the encoder
+    (lossy_kernels.quantise) and the decoder share, so a restore is bit-identical to what the
+    encoder kept."""
+    return lossy_kernels.apply(previous, fmt, symbols, representatives)
 
 
 def index_width(symbols: int) -> int:
@@ -149,12 +153,12 @@ def unpack_indices(data: bytes, n: int, width: int) -> np.ndarray:
     return out.reshape(-1)[:n]
 
 
-def rounding_slack(dtype: np.dtype, largest: float) -> float:
-    """ulp_dtype(M) + 3 ulp_float64(M): what rounding can add to an element's error (the delta,
+def rounding_slack(fmt: lossy_kernels.FloatFormat, largest: float) -> float:
+    """ulp_format(M) + 3 ulp_float64(M): what rounding can add to an element's error (the delta,
     the midpoint and the sum in float64, each within one float64 ulp at M; the cast back into
-    the tensor's dtype within one of its ulps)."""
-    largest = min(largest, float(np.finfo(dtype).max))
-    return float(np.spacing(dtype.type(largest))) + 3 * float(np.spacing(np.float64(largest)))
+    the tensor's format within one of its ulps: bfloat16's two roundings, via float32, stay within
+    half a bfloat16 ulp plus half a float32 one)."""
+    return fmt.spacing(largest) + 3 * float(np.spacing(np.float64(min(largest, float(np.finfo(np.float64).max)))))
 
 
 def n_buckets(mantissa_bits: int) -> int:
@@ -238,21 +242,22 @@ def _read(view: FileView, offset: int, nbytes: int, what: str) -> memoryview:
     return data
 
 
-def _max_abs(values: np.ndarray) -> float:
-    """max |v| without an |v| temporary."""
-    return max(float(values.max()), -float(values.min()))
-
-
 def _offsets(tensors: tuple[TensorSpec, ...]) -> list[int]:
     """Where each tensor starts in the file's logical bytes."""
     return [int(at) for at in np.cumsum([0] + [t.nbytes for t in tensors[:-1]])]
 
 
-def _raw_header(t: TensorSpec) -> bytes:
-    return TENSOR_HEADER.pack(MODE_RAW, t.dtype_bytes, 0, 0, 0, 0, t.numel, t.nbytes)
+def _format_field(t: TensorSpec, half: str) -> int:
+    """TENSOR_HEADER's format field: FORMAT_BFLOAT16 for a 2-byte tensor read as bfloat16, else
+    FORMAT_IEEE (what containers without the field hold: IEEE by element size)."""
+    return FORMAT_BFLOAT16 if t.dtype_bytes == 2 and half == "bfloat16" else FORMAT_IEEE
 
 
-def _full_chunks(header: bytes, tensors: tuple[TensorSpec, ...], xr: FileView, chunk_bytes: int) -> Iterator[memoryview]:
+def _raw_header(t: TensorSpec, half: str) -> bytes:
+    return TENSOR_HEADER.pack(MODE_RAW, t.dtype_bytes, 0, 0, _format_field(t, half), 0, t.numel, t.nbytes)
+
+
+def _full_chunks(header: bytes, tensors: tuple[TensorSpec, ...], xr: FileView, half: str, chunk_bytes: int) -> Iterator[memoryview]:
     """A full container straight from xr (= x_t), in pieces of exactly `chunk_bytes` (the last
     shorter): headers and tensor bytes are copied into fresh buffers, so the small headers never
     become writes of their own."""
@@ -260,7 +265,7 @@ def _full_chunks(header: bytes, tensors: tuple[TensorSpec, ...], xr: FileView, c
     def parts() -> Iterator:
         yield header
         for t, offset in zip(tensors, _offsets(tensors)):
-            yield _raw_header(t)
+            yield _raw_header(t, half)
             for at in range(offset, offset + t.nbytes, chunk_bytes):
                 yield _read(xr, at, min(chunk_bytes, offset + t.nbytes - at), f"tensor {t.name} (reconstructed state)")
 
@@ -305,17 +310,21 @@ class LossyEncoder:
         segment_elems: int = DEFAULT_SEGMENT_ELEMS,
         lane: int = huffman.DEFAULT_LANE,
         mantissa_bits: int = 0,
+        half: str = "float16",
     ) -> None:
         if not 1 <= bits <= 8:
             raise ValueError(f"lossy bits must be 1 to 8 (got {bits})")
         if not 0 <= mantissa_bits <= MAX_MANTISSA_BITS:
             raise ValueError(f"lossy mantissa_bits must be 0 to {MAX_MANTISSA_BITS} (got {mantissa_bits})")
+        if half not in lossy_kernels.HALF_FORMATS:
+            raise ValueError(f"lossy half must be one of {', '.join(lossy_kernels.HALF_FORMATS)} (got {half!r})")
         if coder not in CODERS:
             raise ValueError(f"lossy coder must be one of {', '.join(CODERS)} (got {coder!r})")
         if not 1 <= segment_elems <= MAX_SEGMENT_ELEMS or not 1 <= lane <= MAX_LANE:
             raise ValueError(f"lossy segment_elems must be 1 to {MAX_SEGMENT_ELEMS} and lane 1 to {MAX_LANE}")
         self.bits = bits
         self.mantissa_bits = mantissa_bits
+        self.half = half
         self.coder = coder
         self.full_every = full_every
         self.tensors_of = tensors_of
@@ -368,7 +377,7 @@ class LossyEncoder:
         )
         if full:
             size = FILE_HEADER.size + sum(TENSOR_HEADER.size + t.nbytes for t in tensors)
-            chunks = functools.partial(_full_chunks, header, tensors, chain.xr)
+            chunks = functools.partial(_full_chunks, header, tensors, chain.xr, self.half)
         else:
             size = spool.size
             spool.store.write_at(0, header)
@@ -382,11 +391,16 @@ class LossyEncoder:
             "max_rel_error": run.max_err / run.max_abs_x if run.max_abs_x else 0.0,
             "rms_rel_error": float(np.sqrt(run.sq_err / run.sq_x)) if run.sq_x else 0.0,
             "error_bound": run.bound_abs / run.max_abs_x if run.max_abs_x else 0.0,
+            "elem_rel_error_p50": run.hist.percentile(50),
+            "elem_rel_error_p99": run.hist.percentile(99),
+            "elem_rel_error_max": run.hist.max_rel,
+            "elem_zero_changed": run.hist.zero_changed,
             "kept_fraction": run.kept / run.floats if run.floats and not full else 0.0,
             "chain_length": len(chain.indices),
             "coder": self.coder,
             "bits": self.bits,
             "mantissa_bits": self.mantissa_bits,
+            "half": self.half,
             "full": full,
         }
         return EncodedFile(
@@ -418,34 +432,36 @@ class _EncodeRun:
         self.bound_abs = 0.0
         self.kept = 0  # float elements with a non-zero index
         self.floats = 0
+        self.hist = lossy_kernels.ErrorHistogram()  # per-element relative errors (lossy_kernels)
 
     def tensor(self, t: TensorSpec, offset: int, full: bool) -> None:
-        dtype = FLOAT_DTYPES.get(t.dtype_bytes)
-        self.floats += t.numel if dtype is not None else 0
-        quantiser = None if full or dtype is None else self._pass1(t, offset, dtype)
+        fmt = lossy_kernels.float_format(t.dtype_bytes, self.enc.half)
+        self.floats += t.numel if fmt is not None else 0
+        quantiser = None if full or fmt is None else self._pass1(t, offset, fmt)
         if quantiser is None:
-            self._raw(t, offset, dtype)
+            self._raw(t, offset, fmt)
         else:
-            self._pass2(t, offset, dtype, quantiser)
+            self._pass2(t, offset, fmt, quantiser)
 
-    def _segment(self, t: TensorSpec, offset: int, dtype: np.dtype, start: int, n: int):
+    def _segment(self, t: TensorSpec, offset: int, start: int, n: int):
+        """(offset, x_t's raw bytes, xr_{t-1}'s raw bytes) of one segment."""
         at = offset + start * t.dtype_bytes
         what = f"{self.key} tensor {t.name}"
-        x = np.frombuffer(_read(self.view, at, n * t.dtype_bytes, what), dtype=dtype).astype(np.float64)
-        previous = np.frombuffer(_read(self.xr, at, n * t.dtype_bytes, what + " (reconstructed state)"), dtype=dtype)
-        return at, x, previous.astype(np.float64)
+        x = _read(self.view, at, n * t.dtype_bytes, what)
+        return at, x, _read(self.xr, at, n * t.dtype_bytes, what + " (reconstructed state)")
 
-    def _deltas(self, t: TensorSpec, offset: int, dtype: np.dtype) -> Iterator[np.ndarray | None]:
-        """Pass 1's reads: each segment's float64 delta, or None (and stop) where one is not finite."""
+    def _deltas(self, t: TensorSpec, offset: int, fmt: lossy_kernels.FloatFormat) -> Iterator[np.ndarray | None]:
+        """Pass 1's reads (sparse tables): each segment's float64 delta, or None (and stop) where
+        one is not finite."""
         for start, n in _segments(t.numel, self.enc.segment_elems):
-            _, x, previous = self._segment(t, offset, dtype, start, n)
-            delta = x - previous
+            _, x, previous = self._segment(t, offset, start, n)
+            delta = fmt.to_f64(x) - fmt.to_f64(previous)
             if not np.isfinite(delta).all():
                 yield None
                 return
             yield delta
 
-    def _dense_table(self, t: TensorSpec, offset: int, dtype: np.dtype):
+    def _dense_table(self, t: TensorSpec, offset: int, fmt: lossy_kernels.FloatFormat):
         """Every bucket's count, minimum and maximum delta in dense tables (n_buckets entries each);
         then the non-empty ones: (bucket ids ascending, counts, minima, maxima), or None."""
         m = self.enc.mantissa_bits
@@ -453,24 +469,21 @@ class _EncodeRun:
         counts = np.zeros(nb, dtype=np.int64)
         lo = np.full(nb, np.inf)
         hi = np.full(nb, -np.inf)
-        for delta in self._deltas(t, offset, dtype):
-            if delta is None:
+        for start, n in _segments(t.numel, self.enc.segment_elems):
+            _, x, previous = self._segment(t, offset, start, n)
+            if not lossy_kernels.scan(x, previous, fmt, m, counts, lo, hi):
                 return None  # stored raw this time: LC's buckets need finite deltas
-            ids = bucket_ids(delta, m)
-            counts += np.bincount(ids, minlength=nb)
-            np.minimum.at(lo, ids, delta)
-            np.maximum.at(hi, ids, delta)
         ids = np.flatnonzero(counts)
         return ids, counts[ids], lo[ids], hi[ids]
 
-    def _sparse_table(self, t: TensorSpec, offset: int, dtype: np.dtype):
+    def _sparse_table(self, t: TensorSpec, offset: int, fmt: lossy_kernels.FloatFormat):
         """`_dense_table`'s result, holding only the non-empty buckets (for mantissa_bits whose
         dense tables would pass DENSE_TABLE_BYTES): each segment's buckets by np.unique, merged
         into the running ones."""
         m = self.enc.mantissa_bits
         ids, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         lo, hi = np.empty(0), np.empty(0)
-        for delta in self._deltas(t, offset, dtype):
+        for delta in self._deltas(t, offset, fmt):
             if delta is None:
                 return None
             seg_ids, where = np.unique(bucket_ids(delta, m), return_inverse=True)
@@ -487,10 +500,10 @@ class _EncodeRun:
             np.maximum.at(hi, where, np.concatenate((hi_before, seg_hi)))
         return ids, counts, lo, hi
 
-    def _pass1(self, t: TensorSpec, offset: int, dtype: np.dtype) -> _Quantiser | None:
+    def _pass1(self, t: TensorSpec, offset: int, fmt: lossy_kernels.FloatFormat) -> _Quantiser | None:
         m = self.enc.mantissa_bits
         table = self._dense_table if 24 * n_buckets(m) <= DENSE_TABLE_BYTES else self._sparse_table
-        found = table(t, offset, dtype)
+        found = table(t, offset, fmt)
         if found is None:
             return None
         ids, counts, lo, hi = found
@@ -518,10 +531,10 @@ class _EncodeRun:
             bound_abs=max(half, lost),
         )
 
-    def _raw(self, t: TensorSpec, offset: int, dtype: np.dtype | None) -> None:
+    def _raw(self, t: TensorSpec, offset: int, fmt: lossy_kernels.FloatFormat | None) -> None:
         """The tensor as it is: xr_t = x_t, and into the spool unless the container is streamed."""
         if self.spool is not None:
-            self.spool.append(_raw_header(t))
+            self.spool.append(_raw_header(t, self.enc.half))
         self.metadata += TENSOR_HEADER.size
         step = self.enc.segment_elems * t.dtype_bytes
         for at in range(offset, offset + t.nbytes, step):
@@ -531,12 +544,13 @@ class _EncodeRun:
                 self.spool.append(data)
             self.xr.write_at(at, data)
             self.digest.update(data)
-            if dtype is not None and n:
-                x = np.frombuffer(data, dtype=dtype).astype(np.float64)
+            if fmt is not None and n:
+                x = fmt.to_f64(data)
                 self.max_abs_x = max(self.max_abs_x, float(np.abs(x).max()))
                 self.sq_x += float(np.dot(x, x))
+                self.hist.add_exact(len(x))
 
-    def _pass2(self, t: TensorSpec, offset: int, dtype: np.dtype, q: _Quantiser) -> None:
+    def _pass2(self, t: TensorSpec, offset: int, fmt: lossy_kernels.FloatFormat, q: _Quantiser) -> None:
         huff = self.enc.coder == "huffman"
         nsym = len(q.representatives)
         tables = q.representatives.astype("<f8").tobytes() + (q.lengths.astype(np.uint8).tobytes() if huff else b"")
@@ -547,9 +561,9 @@ class _EncodeRun:
         compressor = None if huff else zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         largest = 0.0  # M of the error bound: max |x_t|, |xr_{t-1}|, |xr_t|
         for start, n in _segments(t.numel, self.enc.segment_elems):
-            at, x, previous = self._segment(t, offset, dtype, start, n)
-            symbols = q.symbol_of_bucket[bucket_ids(x - previous, self.enc.mantissa_bits)]
-            new = apply_delta(previous, symbols, q.representatives, dtype)
+            at, x, previous = self._segment(t, offset, start, n)
+            symbols, new, errors = lossy_kernels.quantise(x, previous, fmt, self.enc.mantissa_bits, q.symbol_of_bucket,
+                                                          q.representatives, self.hist)
             if huff:
                 lane_bits, payload = huffman.encode(symbols, q.lengths, self.enc.lane)
                 if not q.lengths.any():  # one symbol: no bits, and no lanes to describe
@@ -563,22 +577,19 @@ class _EncodeRun:
             meta += len(head)
             self.xr.write_at(at, new)
             self.digest.update(new)
-            new64 = new.astype(np.float64)
-            err = x - new64
-            self.kept += int(np.count_nonzero(symbols))
-            if n:
-                top_x = _max_abs(x)
-                self.max_err = max(self.max_err, _max_abs(err))
-                self.max_abs_x = max(self.max_abs_x, top_x)
-                largest = max(largest, top_x, _max_abs(previous), _max_abs(new64))
-            self.sq_err += float(np.dot(err, err))
-            self.sq_x += float(np.dot(x, x))
+            self.kept += errors.kept
+            self.max_err = max(self.max_err, errors.max_err)
+            self.max_abs_x = max(self.max_abs_x, errors.max_abs_x)
+            largest = max(largest, errors.largest)
+            self.sq_err += errors.sq_err
+            self.sq_x += errors.sq_x
         body = self.spool.size - header_at - TENSOR_HEADER.size
         self.spool.store.write_at(
-            header_at, TENSOR_HEADER.pack(MODE_QUANTISED, t.dtype_bytes, nsym, q.fill, 0, self.enc.lane, t.numel, body)
+            header_at, TENSOR_HEADER.pack(MODE_QUANTISED, t.dtype_bytes, nsym, q.fill, _format_field(t, self.enc.half),
+                                          self.enc.lane, t.numel, body)
         )
         self.metadata += meta
-        self.bound_abs = max(self.bound_abs, q.bound_abs + rounding_slack(dtype, largest))
+        self.bound_abs = max(self.bound_abs, q.bound_abs + rounding_slack(fmt, largest))
 
 
 class LossyDecoder:
@@ -640,7 +651,7 @@ class LossyDecoder:
         offset = 0
         decompressor = zstandard.ZstdDecompressor()
         for number in range(ntensors):
-            mode, dtype_bytes, nsym, fill, _, lane, numel, body = TENSOR_HEADER.unpack(
+            mode, dtype_bytes, nsym, fill, float_format, lane, numel, body = TENSOR_HEADER.unpack(
                 bytes(_read_link(link, pos, TENSOR_HEADER.size))
             )
             pos += TENSOR_HEADER.size
@@ -653,8 +664,10 @@ class LossyDecoder:
                 step = segment_elems * dtype_bytes
                 for at in range(0, body, step):
                     out.write_at(offset + at, _read_link(link, pos + at, min(step, body - at)))
-            elif mode == MODE_QUANTISED and dtype_bytes in FLOAT_DTYPES and 1 <= nsym <= 256 and 1 <= lane <= MAX_LANE:
-                self._quantised(link, pos, end, coder, FLOAT_DTYPES[dtype_bytes], nsym, fill, lane, numel,
+            elif (mode == MODE_QUANTISED and dtype_bytes in FLOAT_BYTES and 1 <= nsym <= 256 and 1 <= lane <= MAX_LANE
+                  and (float_format == FORMAT_IEEE or (float_format == FORMAT_BFLOAT16 and dtype_bytes == 2))):
+                fmt = lossy_kernels.float_format(dtype_bytes, "bfloat16" if float_format == FORMAT_BFLOAT16 else "float16")
+                self._quantised(link, pos, end, coder, fmt, nsym, fill, lane, numel,
                                 segment_elems, offset, out, decompressor)
             else:
                 raise ValueError(f"{where}: tensor {number} has an unknown layout (mode {mode}, {dtype_bytes}-byte elements)")
@@ -664,7 +677,7 @@ class LossyDecoder:
             raise ValueError(f"{where}: the tensors cover {pos} of {link.size} container bytes and {offset} of {out.size} state bytes")
 
     @staticmethod
-    def _quantised(link, pos, end, coder, dtype, nsym, fill, lane, numel, segment_elems, offset, out, decompressor) -> None:
+    def _quantised(link, pos, end, coder, fmt, nsym, fill, lane, numel, segment_elems, offset, out, decompressor) -> None:
         where = f"lossy checkpoint {link.index}"
         huff = coder == "huffman"
         representatives = np.frombuffer(bytes(_read_link(link, pos, 8 * nsym)), dtype="<f8")
@@ -698,9 +711,8 @@ class LossyDecoder:
                 raise ValueError(f"{where}: a segment does not decode: {exc}") from None
             if len(symbols) != n or (n and int(symbols.max()) >= nsym):
                 raise ValueError(f"{where}: a segment decodes to symbols outside its table")
-            at = offset + start * dtype.itemsize
-            previous = np.frombuffer(out.read_at(at, n * dtype.itemsize), dtype=dtype).astype(np.float64)
-            out.write_at(at, apply_delta(previous, symbols, representatives, dtype))
+            at = offset + start * fmt.itemsize
+            out.write_at(at, apply_delta(out.read_at(at, n * fmt.itemsize), symbols, representatives, fmt))
         if pos != end:
             raise ValueError(f"{where}: a quantised tensor's segments end at {pos}, its body at {end}")
 

@@ -241,6 +241,7 @@ class LossyOptions:
     coder: Literal["huffman", "zstd"]
     full_every: int  # every n-th checkpoint stores the state in full; 0: only the first
     mantissa_bits: int  # 0: buckets are (sign, exponent) as published; m: also the top m mantissa bits
+    half: Literal["float16", "bfloat16"] = "float16"  # what 2-byte float tensors hold: float16 (IEEE) or bfloat16 (the top 16 bits of a float32)
 
     def validate(self, key: str) -> None:
         require(1 <= self.bits <= 8, f"{key}bits: must be 1 to 8 (got {self.bits})")
@@ -307,6 +308,7 @@ class CheckpointConfig:
     lossy: LossyOptions
     policy: Literal["fixed", "young_daly", "checkfreq"]  # when to checkpoint (checkpoint/policy.py, docs/failures.md)
     overhead_bound: float  # checkfreq: the blocking overhead the interval is tuned to stay under
+    profile_steps: int  # checkfreq: the probe checkpoint's step; the steps before it (from the 5th) give t_i
     levels: list[LevelConfig]  # multi-level tiers, fastest first (docs/levels.md); empty: one level, the folder above
 
     def validate(self, key: str) -> None:
@@ -323,6 +325,7 @@ class CheckpointConfig:
             except ValueError as exc:
                 require(False, str(exc))  # names checkpoint.update_files and what to do
         require(0 < self.overhead_bound < 1, f"{key}overhead_bound: a fraction of training time, between 0 and 1 (got {self.overhead_bound})")
+        require(self.profile_steps >= 2, f"{key}profile_steps: the probe needs at least one timed step before it (got {self.profile_steps})")
         for name in ("steps_between_checkpoints", "epochs_between_checkpoints", "checkpoint_after_epoch",
                      "keep_last", "num_checkpoints_write", "num_checkpoints_read"):
             require(getattr(self, name) >= 0, f"{key}{name}: cannot be negative (got {getattr(self, name)})")

@@ -64,9 +64,42 @@ def checkfreq_overhead(stall_s: float, k: int, iteration_s: float) -> float:
     return stall_s / (k * iteration_s)
 
 
+def checkfreq_bound_k(iteration_s: float, stall_s: float, bound: float) -> int:
+    """The least k whose predicted overhead stall / (k t_i) is within the bound."""
+    if iteration_s <= 0 or bound <= 0:
+        return 1
+    return max(math.ceil(stall_s / (bound * iteration_s) - 1e-9), 1)
+
+
+def checkfreq_window_overhead(window_s: float, steps: int, iteration_s: float) -> float:
+    """The overhead of one monitored window, as CheckFreq's monitor measures it: the window's wall
+    time beyond its `steps` at the profiled t_i (stall, waits, and steps slowed by a persist), as
+    a share of the window (0 when the steps ran faster than profiled)."""
+    if window_s <= 0:
+        return 0.0
+    return max(0.0, window_s - steps * iteration_s) / window_s
+
+
+def checkfreq_budget_k(spent_s: float, elapsed_s: float, cost_s: float, iteration_s: float, bound: float) -> int:
+    """Steps the next checkpoint must wait so that the run's overhead stays within the bound:
+    the least n with (spent + cost) / (elapsed + n t_i + cost) <= bound, where `spent` is what the
+    checkpoints have cost the run so far over `elapsed` seconds and `cost` what the next one is
+    expected to cost (0 when no wait is needed)."""
+    if iteration_s <= 0 or bound <= 0:
+        return 0
+    need = (spent_s + cost_s) / bound - cost_s - elapsed_s
+    return max(math.ceil(need / iteration_s - 1e-9), 0)
+
+
 def checkfreq_retune(k: int, measured_overhead: float, bound: float) -> int:
-    """CheckFreq's adaptive rule: when the measured overhead exceeds the bound, k += 2."""
-    return k + 2 if measured_overhead > bound else k
+    """CheckFreq's adaptive rule: when the measured overhead exceeds the bound, k += 2; or, when
+    more, the k that the measurement says meets the bound (k * measured / bound: the overhead of
+    a window falls as 1/k), so a prediction off by a factor is corrected in one window."""
+    if measured_overhead <= bound:
+        return k
+    if bound <= 0 or math.isinf(measured_overhead):
+        return k + 2
+    return max(k + 2, math.ceil(k * measured_overhead / bound - 1e-9))
 
 
 def _check(cost_s: float, mtbf_s: float) -> None:
