@@ -92,7 +92,17 @@ def classify(job: Job, data_root: str = "", checkpoint_root: str = "") -> Roles:
     if not checkpoint_root:
         ckpt = [p for p, c in files.items() if c == CHECKPOINT]
         checkpoint_root = os.path.commonpath([os.path.dirname(p) for p in ckpt]) if ckpt else ""
-    return Roles(roles, files, data_root, checkpoint_root)
+    return Roles(_helpers_among_ranks(job, roles, files), files, data_root, checkpoint_root)
+
+
+def _helpers_among_ranks(job: Job, roles: tuple[str, ...], files: dict[str, str]) -> tuple[str, ...]:
+    """A would-be rank that neither read the dataset nor wrote a checkpoint, and whose command line
+    no such rank shares (`uname -p` started by a library, a compiler probe), is a helper."""
+    busy_exes = {p.exe for p, role in zip(job.processes, roles) if role in (RANK, WORKER)
+                 and any(files.get(f.path) in (DATASET, CHECKPOINT) for f in p.files)}
+    worker_parents = {p.exe for p, role in zip(job.processes, roles) if role == WORKER}
+    return tuple(HELPER if role == RANK and p.exe not in busy_exes | worker_parents and busy_exes else role
+                 for p, role in zip(job.processes, roles))
 
 
 def _read_only(used: list[tuple[FileUse, str]]) -> bool:
@@ -129,8 +139,8 @@ def _file_class(path: str, used: list[tuple[FileUse, str]], data_root: str, chec
         return OTHER
     if _under(path, checkpoint_root):
         return CHECKPOINT
-    if _under(path, data_root) and sum(f.bytes_written for f, _ in used) == 0:
-        return DATASET
+    if _under(path, data_root) and sum(f.bytes_written for f, _ in used) == 0 and not os.path.basename(path).startswith("."):
+        return DATASET  # a hidden file beside the data (an owner mark, an index cache) is not a sample file
     if system_file(path):
         return OTHER
     written = sum(f.bytes_written for f, _ in used) > 0

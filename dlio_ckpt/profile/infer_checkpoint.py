@@ -90,8 +90,7 @@ def checkpoint_values(job: Job, roles: Roles, epochs: int, framework: str,
     add(Value("checkpoint.fsync", fsyncs > 0, MEASURED, f"{fsyncs} fsync/fdatasync calls on checkpoint files"))
     add(Value("_comment.checkpoint", _summary(saves, sized, renames, source), MEASURED, "per save"))
     model_yaml = None
-    first = saves[0].files[0][0] if saves else None
-    target = _describable(first, layout) if first else None
+    target = _describable([path for path, _, _ in saves[0].files], layout) if saves else None
     described = on_disk.checkpoint_model(target) if target else None
     if described:
         model_yaml, declared = described
@@ -117,19 +116,22 @@ def _bytes_of(f: FileUse, extra: dict[str, int]) -> tuple[int, str]:
 
 
 def _saves(sized: list[tuple[FileUse, int, int]], reads: list[float]) -> list[Save]:
-    """Files in time order; a new save starts when dataset reads happened since the current save's
-    last close, or after a pause longer than max(0.25 s, half the current save's length)."""
+    """Files in time order; a new save starts when dataset reads happened since the previous file
+    was opened, or after a pause longer than max(0.25 s, half the current save's length)."""
     events = sorted((f.first_open, f.last_close if f.last_close == f.last_close else f.first_open, f.path, rank, b)
                     for f, rank, b in sized if f.first_open == f.first_open and (b or f.reads == 0))
     saves: list[Save] = []
-    end = begin = float("-inf")
+    end = begin = last_open = float("-inf")
     for start, close, path, rank, nbytes in events:
-        read_between = any(end < t < start for t in reads)
+        # from the last open, not the last close: darshan-runtime can date a file fopen()ed by torch.save
+        # closed only when its descriptor is reused (at the next save's open)
+        read_between = any(last_open < t < start for t in reads)
         if not saves or read_between or start - end > max(0.25, 0.5 * (end - begin)):
             saves.append(Save(start, []))
             begin = start
         saves[-1].files.append((path, rank, nbytes))
         end = max(end, close) if saves[-1].files[:-1] else close
+        last_open = start
     return saves
 
 
@@ -144,13 +146,18 @@ def _layout(names: str, framework: str, writers: int) -> tuple[str, str, str]:
     return "raw", "raw", "no framework's file names"
 
 
-def _describable(path: str, layout: str) -> str | None:
+def _describable(paths: list[str], layout: str) -> str | None:
+    """What describe-model reads for the first save: its DCP folder, its TensorFlow ckpt-N prefix,
+    or its (first) file."""
     if layout == "pytorch_dcp":
-        return os.path.dirname(path)
+        return os.path.dirname(paths[0])
     if layout == "tensorflow":
-        match = re.match(r"(.*ckpt-\d+)\.(index|data-.*)$", path)
-        return match.group(1) if match else os.path.dirname(path)
-    return path
+        for path in paths:
+            match = re.match(r"(.*ckpt-\d+)\.index$", path)
+            if match:
+                return match.group(1)
+        return None
+    return paths[0]
 
 
 def _summary(saves: list[Save], sized, renames: int, source: str) -> str:

@@ -48,12 +48,12 @@ class DatasetFacts:
 
 
 def framework_of(job: Job) -> str:
-    """The library a rank imported, from the Python files darshan-runtime saw it open."""
-    seen = {f.path for p in job.processes for f in p.files}
-    joined = "\n".join(seen)
-    if "/tensorflow/" in joined or "/keras/" in joined:
+    """The framework, from the files darshan-runtime saw: its Python package (unless the run
+    excluded the environment's folders), else its checkpoint files' names."""
+    joined = "\n".join({f.path for p in job.processes for f in p.files})
+    if "/tensorflow/" in joined or "/keras/" in joined or re.search(r"\.tempstate\d+|\.data-\d{5}-of-\d{5}", joined):
         return "tensorflow"
-    if "/torch/" in joined:
+    if "/torch/" in joined or re.search(r"\.distcp$|\.pth?$", joined, re.MULTILINE):
         return "torch"
     return "unknown"
 
@@ -65,8 +65,12 @@ def dataset_values(job: Job, roles: Roles, batch_hint: int | None) -> tuple[list
             if roles.files.get(f.path) == DATASET and (f.bytes_read > 0 or f.opens > 0):
                 per_path[f.path].append((f, process, role))
     if not per_path:
+        partial = job.partial
+        hint = (f"; {partial[0][0].name} is partial (darshan-runtime ran out of record memory): rerun with "
+                "DARSHAN_EXCLUDE_DIRS=<the Python environment's prefix>") if partial else \
+            "; give --data-root PATH if the dataset is there"
         raise UserError(f"{job.logs[0]}: no recognisable dataset: no process read a file outside the program's own "
-                        "environment; give --data-root PATH if the dataset is there")
+                        f"environment{hint}")
     paths = sorted(per_path)
     values: list[Value] = []
     add = values.append
@@ -180,8 +184,10 @@ def _batch(hint: int | None, workers: list[Process], roles: Roles, epochs: int) 
     bursts = _burst_size(workers, roles)
     if bursts:
         return bursts, INFERRED, "each worker read the files in bursts of this many (one batch each), DXT times"
-    return DEFAULT_BATCH, ASSUMED, ("the workers' reads show no clear batch boundary (tiny runs prefetch every batch "
-                                    "at once); give --batch-size N")
+    if not workers or all(f.segments is None for p in workers for f in p.files):
+        return DEFAULT_BATCH, ASSUMED, "no worker read times (DXT) to show the batches; give --batch-size N"
+    return DEFAULT_BATCH, ASSUMED, ("the workers' reads show no clear batch boundary (a small run prefetches every "
+                                    "batch at once); give --batch-size N")
 
 
 def _burst_size(workers: list[Process], roles: Roles) -> int | None:

@@ -92,6 +92,8 @@ def _handover(chunk: list[tuple[float, float, int]], files_per_step: float) -> f
     for start, end, index in chunk:
         per_process.setdefault(index, []).append((start, end))
     size = int(round(files_per_step))
+    if size < 1:  # several steps per file: no batch boundary falls between files
+        return 0.0
     gaps = []
     for spans in per_process.values():
         spans.sort()

@@ -149,7 +149,7 @@ def checkpoint_model(path: str) -> tuple[str, int] | None:
     from dlio_ckpt.describe.section import model_section, section_bytes, to_yaml
     from dlio_ckpt.errors import UserError
 
-    if not os.path.exists(path):
+    if not os.path.exists(path) and not os.path.exists(path + ".index"):  # a TensorFlow ckpt-N prefix
         return None
     try:
         listing = read_tensors(path)

@@ -10,7 +10,7 @@ from dlio_ckpt.profile.classify import DATASET, Roles, classify
 from dlio_ckpt.profile.figures import ClassFigures, class_figures
 from dlio_ckpt.profile.infer_checkpoint import CheckpointFacts, checkpoint_values
 from dlio_ckpt.profile.infer_dataset import DatasetFacts, dataset_values
-from dlio_ckpt.profile.infer_timing import timing_values
+from dlio_ckpt.profile.infer_timing import file_reads, timing_values
 from dlio_ckpt.profile.records import Job, load_job
 from dlio_ckpt.profile.values import ASSUMED, Value, assumed
 
@@ -41,8 +41,12 @@ def profile_logs(paths: list[Path], data_root: str = "", checkpoint_root: str = 
                  strace_bytes: dict[str, int] | None = None) -> Profile:
     job = load_job(paths)
     roles = classify(job, data_root, checkpoint_root)
+    busy = [p for p, role in zip(job.processes, roles.processes) if role in ("rank", "worker")]
+    job.source = "DXT" if busy and all(p.dxt for p in busy) else "POSIX counters"  # a helper's log may lack DXT
     values, dataset = dataset_values(job, roles, batch_size)
-    opens = [f.first_open for p in job.processes for f in p.files if roles.files.get(f.path) == DATASET]
+    spans = file_reads(job, roles)  # with DXT: each open's reads; else each file's first open
+    opens = [start for start, _, _ in spans] or [f.first_open for p in job.processes for f in p.files
+                                                 if roles.files.get(f.path) == DATASET]
     ckpt_values, checkpoint = checkpoint_values(job, roles, dataset.epochs, dataset.framework, strace_bytes, opens)
     values += ckpt_values
     timing, compute = timing_values(job, roles, len(dataset.paths), dataset.epochs, dataset.batch_size, dataset.ranks,
@@ -55,6 +59,10 @@ def profile_logs(paths: list[Path], data_root: str = "", checkpoint_root: str = 
     notes = [f"{len(paths)} log(s) of job {job.job_id}: {len(job.processes)} process(es) "
              f"({', '.join(f'{roles.processes.count(r)} {r}' for r in sorted(set(roles.processes)))}); "
              f"read from {job.source}" + ("" if job.source == "DXT" else " (no DXT: no read times per call)")]
+    for log, modules in job.partial:
+        notes.append(f"{log.name}: darshan-runtime ran out of record memory ({', '.join(modules)} partial): files this "
+                     f"process opened later are missing; rerun with DARSHAN_EXCLUDE_DIRS=<the Python environment's "
+                     f"prefix> (or a larger DARSHAN_MODMEM, MiB) so that the interpreter's own files leave room")
     if checkpoint.bytes_source not in ("log",):
         notes.append(f"checkpoint bytes: darshan-runtime counted none for some checkpoint files (torch.save writes "
                      f"with writev on an fopen()ed descriptor); taken from: {checkpoint.bytes_source}")

@@ -59,6 +59,8 @@ class Process:
     start: float
     end: float
     files: list[FileUse]
+    partial: tuple[str, ...] = ()  # modules whose record memory ran out in this log (later files are missing)
+    dxt: bool = False  # the log has DXT_POSIX traces
 
     @property
     def label(self) -> str:
@@ -69,9 +71,18 @@ class Process:
 class Job:
     processes: list[Process]
     job_id: int
-    source: str  # "DXT" (every process had DXT_POSIX) or "POSIX counters" (some or none had)
+    source: str  # "DXT" (every log had DXT_POSIX) or "POSIX counters"; profile.py narrows it to the I/O's processes
     nprocs: int  # MPI ranks of the log (1 for per-process logs)
     logs: list[Path]
+
+    @property
+    def partial(self) -> list[tuple[Path, tuple[str, ...]]]:
+        """Logs whose runtime ran out of record memory: (log, modules), once per log."""
+        seen: dict[Path, tuple[str, ...]] = {}
+        for p in self.processes:
+            if p.partial:
+                seen[p.log] = p.partial
+        return list(seen.items())
 
 
 def load_job(paths: list[Path]) -> Job:
@@ -79,22 +90,40 @@ def load_job(paths: list[Path]) -> Job:
     from dlio_ckpt.analysis.darshan_logs import group_by_job, load_logs
 
     logs = load_logs(paths)
-    groups = group_by_job(logs)
-    if len(groups) > 1:
-        first, other = groups[0][0], groups[1][0]
-        raise UserError(f"{other.path}: belongs to job {other.job_key[0]} (uid {other.job_key[1]}), but "
-                        f"{first.path} to job {first.job_key[0]}; give the logs of one run only")
+    groups = _one_run(group_by_job(logs))
     processes: list[Process] = []
     all_dxt = True
     for log in groups[0]:
         per_rank = _log_files(log)
         all_dxt &= "DXT_POSIX" in log.report.modules
         exe = str(log.report.metadata.get("exe", "")).strip()
+        partial = tuple(m for m, info in log.report.modules.items() if info.get("partial_flag"))
         for rank in sorted(per_rank):
-            processes.append(Process(log.path, log.pid, rank, exe, log.start, log.end, list(per_rank[rank].values())))
+            processes.append(Process(log.path, log.pid, rank, exe, log.start, log.end, list(per_rank[rank].values()),
+                                     partial, "DXT_POSIX" in log.report.modules))
     nprocs = max(int(log.job["nprocs"]) for log in groups[0])
     return Job(processes, groups[0][0].job_key[0], "DXT" if all_dxt else "POSIX counters", nprocs,
                [log.path for log in groups[0]])
+
+
+def _one_run(groups: list[list]) -> list[list]:
+    """The job ids' groups as one run, or UserError naming a log of another run.
+
+    In non-MPI mode a process started by exec (torchrun's ranks, a shell's children) takes its own
+    pid as job id unless a scheduler gives one, so one run can hold several job ids; they are one
+    run when they belong to one user and each group's time span overlaps the run's so far. A group
+    that starts after the others ended, or another user's, is another run."""
+    run = list(groups[0])
+    start, end = min(lg.start for lg in run), max(lg.end for lg in run)
+    for group in groups[1:]:
+        g_start, g_end = min(lg.start for lg in group), max(lg.end for lg in group)
+        first, other = run[0], group[0]
+        if other.job_key[1] != first.job_key[1] or g_start > end or g_end < start:
+            raise UserError(f"{other.path}: belongs to job {other.job_key[0]} (uid {other.job_key[1]}), which did not "
+                            f"run beside job {first.job_key[0]} of {first.path}; give the logs of one run only")
+        run += group
+        start, end = min(start, g_start), max(end, g_end)
+    return [sorted(run, key=lambda lg: (lg.start, lg.pid or 0, str(lg.path)))]
 
 
 def _log_files(log) -> dict[int, dict[str, FileUse]]:
