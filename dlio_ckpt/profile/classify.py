@@ -92,6 +92,9 @@ def classify(job: Job, data_root: str = "", checkpoint_root: str = "") -> Roles:
     if not checkpoint_root:
         ckpt = [p for p, c in files.items() if c == CHECKPOINT]
         checkpoint_root = os.path.commonpath([os.path.dirname(p) for p in ckpt]) if ckpt else ""
+        for path in files:  # what the framework reads back under it (TensorFlow merges its part index)
+            if files[path] == OTHER and _under(path, checkpoint_root) and not system_file(path):
+                files[path] = CHECKPOINT
     return Roles(_helpers_among_ranks(job, roles, files), files, data_root, checkpoint_root)
 
 

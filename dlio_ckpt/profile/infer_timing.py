@@ -7,9 +7,9 @@ file` files; step k's batch is ready when its last file's last read ended. The e
 next checkpoint save starts (or the next epoch's first read). The compute per step c is then the
 one value for which a loop that starts at the first batch, takes max(previous + c, ready) for each
 next step and computes c after the last, ends exactly at the epoch's end (found by bisection: the
-end grows with c). A batch reaches the loop a worker's hand-over time after its reads end (the gap
-between a worker's batches), and a loop over per-epoch DataLoader workers ends when they are told to
-quit (their processes' ends), before the save begins. Data waits (a batch not ready) are thus kept out of c, as docs/fidelity.md
+end grows with c). A worker's batch reaches the loop a hand-over after its reads end (twice the
+pause between that worker's batches: its send and the loop's receive), and a loop over per-epoch
+DataLoader workers ends when they are told to quit (their processes' ends), before the save begins. Data waits (a batch not ready) are thus kept out of c, as docs/fidelity.md
 defines computation_time. The median over the epochs that end in a save (or all, if none) is taken.
 
 Without DXT there are no read times per batch: the value is left at its default and named.
@@ -52,12 +52,12 @@ def file_reads(job: Job, roles: Roles) -> list[tuple[float, float, int]]:
     return sorted(out)
 
 
-def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: int, files_per_step: float,
-                     save_starts: list[float], exits: dict[int, float]) -> tuple[float, list[float]] | None:
+def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: int, files_per_batch: float,
+                     ranks: int, save_starts: list[float], exits: dict[int, float]) -> tuple[float, list[float]] | None:
     """The median compute per step over the epochs, and each epoch's value; None when unknown.
-    `exits`: when each data-loader worker process ended (a DataLoader shuts its workers down as the
-    epoch's loop ends, before the save), by process index."""
-    if not reads or files_per_step <= 0 or len(reads) < files * epochs:
+    `files_per_batch`: dataset files per rank per step; `exits`: when each data-loader worker process
+    ended (a DataLoader shuts its workers down as the epoch's loop ends, before the save), by index."""
+    if not reads or files_per_batch <= 0 or len(reads) < files * epochs:
         return None
     per_epoch: list[float] = []
     ends_in_save: list[bool] = []
@@ -72,11 +72,7 @@ def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: 
         end = min([end, *quitting])
         if not math.isfinite(end) or end <= first_read:
             continue
-        ready = np.sort(np.array([end_t for _, end_t, _ in chunk]))
-        steps = max(1, math.ceil(len(ready) / files_per_step))
-        step_ready = [ready[min(len(ready), math.ceil((k + 1) * files_per_step)) - 1] + _handover(chunk, files_per_step)
-                      for k in range(steps)]
-        per_epoch.append(_solve(step_ready, end))
+        per_epoch.append(_solve(_step_ready(chunk, files_per_batch, ranks), end))
         ends_in_save.append(bool(saves))
     if not per_epoch:
         return None
@@ -84,21 +80,45 @@ def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: 
     return statistics.median(chosen), per_epoch
 
 
-def _handover(chunk: list[tuple[float, float, int]], files_per_step: float) -> float:
-    """How long a worker takes from its batch's last read to its next batch's first read (collate
-    and send): the batch reaches the loop that much after its reads end. Median over the workers'
-    batch boundaries; 0 when the reads were not made by worker processes in whole batches."""
+def _step_ready(chunk: list[tuple[float, float, int]], files_per_batch: float, ranks: int) -> list[float]:
+    """When each step's batches reached the loop. Worker processes (whole files per batch, several
+    processes): each worker's files in read order make its batches, handed out round-robin (a
+    DataLoader delivers in order), a batch arriving a hand-over after its last read; a step waits for
+    one batch per rank. Otherwise (the ranks or tf.data's threads read): the files in the order their
+    reads ended, `files_per_batch x ranks` per step."""
     per_process: dict[int, list[tuple[float, float]]] = {}
     for start, end, index in chunk:
         per_process.setdefault(index, []).append((start, end))
-    size = int(round(files_per_step))
-    if size < 1:  # several steps per file: no batch boundary falls between files
-        return 0.0
+    size = int(round(files_per_batch))
+    if size >= 1 and abs(size - files_per_batch) < 1e-9 and len(per_process) > ranks:
+        handover = _handover(per_process, size)
+        queues = []
+        for spans in sorted(per_process.values(), key=lambda sp: min(sp)[0]):
+            spans.sort()
+            queues.append([max(end for _, end in spans[k:k + size]) + handover for k in range(0, len(spans), size)])
+        batches = []
+        while any(queues):
+            for queue in queues:
+                if queue:
+                    batches.append(queue.pop(0))
+        return [max(batches[k:k + ranks]) for k in range(0, len(batches), ranks)]
+    ready = np.sort(np.array([end_t for _, end_t, _ in chunk]))
+    per_step = files_per_batch * ranks
+    steps = max(1, math.ceil(len(ready) / per_step))
+    return [float(ready[min(len(ready), math.ceil((k + 1) * per_step)) - 1]) for k in range(steps)]
+
+
+def _handover(per_process: dict[int, list[tuple[float, float]]], size: int) -> float:
+    """How long after its last read a worker's batch reaches the loop: twice the worker's pause
+    between its batches (median over the boundaries). The pause is the worker's side (collate, put the
+    tensors in shared memory); the loop's side (receive the descriptors, rebuild the tensors) is not in
+    the log and took about as long: in pytorch_cnn.py, timed with its loop's own clock beside the DXT
+    times, the first batch of an epoch reached the loop 1.7x and 1.9x the pause after its reads.""" 
     gaps = []
     for spans in per_process.values():
-        spans.sort()
+        spans = sorted(spans)
         gaps += [max(spans[k][0] - spans[k - 1][1], 0.0) for k in range(size, len(spans), size)]
-    return statistics.median(gaps) if gaps and len(per_process) < len(chunk) else 0.0
+    return 2 * statistics.median(gaps) if gaps else 0.0
 
 
 def _solve(ready: list[float], end: float) -> float:
@@ -126,9 +146,9 @@ def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, r
     if not reads:
         return [assumed("train.computation_time", 0.0, f"no DXT read times in the logs ({job.source}): "
                         "run with DXT_ENABLE_IO_TRACE=1 to infer it")], None
-    per_step_files = batch * ranks / max(samples_per_file, 1)
+    files_per_batch = batch / max(samples_per_file, 1)
     exits = {i: p.end for i, (p, role) in enumerate(zip(job.processes, roles.processes)) if role == "worker"}
-    found = compute_per_step(reads, files, epochs, per_step_files, save_starts, exits)
+    found = compute_per_step(reads, files, epochs, files_per_batch, ranks, save_starts, exits)
     if found is None:
         return [assumed("train.computation_time", 0.0, "the reads do not split into whole epochs")], None
     value, per_epoch = found
