@@ -8,7 +8,7 @@ next checkpoint save starts (or the next epoch's first read). The compute per st
 one value for which a loop that starts at the first batch, takes max(previous + c, ready) for each
 next step and computes c after the last, ends exactly at the epoch's end (found by bisection: the
 end grows with c). A worker's batch reaches the loop a hand-over after its reads end (twice the
-pause between that worker's batches: its send and the loop's receive), and a loop over per-epoch
+worker's shortest pause between its batches: its send and the loop's receive), and a loop over per-epoch
 DataLoader workers ends when they are told to quit (their processes' ends), before the save begins. Data waits (a batch not ready) are thus kept out of c, as docs/fidelity.md
 defines computation_time. The median over the epochs that end in a save (or all, if none) is taken.
 
@@ -72,7 +72,8 @@ def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: 
         end = min([end, *quitting])
         if not math.isfinite(end) or end <= first_read:
             continue
-        per_epoch.append(_solve(_step_ready(chunk, files_per_batch, ranks), end))
+        ready, receive = _step_ready(chunk, files_per_batch, ranks, set(exits))
+        per_epoch.append(_solve(ready, end, receive))
         ends_in_save.append(bool(saves))
     if not per_epoch:
         return None
@@ -80,19 +81,22 @@ def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: 
     return statistics.median(chosen), per_epoch
 
 
-def _step_ready(chunk: list[tuple[float, float, int]], files_per_batch: float, ranks: int) -> list[float]:
-    """When each step's batches reached the loop. Worker processes (whole files per batch, several
-    processes): each worker's files in read order make its batches, handed out round-robin (a
-    DataLoader delivers in order), a batch arriving a hand-over after its last read; a step waits for
-    one batch per rank. Otherwise (the ranks or tf.data's threads read): the files in the order their
-    reads ended, `files_per_batch x ranks` per step."""
+def _step_ready(chunk: list[tuple[float, float, int]], files_per_batch: float, ranks: int,
+                workers: set[int]) -> tuple[list[float], float]:
+    """When each step's batches could reach the loop, and what taking a ready batch costs the loop.
+    Worker processes (whole files per batch, every reader a worker): each worker's files in read order
+    make its batches, handed out round-robin (a DataLoader delivers in order), a batch arriving a
+    hand-over after its last read, and the loop spending the receiving half of it on every step (a
+    few ms that the program counts as its wait in next(), not as compute); a step waits for one batch
+    per rank. Otherwise (the ranks or tf.data's threads read): the files in the order their reads
+    ended, `files_per_batch x ranks` per step, taken at no cost."""
     per_process: dict[int, list[tuple[float, float]]] = {}
     for start, end, index in chunk:
         per_process.setdefault(index, []).append((start, end))
     size = int(round(files_per_batch))
-    if size >= 1 and abs(size - files_per_batch) < 1e-9 and len(per_process) > ranks:
+    if size >= 1 and abs(size - files_per_batch) < 1e-9 and set(per_process) <= workers:
         handover = _handover(per_process, size)
-        queues = []
+        queues: list[list[float]] = []
         for spans in sorted(per_process.values(), key=lambda sp: min(sp)[0]):
             spans.sort()
             queues.append([max(end for _, end in spans[k:k + size]) + handover for k in range(0, len(spans), size)])
@@ -101,31 +105,35 @@ def _step_ready(chunk: list[tuple[float, float, int]], files_per_batch: float, r
             for queue in queues:
                 if queue:
                     batches.append(queue.pop(0))
-        return [max(batches[k:k + ranks]) for k in range(0, len(batches), ranks)]
+        return [max(batches[k:k + ranks]) for k in range(0, len(batches), ranks)], handover / 2
     ready = np.sort(np.array([end_t for _, end_t, _ in chunk]))
     per_step = files_per_batch * ranks
     steps = max(1, math.ceil(len(ready) / per_step))
-    return [float(ready[min(len(ready), math.ceil((k + 1) * per_step)) - 1]) for k in range(steps)]
+    return [float(ready[min(len(ready), math.ceil((k + 1) * per_step)) - 1]) for k in range(steps)], 0.0
 
 
 def _handover(per_process: dict[int, list[tuple[float, float]]], size: int) -> float:
-    """How long after its last read a worker's batch reaches the loop: twice the worker's pause
-    between its batches (median over the boundaries). The pause is the worker's side (collate, put the
-    tensors in shared memory); the loop's side (receive the descriptors, rebuild the tensors) is not in
-    the log and took about as long: in pytorch_cnn.py, timed with its loop's own clock beside the DXT
-    times, the first batch of an epoch reached the loop 1.7x and 1.9x the pause after its reads.""" 
+    """How long after its last read a worker's batch reaches the loop: twice the worker's shortest
+    pause between two of its batches. The pause is the worker's side (collate, put the tensors in
+    shared memory); the shortest, because a worker whose queue is full waits for the loop before its
+    next batch and that wait is not hand-over. The loop's side (receive the descriptors, rebuild the
+    tensors) is not in the log and took about as long: in pytorch_cnn.py, timed with its loop's own
+    clock beside the DXT times, the first batch of an epoch reached the loop 1.7x and 1.9x the pause
+    after its reads."""
     gaps = []
     for spans in per_process.values():
         spans = sorted(spans)
         gaps += [max(spans[k][0] - spans[k - 1][1], 0.0) for k in range(size, len(spans), size)]
-    return 2 * statistics.median(gaps) if gaps else 0.0
+    return 2 * min(gaps) if gaps else 0.0
 
 
-def _solve(ready: list[float], end: float) -> float:
+def _solve(ready: list[float], end: float, receive: float = 0.0) -> float:
+    """The compute per step c with which the loop, taking step k at max(previous + c + receive,
+    ready[k]), computes its last step to end exactly at `end` (bisection: the end grows with c)."""
     def finish(c: float) -> float:
         t = ready[0]
         for r in ready[1:]:
-            t = max(t + c, r)
+            t = max(t + c + receive, r)
         return t + c
 
     lo, hi = 0.0, max(end - ready[0], 0.0)
