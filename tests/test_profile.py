@@ -317,3 +317,24 @@ def test_saves_are_told_apart_by_the_reads_between_them():
     assert [len(s.files) for s in one] == [2] and one[0].bytes == 12
     two = _saves([_use("/c/checkpoint_1.pt", 5.0, 5.03, 7), _use("/c/checkpoint_2.pt", 5.2, 5.23, 7)], [5.1])
     assert [s.bytes for s in two] == [7, 7]
+
+
+def test_an_empty_module_mapped_to_the_logs_end_is_not_damage(tmp_path):
+    """darshan-runtime 3.4.7 maps a module that recorded nothing (a `uname -p` that TensorFlow starts:
+    its STDIO, DXT_POSIX, HEATMAP) to the log's end with length 0; the check took that for damage and
+    refused the whole run. Past the end it still is damage."""
+    import struct
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_bad_input import dxt_log
+
+    from dlio_ckpt.trace.darshan_check import DamagedLog, check_log
+
+    data = bytearray(dxt_log(tmp_path).read_bytes())
+    slot = 32 + 16 + 16 * 9  # the 3.41 header's map entry of module 9 (STDIO), empty in this log
+    assert struct.unpack_from("<QQ", data, slot) == (0, 0)
+    struct.pack_into("<QQ", data, slot, len(data), 0)
+    assert check_log(bytes(data)).nprocs == 2
+    struct.pack_into("<QQ", data, slot, len(data) + 1, 0)
+    with pytest.raises(DamagedLog, match="past the log's end"):
+        check_log(bytes(data))
