@@ -227,6 +227,12 @@ def test_production_job_profiles_and_names_what_it_cannot_infer(tmp_path):
         assert f"#   {key} = " in header  # named as not inferred
     assert "POSIX counters" in header and "no DXT" in header
     assert "not inferred" in done.stderr and "train.computation_time" in done.stderr
+    # and dlio_ckpt takes it as a workload at the job's 4 ranks
+    from dlio_ckpt.config.load import validate_command_line
+    from dlio_ckpt.config.workload_files import resolve
+
+    overrides, _ = resolve([f"workload={out}", "mode=plan"])
+    validate_command_line(overrides, multirun=False, world_size=4, free_space=False)
 
 
 def _bad(args: list[str], expected: str, tmp_path: Path) -> None:

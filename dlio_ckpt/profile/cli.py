@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT_CODE) from None
+    for log, modules in profile.job.partial:
+        print(f"{PROG}: warning: {log}: partial ({', '.join(modules)}): darshan-runtime ran out of records; "
+              "set DARSHAN_EXCLUDE_DIRS to the Python environment's folders (docs/profile.md)", file=sys.stderr)
     if args.output is None and not args.check:
         sys.stdout.write(text)
     else:

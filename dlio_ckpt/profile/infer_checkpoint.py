@@ -109,6 +109,8 @@ def _bytes_of(f: FileUse, extra: dict[str, int]) -> tuple[int, str]:
         return f.bytes_written, "log"
     if f.path in extra:
         return extra[f.path], "strace"
+    if f.opens == 0:  # a rename's target: its bytes are its source's
+        return 0, "log"
     size = on_disk.file_size(f.path)
     if f.reads == 0 and size is not None:
         return size, "disk"
@@ -165,5 +167,14 @@ def _summary(saves: list[Save], sized, renames: int, source: str) -> str:
         return "no save could be told apart"
     files = [len(s.files) for s in saves]
     writes = sum(f.writes for f, _, _ in sized)
+    per_rank: dict[int, int] = {}
+    for _, rank, nbytes in saves[0].files:
+        per_rank[rank] = per_rank.get(rank, 0) + nbytes
+    sizes: dict[int, int] = {}
+    for f, _, _ in sized:
+        for size, count in f.access_sizes.items():
+            sizes[size] = sizes.get(size, 0) + count
+    common = ", ".join(f"{size:,} B x{count}" for size, count in sorted(sizes.items(), key=lambda kv: -kv[1])[:3])
     return (f"{len(saves)} saves, {files[0]} file(s) each, {saves[0].bytes:,} B per save "
-            f"(bytes from: {source}); {writes} write calls seen; {renames} renames")
+            f"(bytes from: {source}); per rank: " + ", ".join(f"rank {r} {b:,} B" for r, b in sorted(per_rank.items()))
+            + f"; {writes} write calls seen (common sizes: {common or 'none recorded'}); {renames} renames")
