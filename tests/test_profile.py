@@ -344,3 +344,38 @@ def test_an_empty_module_mapped_to_the_logs_end_is_not_damage(tmp_path):
     struct.pack_into("<QQ", data, slot, len(data) + 1, 0)
     with pytest.raises(DamagedLog, match="past the log's end"):
         check_log(bytes(data))
+
+
+@needs_dlio_logs
+def test_strace_fills_the_checkpoint_bytes_a_partial_log_lacks(tmp_path):
+    """A rank whose log ran out of POSIX records: torch.save's fopen is in STDIO (no bytes), the files
+    are gone from disk; the run's strace output gives each file's bytes (writev and write lines)."""
+    from dlio_ckpt.profile.classify import classify
+    from dlio_ckpt.profile.infer_checkpoint import checkpoint_values
+    from dlio_ckpt.profile.records import Job, Process
+    from dlio_ckpt.profile.strace_input import written_bytes
+
+    gone = tmp_path / "gone"
+    data = [FileUse(f"{gone}/data/img_{i}.npz", ("POSIX",), opens=2, reads=12, bytes_read=7328, max_byte_read=3569,
+                    first_open=1.0 + i) for i in range(4)]
+    ckpts = [FileUse(f"{gone}/ckpt/checkpoint_{e}.pt", ("STDIO",), opens=1, first_open=10.0 * e, last_close=10.0 * e + 0.1)
+             for e in (1, 2)]
+    job = Job([Process(tmp_path / "a.darshan", 1, 0, "python train.py", 0.0, 30.0, data + ckpts)], 1, "POSIX counters", 1,
+              [tmp_path / "a.darshan"])
+    roles = classify(job)
+    trace = tmp_path / "trace.1234"
+    trace.write_text("\n".join([
+        f'openat(AT_FDCWD</w>, "{gone}/ckpt/checkpoint_1.pt", O_WRONLY|O_CREAT|O_TRUNC, 0666) = 5<{gone}/ckpt/checkpoint_1.pt>',
+        f"writev(5<{gone}/ckpt/checkpoint_1.pt>, [...], 2) = 9000",
+        f"write(5<{gone}/ckpt/checkpoint_1.pt>, \"\"..., 637) = 637",
+        f"[pid  77] writev(6<{gone}/ckpt/checkpoint_2.pt>, [...], 2) = 9637",
+        f"read(3<{gone}/data/img_0.npz>, \"\"..., 4096) = 3570",
+    ]) + "\n")
+    extra = written_bytes([trace])
+    assert extra == {f"{gone}/ckpt/checkpoint_1.pt": 9637, f"{gone}/ckpt/checkpoint_2.pt": 9637}
+    values, facts = checkpoint_values(job, roles, 2, "torch", extra, [5.0, 15.0])
+    assert [s.bytes for s in facts.saves] == [9637, 9637] and facts.bytes_source == "strace"
+    assert {v.key: v.value for v in values}["checkpoint.epochs_between_checkpoints"] == 1
+    not_strace = tmp_path / "notes.txt"
+    not_strace.write_text("hello\n")
+    _bad([str(DLIO_LOGS), "--strace", str(not_strace)], "holds no strace lines", tmp_path)

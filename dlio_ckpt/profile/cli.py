@@ -1,4 +1,5 @@
-"""`dlio_ckpt-profile LOGS... [-o workload.yaml] [--data-root PATH] [--checkpoint-root PATH] [--check]`.
+"""`dlio_ckpt-profile LOGS... [-o workload.yaml] [--data-root PATH] [--checkpoint-root PATH] [--check]
+[--batch-size N] [--strace FILE...]`.
 
 From the Darshan logs of a real training program (files or folders: one log of an MPI job, or the
 per-process logs of a non-MPI job with its data-loader workers) to a dlio_ckpt workload whose
@@ -27,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default="", help="the dataset's folder (default: inferred from the reads)")
     p.add_argument("--checkpoint-root", default="", help="the checkpoints' folder (default: inferred from names and writes)")
     p.add_argument("--batch-size", type=int, default=None, help="samples per step per rank, when the log cannot show it")
+    p.add_argument("--strace", nargs="+", type=Path, default=[], metavar="FILE",
+                   help="strace -f -y output of the same run: bytes written to files the log saw opened but not written")
     p.add_argument("--name", default="", help="the workload's name (default: from the output file, else 'profiled')")
     p.add_argument("--check", action="store_true",
                    help="run the workload at the log's rank count and print the log's figures beside the emulation's")
@@ -60,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.output is not None and not args.output.parent.resolve().is_dir():
             raise UserError(f"-o {args.output}: {args.output.parent} is not a folder")
         logs = expand(args.logs)
-        profile = profile_logs(logs, args.data_root, args.checkpoint_root, args.batch_size)
+        from dlio_ckpt.profile.strace_input import written_bytes
+
+        extra = written_bytes([q for p in args.strace for q in (sorted(p.glob("*")) if p.is_dir() else [p])])
+        profile = profile_logs(logs, args.data_root, args.checkpoint_root, args.batch_size, extra)
         name = args.name or (args.output.stem if args.output else "profiled")
         text = render(profile, name, " ".join([PROG, *[str(p) for p in args.logs]]))
     except UserError as exc:
