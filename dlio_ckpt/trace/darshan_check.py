@@ -141,8 +141,11 @@ def _module_map(data: bytes, order: str, layout: Layout) -> dict[int, tuple[int,
         offset, length = struct.unpack_from(order + "QQ", data, maps_at + 16 * module)
         ver = struct.unpack_from(order + "I", data, versions_at + 4 * module)[0]
         if not length:
-            if offset:
-                raise DamagedLog(f"maps module slot {module} to offset {offset} with no length: the header is damaged")
+            # darshan-runtime 3.4.7 maps a module that recorded nothing (STDIO, DXT_POSIX, HEATMAP of a
+            # short process) to the log's end with length 0: nothing to read, so only past the end is damage
+            if offset > len(data):
+                raise DamagedLog(f"maps module slot {module} to offset {offset}, past the log's end ({len(data):,} B), "
+                                 "with no length: the header is damaged")
             continue
         if layout is not LAYOUT_341:  # older formats number their modules differently
             modules[module] = (offset, length, ver)

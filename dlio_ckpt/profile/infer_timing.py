@@ -1,0 +1,165 @@
+"""Compute per step from the gaps between batches (DXT times; pure).
+
+A training loop alternates: wait for the next batch, compute, and now and then checkpoint. In
+the log only the reads are seen, so per epoch: the dataset files' reads (their DXT segments, all
+processes) are put in the order they finished and cut into steps of `batch x ranks / samples per
+file` files; step k's batch is ready when its last file's last read ended. The epoch ends where the
+next checkpoint save starts (or the next epoch's first read). The compute per step c is then the
+one value for which a loop that starts at the first batch, takes max(previous + c, ready) for each
+next step and computes c after the last, ends exactly at the epoch's end (found by bisection: the
+end grows with c). A worker's batch reaches the loop a hand-over after its reads end (twice the
+worker's shortest pause between its batches: its send and the loop's receive), and a loop over per-epoch
+DataLoader workers ends when they are told to quit (their processes' ends), before the save begins. Data waits (a batch not ready) are thus kept out of c, as docs/fidelity.md
+defines computation_time. The median over the epochs that end in a save (or all, if none) is taken.
+
+Without DXT there are no read times per batch: the value is left at its default and named.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+
+from dlio_ckpt.profile.classify import DATASET, Roles
+from dlio_ckpt.profile.records import Job
+from dlio_ckpt.profile.values import INFERRED, Value, assumed
+
+
+def file_reads(job: Job, roles: Roles) -> list[tuple[float, float, int]]:
+    """(first read start, last read end, process index) of every open-to-close use of a dataset file, from DXT;
+    a file opened n times is split where its reads' offsets restart (each epoch reads it again)."""
+    out: list[tuple[float, float, int]] = []
+    for index, process in enumerate(job.processes):
+        for f in process.files:
+            if roles.files.get(f.path) != DATASET or f.segments is None or not len(f.segments):
+                continue
+            reads = f.segments[~f.segments["write"]]
+            if not len(reads):
+                continue
+            opens = max(f.opens, 1)
+            # an open's reads start near the start of the file; split into `opens` groups by time gaps
+            order = np.argsort(reads["start"], kind="stable")
+            starts, ends = reads["start"][order], reads["end"][order]
+            if opens > 1 and len(starts) >= opens:
+                gaps = starts[1:] - ends[:-1]
+                cuts = np.sort(np.argsort(gaps)[-(opens - 1):]) + 1
+                bounds = [0, *cuts.tolist(), len(starts)]
+            else:
+                bounds = [0, len(starts)]
+            out += [(float(starts[a]), float(ends[a:b].max()), index) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return sorted(out)
+
+
+def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: int, files_per_batch: float,
+                     ranks: int, save_starts: list[float], exits: dict[int, float]) -> tuple[float, list[float]] | None:
+    """The median compute per step over the epochs, and each epoch's value; None when unknown.
+    `files_per_batch`: dataset files per rank per step; `exits`: when each data-loader worker process
+    ended (a DataLoader shuts its workers down as the epoch's loop ends, before the save), by index."""
+    if not reads or files_per_batch <= 0 or len(reads) < files * epochs:
+        return None
+    per_epoch: list[float] = []
+    ends_in_save: list[bool] = []
+    for e in range(epochs):
+        chunk = reads[e * files:(e + 1) * files]
+        first_read = chunk[0][0]
+        next_read = reads[(e + 1) * files][0] if (e + 1) * files < len(reads) else math.inf
+        last_read_end = max(end for _, end, _ in chunk)
+        saves = [s for s in save_starts if last_read_end <= s < next_read]
+        end = saves[0] if saves else next_read
+        quitting = [exits[i] for i in {i for _, _, i in chunk} if i in exits and last_read_end <= exits[i] < next_read]
+        end = min([end, *quitting])
+        if not math.isfinite(end) or end <= first_read:
+            continue
+        ready, receive = _step_ready(chunk, files_per_batch, ranks, set(exits))
+        per_epoch.append(_solve(ready, end, receive))
+        ends_in_save.append(bool(saves))
+    if not per_epoch:
+        return None
+    chosen = [c for c, s in zip(per_epoch, ends_in_save) if s] or per_epoch
+    return statistics.median(chosen), per_epoch
+
+
+def _step_ready(chunk: list[tuple[float, float, int]], files_per_batch: float, ranks: int,
+                workers: set[int]) -> tuple[list[float], float]:
+    """When each step's batches could reach the loop, and what taking a ready batch costs the loop.
+    Worker processes (whole files per batch, every reader a worker): each worker's files in read order
+    make its batches, handed out round-robin (a DataLoader delivers in order), a batch arriving a
+    hand-over after its last read, and the loop spending the receiving half of it on every step (a
+    few ms that the program counts as its wait in next(), not as compute); a step waits for one batch
+    per rank. Otherwise (the ranks or tf.data's threads read): the files in the order their reads
+    ended, `files_per_batch x ranks` per step, taken at no cost."""
+    per_process: dict[int, list[tuple[float, float]]] = {}
+    for start, end, index in chunk:
+        per_process.setdefault(index, []).append((start, end))
+    size = int(round(files_per_batch))
+    if size >= 1 and abs(size - files_per_batch) < 1e-9 and set(per_process) <= workers:
+        handover = _handover(per_process, size)
+        queues: list[list[float]] = []
+        for spans in sorted(per_process.values(), key=lambda sp: min(sp)[0]):
+            spans.sort()
+            queues.append([max(end for _, end in spans[k:k + size]) + handover for k in range(0, len(spans), size)])
+        batches = []
+        while any(queues):
+            for queue in queues:
+                if queue:
+                    batches.append(queue.pop(0))
+        return [max(batches[k:k + ranks]) for k in range(0, len(batches), ranks)], handover / 2
+    ready = np.sort(np.array([end_t for _, end_t, _ in chunk]))
+    per_step = files_per_batch * ranks
+    steps = max(1, math.ceil(len(ready) / per_step))
+    return [float(ready[min(len(ready), math.ceil((k + 1) * per_step)) - 1]) for k in range(steps)], 0.0
+
+
+def _handover(per_process: dict[int, list[tuple[float, float]]], size: int) -> float:
+    """How long after its last read a worker's batch reaches the loop: twice the worker's shortest
+    pause between two of its batches. The pause is the worker's side (collate, put the tensors in
+    shared memory); the shortest, because a worker whose queue is full waits for the loop before its
+    next batch and that wait is not hand-over. The loop's side (receive the descriptors, rebuild the
+    tensors) is not in the log and took about as long: in pytorch_cnn.py, timed with its loop's own
+    clock beside the DXT times, the first batch of an epoch reached the loop 1.7x and 1.9x the pause
+    after its reads."""
+    gaps = []
+    for spans in per_process.values():
+        spans = sorted(spans)
+        gaps += [max(spans[k][0] - spans[k - 1][1], 0.0) for k in range(size, len(spans), size)]
+    return 2 * min(gaps) if gaps else 0.0
+
+
+def _solve(ready: list[float], end: float, receive: float = 0.0) -> float:
+    """The compute per step c with which the loop, taking step k at max(previous + c + receive,
+    ready[k]), computes its last step to end exactly at `end` (bisection: the end grows with c)."""
+    def finish(c: float) -> float:
+        t = ready[0]
+        for r in ready[1:]:
+            t = max(t + c + receive, r)
+        return t + c
+
+    lo, hi = 0.0, max(end - ready[0], 0.0)
+    if finish(lo) >= end:
+        return 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if finish(mid) < end:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, ranks: int, samples_per_file: int,
+                  save_starts: list[float]) -> tuple[list[Value], float | None]:
+    reads = file_reads(job, roles)
+    if not reads:
+        return [assumed("train.computation_time", 0.0, f"no DXT read times in the logs ({job.source}): "
+                        "run with DXT_ENABLE_IO_TRACE=1 to infer it")], None
+    files_per_batch = batch / max(samples_per_file, 1)
+    exits = {i: p.end for i, (p, role) in enumerate(zip(job.processes, roles.processes)) if role == "worker"}
+    found = compute_per_step(reads, files, epochs, files_per_batch, ranks, save_starts, exits)
+    if found is None:
+        return [assumed("train.computation_time", 0.0, "the reads do not split into whole epochs")], None
+    value, per_epoch = found
+    return [Value("train.computation_time", round(float(value), 6), INFERRED,
+                  f"DXT: per epoch, the compute per step that ends the loop where the epoch's workers quit or its save starts "
+                  f"({', '.join(f'{c:.4f}' for c in per_epoch)} s), batch {batch} x {ranks} rank(s)")], float(value)

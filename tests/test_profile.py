@@ -1,0 +1,381 @@
+"""dlio_ckpt-profile: Darshan logs of a real program -> a workload, and the workload run beside the log.
+
+The reference program pytorch_cnn.py (benchmarks/realapps/) runs at its tiny size under the real
+darshan-runtime (non-MPI build, one log per process, DXT on) once per test session; its profile is
+checked value by value against what the program did (its arguments, its files, its own metrics),
+and the profiled workload is run (--check) and compared against the log. ddp_dcp.py and
+keras_tfdata.py (30-60 s each here) run with DLIO_CKPT_TEST_REALAPPS=all. The production job in
+../shared/data/darshan/ (24 logs, POSIX counters only) and the bad-input cases need no runtime.
+Skips, with the reason, without darshan-runtime, PyDarshan, torch or TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlio_ckpt.profile.infer_checkpoint import _saves
+from dlio_ckpt.profile.infer_timing import _solve, compute_per_step
+from dlio_ckpt.profile.records import FileUse
+
+REPO = Path(__file__).resolve().parents[1]
+REALAPPS = REPO / "benchmarks" / "realapps"
+SHARED = REPO.parent / "shared"  # ../shared beside the repository
+RUNTIME = SHARED / "tools" / "darshan-runtime-3.4.7" / "nonmpi" / "libdarshan.so"
+DLIO_LOGS = SHARED / "data" / "darshan" / "dlio_logs"
+PROFILE = Path(sys.executable).parent / "dlio_ckpt-profile"
+SLOW_SWITCH = "DLIO_CKPT_TEST_REALAPPS"
+SLOW = {"ddp_dcp", "keras_tfdata"}
+
+# Targets of issue 22, emulated / log.
+BYTES_TOLERANCE = 0.02
+CALLS_TOLERANCE = 0.15
+COMPUTE_TOLERANCE = 0.10
+# Where the emulation differs today for reasons outside the profiler, measured at this commit (tiny
+# sizes; the accepted range holds the target too, so a fix passes at once):
+# - npz: dlio_ckpt's reader preads each zip member where np.load reads through a 4 KiB buffer with
+#   seeks (0.49x the bytes, 2.0x the reads; branch "loaders", engine/readers.py);
+# - torch.save's container holds non-tensor entries (epoch, param groups: 48 in pytorch_cnn) that the
+#   model schema has no key for: 9,872,181 B emulated per save against 9,878,637 B (0.9993x); DCP's
+#   planner and .metadata: 10,022,994 against 10,070,125 B (0.995x), 308 writes against 350;
+# - TensorFlow: tf.data reads each TFRecord file in 2 calls (the second finds the end), the emulation
+#   in 1 (0.5x); the bundle's index and tag: 1,547,274 B per save against 1,555,726 (0.995x);
+# - keras_tfdata's compute: its first epoch holds ~2 s that are neither its timed steps nor its
+#   timed save (tf.function tracing of the first step and the first save's setup overlap them), so
+#   the loop's span per step is 0.34 s where the program times 0.21 s (1.65x).
+NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
+    ("pytorch_cnn", "dataset bytes_read"): (0.45, 1.02),
+    ("pytorch_cnn", "dataset reads"): (0.85, 2.2),
+    ("pytorch_cnn", "checkpoint bytes per save"): (0.999, 1.0),
+    ("ddp_dcp", "dataset bytes_read"): (0.45, 1.02),
+    ("ddp_dcp", "dataset reads"): (0.85, 2.2),
+    ("ddp_dcp", "checkpoint bytes per save"): (0.99, 1.0),
+    ("keras_tfdata", "dataset reads"): (0.45, 1.15),
+    ("keras_tfdata", "checkpoint bytes per save"): (0.99, 1.0),
+    ("keras_tfdata", "compute"): (0.9, 2.0),
+}
+
+
+def _sizes() -> dict:
+    """pytorch_cnn at 4x its tiny file count (16 steps per epoch, ~2 s more): when the first batch of
+    an epoch reaches the loop (20-50 ms after its reads end) is estimated, not seen, and an error of
+    30 ms is 5-10 % of a 4-step epoch's compute on this machine, a quarter of that at 16 steps."""
+    sys.path.insert(0, str(REALAPPS))
+    from programs import Size
+
+    return {"pytorch_cnn": Size(64, 1, 4, 2)}
+
+
+SIZES = _sizes()
+
+
+def exclude_environment() -> str:
+    """DARSHAN_EXCLUDE_DIRS for a Python program: the interpreter's and the packages' folders. Without
+    it the ~1,000 files torch or TensorFlow import fill darshan-runtime's POSIX records (the log is
+    then partial) and the files the program opens later, its checkpoints, are not recorded."""
+    dirs = {os.path.realpath(p) for p in sys.path if p and ("-packages" in p or p.startswith(sys.base_prefix))}
+    return ",".join(sorted(dirs | {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}))
+
+
+needs_dlio_logs = pytest.mark.skipif(not DLIO_LOGS.is_dir(), reason="../shared/data/darshan/dlio_logs not present")
+
+
+def _skip_reason(name: str, needs: str) -> str | None:
+    if name in SLOW and os.environ.get(SLOW_SWITCH) != "all":
+        return f"{name}: its run under darshan-runtime takes 30-60 s here; set {SLOW_SWITCH}=all to run it"
+    if not RUNTIME.is_file():
+        return f"darshan-runtime not present at {RUNTIME}"
+    for module in ("darshan", needs):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} is not installed"
+    return None
+
+
+@pytest.fixture(scope="session")
+def traced(tmp_path_factory):
+    """Each reference program run once, tiny, under the real darshan-runtime: its logs, its metrics."""
+    sys.path.insert(0, str(REALAPPS))
+    from programs import PROGRAMS
+
+    cache: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        program = PROGRAMS[name]
+        reason = _skip_reason(name, program.needs)
+        if reason:
+            pytest.skip(reason)
+        if name not in cache:
+            work = tmp_path_factory.mktemp(name)
+            size = SIZES.get(name, program.sizes["tiny"])
+            storage, logs = work / "storage", work / "logs"
+            logs.mkdir()
+            subprocess.run(program.generate_command(storage, work / "generate", size), check=True, capture_output=True,
+                           timeout=240)
+            env = dict(os.environ, DARSHAN_ENABLE_NONMPI="1", DXT_ENABLE_IO_TRACE="1", DARSHAN_LOG_DIR_PATH=str(logs),
+                       LD_PRELOAD=str(RUNTIME), TF_CPP_MIN_LOG_LEVEL="2", DARSHAN_EXCLUDE_DIRS=exclude_environment())
+            metrics = work / "metrics.json"
+            cmd = program.real_command(storage / "data" / name, storage / "real_checkpoints", size, metrics)
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
+            cache[name] = {"logs": logs, "metrics": json.loads(metrics.read_text()), "size": size, "work": work,
+                           "storage": storage, "program": program}
+        return cache[name]
+
+    return get
+
+
+def _profile(run: dict, batch: bool = True):
+    from dlio_ckpt.profile.profile import profile_logs
+
+    return profile_logs(sorted(run["logs"].glob("*.darshan")), batch_size=run["size"].batch_size if batch else None)
+
+
+def _ratio_ok(program: str, name: str, log: float, emulated: float, tolerance: float) -> None:
+    lo, hi = NOT_YET.get((program, name), (1 - tolerance, 1 + tolerance))
+    assert log > 0, f"{program}: the log has no {name}: the check would mean nothing"
+    assert lo <= emulated / log <= hi, f"{program} {name}: emulated {emulated:,} / log {log:,} = {emulated / log:.4f}"
+
+
+@pytest.mark.parametrize("name", ["pytorch_cnn", "ddp_dcp", "keras_tfdata"])
+def test_profiled_workload_reproduces_the_program(traced, tmp_path, name):
+    run = traced(name)
+    size = run["size"]
+    out = tmp_path / f"{name}.yaml"
+    from dlio_ckpt.profile.cli import main
+
+    main([str(run["logs"]), "-o", str(out), "--batch-size", str(size.batch_size)])
+    from omegaconf import OmegaConf
+
+    workload = OmegaConf.load(out)
+    program = run["program"]
+    # what the program was given and read, found in the logs
+    assert workload.dataset.num_files_train == size.files
+    assert workload.dataset.format == program.dataset_format
+    assert workload.dataset.num_samples_per_file == size.samples_per_file
+    assert workload.dataset.record_length_bytes == 3072  # --side 32: 3 x 32 x 32 uint8
+    assert workload.train.epochs == size.epochs
+    assert workload.checkpoint.enabled is True
+    text = out.read_text()
+    for value in ("# measured:", "# inferred:", "# given: --batch-size", "Not inferred"):
+        assert value in text
+    # the compute per step the log implies, against the program's own timing of its loop
+    _ratio_ok(name, "compute", run["metrics"]["compute_s_per_step"], workload.train.computation_time, COMPUTE_TOLERANCE)
+    if name == "pytorch_cnn":
+        assert workload.reader.read_threads == 2  # --workers 2
+        assert workload.checkpoint.format == "torch" and workload.checkpoint.layout == "raw"
+    # the workload, run at the log's rank count, beside the log
+    from dlio_ckpt.profile.check import run_check
+
+    profile = _profile(run)
+    rows = {row.name: row for row in run_check(profile, out)}
+    saves = rows["checkpoints (saves)"]
+    assert saves.log == saves.emulated == size.epochs
+    per_save = rows["checkpoint bytes per save"]
+    if name == "pytorch_cnn":  # the log's figure is the file torch.save wrote
+        assert per_save.log == (run["storage"] / "real_checkpoints" / "checkpoint_1.pt").stat().st_size
+    _ratio_ok(name, "checkpoint bytes per save", per_save.log, per_save.emulated, 0.0)
+    _ratio_ok(name, "checkpoint bytes_written", rows["checkpoint bytes_written"].log, rows["checkpoint bytes_written"].emulated, BYTES_TOLERANCE)
+    if name == "pytorch_cnn":  # torch.save's writev calls, one per tensor record of 1 KiB or more, both sides
+        _ratio_ok(name, "checkpoint writes", rows["checkpoint writes"].log, rows["checkpoint writes"].emulated, CALLS_TOLERANCE)
+    assert not profile.job.partial, [log.name for log, _ in profile.job.partial]
+    _ratio_ok(name, "dataset bytes_read", rows["dataset bytes_read"].log, rows["dataset bytes_read"].emulated, BYTES_TOLERANCE)
+    _ratio_ok(name, "dataset reads", rows["dataset reads"].log, rows["dataset reads"].emulated, CALLS_TOLERANCE)
+    _ratio_ok(name, "dataset opens", rows["dataset opens"].log, rows["dataset opens"].emulated, CALLS_TOLERANCE)
+    assert rows["checkpoint fsyncs"].log == rows["checkpoint fsyncs"].emulated
+    if name != "keras_tfdata":  # darshan-runtime saw none of TensorFlow's renames (strace sees 6)
+        assert rows["checkpoint renames"].log == rows["checkpoint renames"].emulated
+
+
+@needs_dlio_logs
+def test_production_job_profiles_and_names_what_it_cannot_infer(tmp_path):
+    darshan = pytest.importorskip("darshan")
+    out = tmp_path / "dlio.yaml"
+    done = subprocess.run([str(PROFILE), str(DLIO_LOGS), "-o", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    from omegaconf import OmegaConf
+
+    workload = OmegaConf.load(out)
+    # an independent count with PyDarshan: the files read under the dataset folder, the bytes written
+    # under the checkpoint folder, the opens per file
+    files, written, opens = set(), 0, {}
+    for log in sorted(DLIO_LOGS.glob("*.darshan")):
+        report = darshan.DarshanReport(str(log), read_all=True)
+        names = dict(report.name_records)
+        for row in report.records["POSIX"].to_df()["counters"].to_dict("records"):
+            path = names[row["id"]]
+            if path.endswith(".npz") and row["POSIX_BYTES_READ"] > 0:
+                files.add(path)
+                opens[path] = opens.get(path, 0) + int(row["POSIX_OPENS"])
+            if "/checkpoints/" in path:
+                written += int(row["POSIX_BYTES_WRITTEN"])
+    assert workload.dataset.num_files_train == len(files) == 168
+    assert workload.dataset.format == "npz"
+    assert workload.train.epochs == sorted(opens.values())[len(opens) // 2]
+    assert workload.reader.read_threads == 4  # 16 spawned DataLoader workers over 4 ranks
+    assert workload.model.model_size_bytes == written  # one save of two files by one rank
+    assert workload.checkpoint.strategy == "single_writer"
+    text = out.read_text()
+    header = text.split("workload:")[0]
+    for key in ("train.computation_time", "reader.batch_size", "dataset.num_samples_per_file"):
+        assert f"#   {key} = " in header  # named as not inferred
+    assert "POSIX counters" in header and "no DXT" in header
+    assert "not inferred" in done.stderr and "train.computation_time" in done.stderr
+    # and dlio_ckpt takes it as a workload at the job's 4 ranks
+    from dlio_ckpt.config.load import validate_command_line
+    from dlio_ckpt.config.workload_files import resolve
+
+    overrides, _ = resolve([f"workload={out}", "mode=plan"])
+    validate_command_line(overrides, multirun=False, world_size=4, free_space=False)
+
+
+def _bad(args: list[str], expected: str, tmp_path: Path) -> None:
+    out = tmp_path / "never.yaml"
+    done = subprocess.run([str(PROFILE), *args, "-o", str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in done.stderr, done.stderr
+    assert not out.exists() and not list(tmp_path.glob(".never.yaml*"))
+
+
+@needs_dlio_logs
+def test_truncated_log_is_one_line_naming_it(tmp_path):
+    pytest.importorskip("darshan")
+    log = sorted(DLIO_LOGS.glob("*.darshan"))[0]
+    cut = tmp_path / "cut.darshan"
+    data = log.read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    _bad([str(cut)], f"{cut}:", tmp_path)
+
+
+@needs_dlio_logs
+def test_logs_of_two_jobs_are_refused(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_bad_input import dxt_log
+
+    other = dxt_log(tmp_path)
+    _bad([str(DLIO_LOGS), str(other)], "give the logs of one run only", tmp_path)
+
+
+@needs_dlio_logs
+def test_log_without_a_dataset_is_refused(tmp_path):
+    pytest.importorskip("darshan")
+    helper = next(p for p in sorted(DLIO_LOGS.glob("*2110482*.darshan")))  # multiprocessing's resource tracker
+    _bad([str(helper)], "no recognisable dataset", tmp_path)
+
+
+def test_missing_and_empty_inputs_are_refused(tmp_path):
+    _bad([str(tmp_path / "absent.darshan")], "no such file or folder", tmp_path)
+    (tmp_path / "empty").mkdir()
+    _bad([str(tmp_path / "empty")], "a folder without .darshan logs", tmp_path)
+
+
+def test_compute_per_step_is_the_loop_that_ends_at_the_save():
+    """Three epochs of 8 files read back to back, 2 per step (4 steps), every batch ready before the
+    loop wants it: the loop starts at the first batch (0.02 s) and computes 0.25 s per step up to
+    the save."""
+    reads = []
+    for epoch in range(3):
+        t0 = 10.0 * epoch
+        reads += [(t0 + 0.01 * i, t0 + 0.01 * (i + 1), 0) for i in range(8)]
+    saves = [10.0 * e + 0.02 + 4 * 0.25 for e in range(3)]
+    value, per_epoch = compute_per_step(reads, files=8, epochs=3, files_per_batch=2, ranks=1, save_starts=saves, exits={})
+    assert per_epoch == pytest.approx([0.25, 0.25, 0.25], abs=1e-9)
+    assert value == pytest.approx(0.25, abs=1e-9)
+
+
+def test_a_batch_reaches_the_loop_a_hand_over_after_its_reads():
+    """Two workers, each reading its batch of 2 files and pausing 0.015 s (collate and send) before
+    its next batch: the loop gets each batch twice that, 0.03 s, after its reads end (the worker's
+    send and the loop's receive), and spends the receiving 0.015 s on every later step too; the
+    epoch ends when the workers quit (before the save)."""
+    reads = [(0.00, 0.01, 1), (0.01, 0.02, 1), (0.035, 0.06, 1), (0.06, 0.07, 1),
+             (0.00, 0.01, 2), (0.01, 0.02, 2), (0.035, 0.06, 2), (0.06, 0.07, 2)]
+    # first batch at 0.02 + 0.03 = 0.05; then 3 x (0.2 + 0.015) and the last step's 0.2: 0.895
+    value, _ = compute_per_step(reads, files=8, epochs=1, files_per_batch=2, ranks=1, save_starts=[2.0],
+                                exits={1: 0.895, 2: 0.9})
+    assert value == pytest.approx(0.2, abs=1e-9)
+
+
+def test_compute_per_step_leaves_out_the_waits_for_data():
+    # batches ready at 0, 1, 2 (slow storage), the loop computes 0.1 s: it ends at 2.1 (a loop that
+    # waited for nothing would have ended at 0.3)
+    assert _solve([0.0, 1.0, 2.0], 2.1) == pytest.approx(0.1, abs=1e-9)
+    # and a loop that never waits: 3 steps of 0.5 s
+    assert _solve([0.0, 0.0, 0.0], 1.5) == pytest.approx(0.5, abs=1e-9)
+
+
+def _use(path: str, opened: float, closed: float, written: int) -> tuple[FileUse, int, int]:
+    f = FileUse(path, ("POSIX",), opens=1, writes=1 if written else 0, bytes_written=written,
+                first_open=opened, last_close=closed)
+    return f, 0, written
+
+
+def test_saves_are_told_apart_by_the_reads_between_them():
+    # DLIO's two files of one save, back to back; then a torch.save per epoch with reads between
+    one = _saves([_use("/c/model-5.pt", 100.0, 100.6, 10), _use("/c/layer-0-5.pt", 100.6, 100.7, 2)], [])
+    assert [len(s.files) for s in one] == [2] and one[0].bytes == 12
+    two = _saves([_use("/c/checkpoint_1.pt", 5.0, 5.03, 7), _use("/c/checkpoint_2.pt", 5.2, 5.23, 7)], [5.1])
+    assert [s.bytes for s in two] == [7, 7]
+
+
+def test_an_empty_module_mapped_to_the_logs_end_is_not_damage(tmp_path):
+    """darshan-runtime 3.4.7 maps a module that recorded nothing (a `uname -p` that TensorFlow starts:
+    its STDIO, DXT_POSIX, HEATMAP) to the log's end with length 0; the check took that for damage and
+    refused the whole run. Past the end it still is damage."""
+    import struct
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_bad_input import dxt_log
+
+    from dlio_ckpt.trace.darshan_check import DamagedLog, check_log
+
+    data = bytearray(dxt_log(tmp_path).read_bytes())
+    slot = 32 + 16 + 16 * 9  # the 3.41 header's map entry of module 9 (STDIO), empty in this log
+    assert struct.unpack_from("<QQ", data, slot) == (0, 0)
+    struct.pack_into("<QQ", data, slot, len(data), 0)
+    assert check_log(bytes(data)).nprocs == 2
+    struct.pack_into("<QQ", data, slot, len(data) + 1, 0)
+    with pytest.raises(DamagedLog, match="past the log's end"):
+        check_log(bytes(data))
+
+
+@needs_dlio_logs
+def test_strace_fills_the_checkpoint_bytes_a_partial_log_lacks(tmp_path):
+    """A rank whose log ran out of POSIX records: torch.save's fopen is in STDIO (no bytes), the files
+    are gone from disk; the run's strace output gives each file's bytes (writev and write lines)."""
+    from dlio_ckpt.profile.classify import classify
+    from dlio_ckpt.profile.infer_checkpoint import checkpoint_values
+    from dlio_ckpt.profile.records import Job, Process
+    from dlio_ckpt.profile.strace_input import written_bytes
+
+    gone = tmp_path / "gone"
+    data = [FileUse(f"{gone}/data/img_{i}.npz", ("POSIX",), opens=2, reads=12, bytes_read=7328, max_byte_read=3569,
+                    first_open=1.0 + i) for i in range(4)]
+    ckpts = [FileUse(f"{gone}/ckpt/checkpoint_{e}.pt", ("STDIO",), opens=1, first_open=10.0 * e, last_close=10.0 * e + 0.1)
+             for e in (1, 2)]
+    job = Job([Process(tmp_path / "a.darshan", 1, 0, "python train.py", 0.0, 30.0, data + ckpts)], 1, "POSIX counters", 1,
+              [tmp_path / "a.darshan"])
+    roles = classify(job)
+    trace = tmp_path / "trace.1234"
+    trace.write_text("\n".join([
+        f'openat(AT_FDCWD</w>, "{gone}/ckpt/checkpoint_1.pt", O_WRONLY|O_CREAT|O_TRUNC, 0666) = 5<{gone}/ckpt/checkpoint_1.pt>',
+        f"writev(5<{gone}/ckpt/checkpoint_1.pt>, [...], 2) = 9000",
+        f"write(5<{gone}/ckpt/checkpoint_1.pt>, \"\"..., 637) = 637",
+        f"[pid  77] writev(6<{gone}/ckpt/checkpoint_2.pt>, [...], 2) = 9637",
+        f"read(3<{gone}/data/img_0.npz>, \"\"..., 4096) = 3570",
+    ]) + "\n")
+    extra = written_bytes([trace])
+    assert extra == {f"{gone}/ckpt/checkpoint_1.pt": 9637, f"{gone}/ckpt/checkpoint_2.pt": 9637}
+    values, facts = checkpoint_values(job, roles, 2, "torch", extra, [5.0, 15.0])
+    assert [s.bytes for s in facts.saves] == [9637, 9637] and facts.bytes_source == "strace"
+    assert {v.key: v.value for v in values}["checkpoint.epochs_between_checkpoints"] == 1
+    not_strace = tmp_path / "notes.txt"
+    not_strace.write_text("hello\n")
+    _bad([str(DLIO_LOGS), "--strace", str(not_strace)], "holds no strace lines", tmp_path)
