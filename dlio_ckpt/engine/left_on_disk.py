@@ -15,7 +15,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from dlio_ckpt.engine.dataset_claim import CLAIM_NAME
+from dlio_ckpt.engine.ownership import LEASE, OWNER_MARKER
 from dlio_ckpt.plan.dataset import MANIFEST_NAME
+
+# the small files beside a dataset's data: its manifest and the runs' own markers (ownership, lease, claim)
+DATASET_SIDE_FILES = (MANIFEST_NAME, OWNER_MARKER, LEASE, CLAIM_NAME)
 
 
 def tree_bytes(backend: Any, folder: str) -> int:
@@ -49,10 +54,10 @@ def left_on_disk(config: Any, created: dict[str, Any], dataset: dict[str, Any] |
             checkpoints.append({"folder": folder, "bytes": tree_bytes(backend, folder)})
     data = None
     if dataset and dataset.get("folder"):
-        # the files' sizes generation took (no walk over a million files) and the manifest beside them
+        # the files' sizes generation took (no walk over a million files), the manifest and markers beside them
         backend = make_backend(config.storage)
-        manifest = f"{dataset['folder'].rstrip('/')}/{MANIFEST_NAME}"
-        extra = backend.file_size(manifest) if backend.exists(manifest) else 0
+        side = [f"{dataset['folder'].rstrip('/')}/{name}" for name in DATASET_SIDE_FILES]
+        extra = sum(backend.file_size(path) for path in side if backend.exists(path))
         data = {"folder": dataset["folder"], "bytes": int(dataset.get("bytes_on_disk") or 0) + extra,
                 "created_by_this_run": created.get("dataset") is not None}
     mine = sum(c["bytes"] for c in checkpoints) + (data["bytes"] if data and data["created_by_this_run"] else 0)
