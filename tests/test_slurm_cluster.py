@@ -124,13 +124,14 @@ def test_scancel_ends_a_checkpointing_job_in_one_line_and_commits_nothing_half_w
             (log.read_text() if log.exists() else "") + slurm.logs()[-2000:]
         time.sleep(0.05)
     slurm.run(["scancel", job])
-    assert slurm.wait_for_job(job, timeout=60) == "CANCELLED"
+    state = slurm.wait_for_job(job, timeout=60)
+    assert state == "CANCELLED", state + log.read_text()
     ours = [line for line in log.read_text().splitlines() if line.startswith("dlio_ckpt")]  # the rest is Slurm's
     assert len(ours) == 1 and "terminated by SIGTERM" in ours[0], log.read_text()
     (folder,) = (root / "checkpoints").iterdir()
     steps = sorted(p for p in folder.iterdir() if p.is_dir())
     committed = [p for p in steps if (p / "dlio_ckpt_manifest.json").exists()]
-    assert len(committed) >= 1 and set(steps) - set(committed) <= {steps[-1]}  # only the newest may be torn
+    assert len(committed) >= 1 and set(steps) - set(committed) <= {steps[-1]}, (steps, committed)  # only the newest may be torn
 
     restored = workdir / "restore"
     done = dlio(slurm, ["workload=llama3_8b", "scale=tiny", "progress=false", "checkpoint.drop_caches=false",
@@ -138,8 +139,8 @@ def test_scancel_ends_a_checkpointing_job_in_one_line_and_commits_nothing_half_w
                 workdir / "cwd", prefix=["srun", f"--mpi={MPI}", "-n", "2"])
     assert done.returncode == 0, done.stderr[-3000:]
     ckpt = load_summary(restored)["checkpoint"]
-    assert ckpt["restore_verified"] is True and ckpt["restore_step"] == int(committed[-1].name.removeprefix("global_step"))
-    assert len(ckpt["restore_skipped"]) == len(steps) - len(committed)
+    assert ckpt["restore_verified"] is True and ckpt["restore_step"] == int(committed[-1].name.removeprefix("global_step")), ckpt
+    assert len(ckpt["restore_skipped"]) == len(steps) - len(committed), (ckpt, steps, committed)
 
 
 @pytest.mark.parametrize("overrides, reason", [
@@ -173,12 +174,12 @@ def test_an_unconfigured_slurm_is_one_line_exit_2(slurm, workdir):
 
 
 def test_no_slurm_on_path_is_one_line_exit_2(workdir):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     env = cli_env()
     env["PATH"] = "/usr/local/nothing"  # sbatch and srun absent
     done = subprocess.run([str(BIN / "dlio_ckpt"), "-m", "hydra/launcher=slurm", "workload=unet3d", "scale=tiny",
                            f"hydra.sweep.dir={workdir / 'sweep'}"], cwd=workdir / "cwd", env=env, capture_output=True,
                           text=True, timeout=120)
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "sbatch is not on PATH" in done.stderr
     assert not (workdir / "sweep").exists()
