@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 import sys
 import time
 import traceback
@@ -26,6 +27,7 @@ from dlio_ckpt.world import World, launcher_rank
 # Hydra flags that only print something: they run without MPI set-up or validation.
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc", "--version"}
 _MULTIRUN_FLAGS = {"--multirun", "-m"}
+TERMINATED_EXIT_CODE = 143  # 128 + SIGTERM, as shells report a job ended by kill or scancel
 INTERRUPT_GRACE_S = 3.0  # after Ctrl-C, how long other ranks leave rank 0 to report and end the job
 # Info flags that show the composed config: its overrides are checked first, as for a run.
 _SHOWS_CONFIG = {"--cfg", "-c", "--info", "-i", "--resolve"}
@@ -191,10 +193,26 @@ def print_datasize(overrides: Sequence[str], multirun: bool) -> bool:
     return True
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (scancel, a job's time limit, a shutdown), raised where Ctrl-C would be: it ends the job
+    by the same path (one line, the job aborted together; an uncommitted checkpoint stays torn), and
+    like KeyboardInterrupt it passes through the `except Exception` of Hydra and the engine."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """The command; Ctrl-C before or after the job (start-up, sweep table) also ends in one line, exit 130."""
+    """The command; Ctrl-C before or after the job (start-up, sweep table) also ends in one line, exit 130,
+    and SIGTERM in one line, exit 143 (a signal handler set by whoever started us is kept)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         _main(argv)
+    except Terminated:
+        end_interrupted(_running_world(), "dlio_ckpt: terminated by SIGTERM (scancel, the job's time limit or a "
+                        "shutdown)", TERMINATED_EXIT_CODE)
     except KeyboardInterrupt:
         end_interrupted(_running_world(), "dlio_ckpt: interrupted")
     except RunFailure as exc:  # a rank that fails outside the run task: its line, and no rank left waiting
@@ -219,15 +237,17 @@ def _running_world() -> World:
     return World(rank=launcher_rank(), size=1)
 
 
-def end_interrupted(world: World, line: str) -> None:
+def end_interrupted(world: World, line: str, code: int = INTERRUPTED_EXIT_CODE) -> None:
     """Ctrl-C: one line for the job and exit 130 on every rank. Rank 0 says it and ends the job;
     another rank only after a grace period, when rank 0 has not (it may be blocked inside an MPI
-    call, where Python never sees the signal)."""
+    call, where Python never sees the signal). SIGTERM (exit 143) comes from a scheduler that signals
+    every rank and prints its own line (Slurm's "CANCELLED"): there only rank 0 speaks, since a
+    rank 0 still ending after the grace period would otherwise make it two lines."""
     if world.parallel and not world.is_root:
         time.sleep(INTERRUPT_GRACE_S)
-    if world.is_root or world.parallel:
+    if world.is_root or (world.parallel and code != TERMINATED_EXIT_CODE):
         print(line, file=sys.stderr, flush=True)
-    world.abort(INTERRUPTED_EXIT_CODE)
+    world.abort(code)
 
 
 def _main(argv: Sequence[str] | None) -> None:
@@ -288,6 +308,13 @@ def _main(argv: Sequence[str] | None) -> None:
 
     darshan_preloaded = prepare_darshan_init(os.environ, job_name="dlio_ckpt")
     world = World.from_environment()
+    from dlio_ckpt.slurm import srun_world_refusal
+
+    refusal = srun_world_refusal(world.size, dict(os.environ))
+    if refusal:  # checked before anything is written: every task stops, one says why
+        if launcher_rank() == 0:
+            print(f"dlio_ckpt: error: {refusal}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_EXIT_CODE)
     fault_point("start", world.rank)
     if not (multirun or dry_run or _sets_hydra_mode(overrides)):
         run_single(world, flags, overrides, darshan_preloaded)
@@ -423,13 +450,18 @@ def print_scaled_config(flags: Sequence[str], overrides: Sequence[str]) -> None:
 
 def slurm_job_size(overrides: Sequence[str], multirun: bool, dry_run: bool) -> int | None:
     """The ranks each job of a Slurm sweep will run, which the command line is checked for instead of
-    the one process that submits; None when the sweep does not go to Slurm."""
-    from dlio_ckpt.slurm import DRY_RUN_FLAG, slurm_world_size
+    the one process that submits; None when the sweep does not go to Slurm. A real submission is first
+    put to Slurm itself (sbatch --test-only), so that a job it would refuse is refused here."""
+    from dlio_ckpt.slurm import DRY_RUN_FLAG, check_slurm_takes, job_world_size, launcher_config
 
-    size = slurm_world_size(overrides) if multirun else None
-    if dry_run and size is None:
+    launcher = launcher_config(overrides) if multirun else None
+    if dry_run and launcher is None:
         raise UserError(f"{DRY_RUN_FLAG}: prints the sbatch script of a Slurm sweep; use it with -m hydra/launcher=slurm")
-    return size
+    if launcher is None:
+        return None
+    if not dry_run:
+        check_slurm_takes(launcher)
+    return job_world_size(launcher)
 
 
 def print_slurm_dry_run(arguments: list[str], task, folder: Path, dated: bool = False) -> None:
@@ -493,6 +525,9 @@ def make_task(world: World, run_id: str, multirun: bool, darshan_runtime=None):
                 if not world.is_root:
                     world.barrier()  # rank 0 never joins: its MPI_Abort ends this rank
             world.abort(RUN_FAILURE_EXIT_CODE)
+        except Terminated:  # scancel or a time limit signals every rank: one line for the job, exit 143
+            end_interrupted(world, f"dlio_ckpt: terminated by SIGTERM (scancel, the job's time limit or a shutdown); "
+                            f"the run in {run_dir} is incomplete", TERMINATED_EXIT_CODE)
         except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line for the job, exit 130
             end_interrupted(world, f"dlio_ckpt: interrupted; the run in {run_dir} is incomplete")
         except BaseException as exc:

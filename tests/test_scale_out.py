@@ -127,6 +127,8 @@ def test_slurm_dry_run_needs_the_slurm_launcher(workdir):
 FAKE_SBATCH = r'''#!/usr/bin/env python3
 """sbatch for tests: runs the array's jobs one after another in the background, as Slurm would later."""
 import os, re, subprocess, sys
+if sys.argv[1] == "--test-only":  # asked before submitting whether the cluster would take the job: yes
+    sys.exit(print("sbatch: Job 4241 to start at now using 2 processors on nodes fake in partition fake", file=sys.stderr))
 script = sys.argv[1]
 text = open(script).read()
 flags = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
