@@ -5,17 +5,21 @@ Generation writes files under their final names and commits the dataset once, by
 at the same time (identical runs started together on one storage.root) would truncate files the
 first run's manifest may already list. So rank 0 claims the dataset first: `.dlio_ckpt_generating`
 in its folder, created exclusively (the backend's `create_exclusive`: O_EXCL on POSIX), naming the
-host and the process; it is released after the commit, or after a failure. A run that finds a live
-claim stages each of its files instead (temporary name, fsync, rename: `open_staged`), which never
-disturbs a complete file. A claim left by a crashed process of this host is taken over; one left
-by another host cannot be judged from here, so later runs stage (correct, slower) until it is
-deleted. An object store grants every claim: its objects appear whole.
+host and the process; it is released after the commit, or after a failure. A run that finds the
+claim of a live process of this host waits for it to be released, then uses that run's commit
+(or, when it committed nothing, claims the dataset itself): generating beside it, even through
+staged files, would let one run commit and train on files the other then truncates and rewrites
+in place. A claim left by a crashed process of this host is taken over; one left by another host
+cannot be judged from here, so a later run stages each of its files instead (temporary name,
+fsync, rename: `open_staged`), until the claim is deleted. An object store grants every claim:
+its objects appear whole.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any
 
 from dlio_ckpt.plan.dataset import DatasetPlan
@@ -42,6 +46,25 @@ def claim_dataset(storage: Any, plan: DatasetPlan) -> bool:
         return False
     storage.remove(claim_path(plan))
     return storage.create_exclusive(claim_path(plan), token)
+
+
+def wait_for_live_claim(storage: Any, plan: DatasetPlan, poll_s: float = 0.1) -> bool:
+    """Rank 0 after a refused claim: while a live process of this host holds the claim (it is
+    generating this very dataset, in place), wait, saying so once; True when it waited."""
+    waited = False
+    while True:
+        try:
+            host, pid = storage.read_whole(claim_path(plan)).decode().split()
+            live = host == socket.gethostname() and _alive(int(pid))
+        except (OSError, ValueError):
+            live = False  # released (or unreadable: not a claim to wait for)
+        if not live:
+            return waited
+        if not waited:
+            print(f"dlio_ckpt: note: process {pid} is generating this dataset ({plan.folder}); "
+                  "waiting for it to finish, then using it", flush=True)
+            waited = True
+        time.sleep(poll_s)
 
 
 def release_claim(storage: Any, plan: DatasetPlan) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.ownership import mark_dataset
-from dlio_ckpt.engine.dataset_claim import claim_dataset, release_claim
+from dlio_ckpt.engine.dataset_claim import claim_dataset, release_claim, wait_for_live_claim
 from dlio_ckpt.errors import RunFailure, UserError, failure_text, storage_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
@@ -142,8 +142,14 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
                 sync_folders(storage, [os.path.dirname(plan.manifest_path)])
         for folder in sorted({os.path.dirname(spec.path) for spec in plan.files}):
             storage.makedirs(folder)
+        in_place = claim_dataset(storage, plan)
+        if not in_place and wait_for_live_claim(storage, plan):
+            # another run of this host generated it meanwhile, in place: use its commit, or take over
+            if not config.generate.force and _matches(storage, plan, _read_manifest(storage, plan)):
+                return True, False
+            in_place = claim_dataset(storage, plan)
         mark_dataset(ctx.storage.inner, plan.folder, ctx.run_id, ctx.run_dir)  # this run's now (clean may remove it)
-        return False, claim_dataset(storage, plan)
+        return False, in_place
 
     reused, in_place = world.root_first(decide)
     # The content pool (64 MiB of seeded random bytes, ~0.2 s) is set-up, like fio filling its
