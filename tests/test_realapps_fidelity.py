@@ -5,11 +5,12 @@ Each test runs one tiny program and its emulation once each under strace (fideli
 and write calls, fsyncs, renames and checkpoint read-back against issue 21's targets:
 bytes within 1 %, calls within 10 %, fsyncs and renames equal, no read-back.
 
-Where the emulation is known to differ today and another branch is fixing it (issue 21 items 1
-and 2: framework-faithful checkpoint I/O, worker processes and np.load's read pattern), the
-accepted range is widened in NOT_YET_FAITHFUL below, and only there; every range also holds the
-target, so a fix passes at once and the coordinator then deletes the entry. A regression beyond
-today's figures fails. Skips, with the reason, without strace, torch or TensorFlow.
+The known differences once widened here (np.load's read pattern, torch.save's one write per
+record, DCP's planner split and fsyncs, TensorFlow's fsyncs and manifest) are gone since the
+framework-faithful writers, the worker-process loader and np.load's reads were merged, and the
+workloads select them: every program now meets the count targets at the tiny size, so the two
+tables below are empty. An entry goes back in only with today's figure and the reason, and its
+range must hold the target too. Skips, with the reason, without strace, torch or TensorFlow.
 """
 
 from __future__ import annotations
@@ -31,41 +32,15 @@ from strace_io import strace_available  # noqa: E402
 BYTES_TOLERANCE = 0.01
 CALLS_TOLERANCE = 0.10
 
-# Known differences being fixed on other branches: (program, file class, count) -> the
-# emulated/real range accepted until the fix is merged (None in an "extra" entry: calls the real
-# program never makes). Figures measured at this commit (tiny sizes) are in the comments; each
-# range holds both today's figure (with a margin) and the target.
-NOT_YET_FAITHFUL: dict[tuple[str, str, str], tuple[float, float]] = {
-    # np.load: the real program reads through a 4 KiB buffer with seeks and header re-reads
-    # (234,496 B, 192 reads for 16 files x 2 epochs); the emulation preads each zip member (0.49x
-    # the bytes, 2.0x the calls). Branch "loaders".
-    ("pytorch_cnn", "dataset", "bytes_read"): (0.40, 1.01),
-    ("pytorch_cnn", "dataset", "reads"): (0.90, 2.50),
-    ("ddp_dcp", "dataset", "bytes_read"): (0.40, 1.01),
-    ("ddp_dcp", "dataset", "reads"): (0.90, 2.50),
-    # torch.save: one write per tensor record (94 for 2 saves); the emulation today writes every
-    # zip field apart (1,080: 11.5x). Branch "ckpt-faithful".
-    ("pytorch_cnn", "checkpoint", "writes"): (0.90, 14.0),
-    ("pytorch_cnn", "checkpoint", "opens"): (0.90, 3.6),   # 2 -> 6: + its manifest, written and renamed
-    # DCP: whole tensors split over the ranks by DCP's planner, each tensor's bytes through
-    # torch.save's serializer, a 36,712-byte .metadata (10,070,146 B per save, 350 writes, 6
-    # fsyncs, 2 renames); the emulation writes everything from rank 0 in the torch container
-    # with a 3,813-byte .metadata (0.981x the bytes, 3.09x the writes, 1.67x the opens).
-    ("ddp_dcp", "checkpoint", "bytes_written"): (0.97, 1.01),
-    ("ddp_dcp", "checkpoint", "writes"): (0.90, 3.6),
-    ("ddp_dcp", "checkpoint", "opens"): (0.90, 2.0),
-    # TensorFlow: opens 12 -> 20 (the manifest and fsyncs of the folders)
-    ("keras_tfdata", "checkpoint", "opens"): (0.90, 2.0),
-}
+# Known differences still accepted: (program, file class, count) -> the emulated/real range
+# accepted, each with today's figure and the reason in a comment. Empty: at the tiny size every
+# program is within the targets (measured 2026-12-01, docs/fidelity.md): checkpoint bytes
+# 0.995-0.999x, write calls 0.943-1.000x (ddp_dcp: the 10 param_groups entries DCP pickles into
+# rank 1's .distcp have no key in the schema), opens, fsyncs, renames and unlinks equal.
+NOT_YET_FAITHFUL: dict[tuple[str, str, str], tuple[float, float]] = {}
 # Calls the real program never makes, accepted today: (program, file class, count) -> how many
-# more the emulation may issue in the whole tiny run (target: 0). Branch "ckpt-faithful".
-EXTRA_CALLS_NOT_YET: dict[tuple[str, str, str], int] = {
-    ("pytorch_cnn", "checkpoint", "fsyncs"): 4,    # today: file + folder per save (torch.save: none)
-    ("pytorch_cnn", "checkpoint", "renames"): 2,   # today: the manifest (torch.save: none)
-    ("ddp_dcp", "checkpoint", "fsyncs"): 4,        # today 10 (DCP: 6, one per file)
-    ("ddp_dcp", "checkpoint", "renames"): 2,       # today 4 (DCP: 2, .metadata through a temporary name)
-    ("keras_tfdata", "checkpoint", "fsyncs"): 8,   # today 8 (TensorFlow: none)
-}
+# more the emulation may issue in the whole tiny run (target: 0). Empty: none.
+EXTRA_CALLS_NOT_YET: dict[tuple[str, str, str], int] = {}
 
 # The traced tiny runs of these take 30-60 s on two busy cores (TensorFlow's and torchrun's
 # start-up under strace), beyond the suite's budget: they run when this variable is "all".
@@ -138,6 +113,10 @@ def test_emulation_issues_the_programs_io(measured, name):
     _check_ratio(name, "dataset", "reads", real["dataset"]["reads"], emu["dataset"]["reads"], CALLS_TOLERANCE)
     # neither side writes the dataset during training
     assert real["dataset"]["bytes_written"] == emu["dataset"]["bytes_written"] == 0
+    # nothing else under the storage root on either side; dlio_ckpt's own bookkeeping (dataset
+    # manifest and lease, the run's ownership marker: class "emulator") is the emulation's alone
+    assert (emu["other"]["opens"], emu["other"]["writes"]) == (real["other"]["opens"], real["other"]["writes"]) == (0, 0)
+    assert real["emulator"]["opens"] == 0
     assert saves >= 2
 
 
@@ -153,6 +132,11 @@ def test_strace_lines_are_tallied_per_file_class(tmp_path):
         'openat(AT_FDCWD</w>, "/r/data/x", O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_DIRECTORY) = 4</r/data/x>',
         'openat(AT_FDCWD</w>, "/r/data/x/.dlio_ckpt_dataset.json", O_RDONLY) = 5</r/data/x/.dlio_ckpt_dataset.json>',
         'read(5</r/data/x/.dlio_ckpt_dataset.json>, ""..., 8192) = 700',
+        'openat(AT_FDCWD</w>, "/r/ck/.dlio_ckpt_owner.tmp-1-ab", O_RDWR|O_CREAT|O_TRUNC|O_CLOEXEC, 0644) = 8</r/ck/.dlio_ckpt_owner.tmp-1-ab>',
+        'fsync(8</r/ck/.dlio_ckpt_owner.tmp-1-ab>) = 0',
+        'rename("/r/ck/.dlio_ckpt_owner.tmp-1-ab", "/r/ck/.dlio_ckpt_owner") = 0',
+        'openat(AT_FDCWD</w>, "/r/data/x/notes.txt", O_RDONLY) = 5</r/data/x/notes.txt>',
+        'read(5</r/data/x/notes.txt>, ""..., 8192) = 10',
         'openat(AT_FDCWD</w>, "/r/ck/a.tmp", O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC, 0666) = 6</r/ck/a.tmp>',
         'writev(6</r/ck/a.tmp>, [...], 3)          = 70000',
         'pwrite64(6</r/ck/a.tmp>, ""..., 64, 0) = 64',
@@ -164,13 +148,21 @@ def test_strace_lines_are_tallied_per_file_class(tmp_path):
         'read(7</usr/lib/python3/os.py>, ""..., 4096) = 4096',
         '--- SIGCHLD {si_signo=SIGCHLD} ---',
     ]
-    (tmp_path / "trace.1").write_text("\n".join(lines[:9]) + "\n")
-    (tmp_path / "trace.2").write_text("\n".join(lines[9:]) + "\n")
+    (tmp_path / "trace.1").write_text("\n".join(lines[:14]) + "\n")
+    (tmp_path / "trace.2").write_text("\n".join(lines[14:]) + "\n")
     got = tally(sorted(tmp_path.glob("trace.*")), Classifier("/r", "/r/data/x", ".npz", ("/r/ck",)))
-    d, c, o = (got[k].as_dict() for k in ("dataset", "checkpoint", "other"))
+    d, c, o, e = (got[k].as_dict() for k in ("dataset", "checkpoint", "other", "emulator"))
     assert (d["opens"], d["reads"], d["seeks"], d["bytes_read"], d["files"]) == (1, 2, 1, 3328, 1)
     assert d["read_sizes"] == {"0": 1, "4KiB": 1}
-    assert (o["opens"], o["reads"], o["bytes_read"]) == (1, 1, 700)
+    assert (o["opens"], o["reads"], o["bytes_read"]) == (1, 1, 10)
+    assert (e["opens"], e["reads"], e["bytes_read"], e["fsyncs"], e["renames"]) == (2, 1, 700, 1, 1)
+    # the folder holding the run's ownership marker (opened to fsync it) is the emulator's too
+    folder = tmp_path / "root" / "ck" / "run"
+    folder.mkdir(parents=True)
+    classifier = Classifier(str(tmp_path / "root"), str(tmp_path / "root" / "data"), ".npz", (str(tmp_path / "root" / "ck"),))
+    assert classifier.classify(str(folder)) == "checkpoint"
+    (folder / ".dlio_ckpt_owner").write_text("{}")
+    assert classifier.classify(str(folder)) == "emulator"
     assert (c["opens"], c["writes"], c["bytes_written"], c["fsyncs"], c["renames"], c["unlinks"]) == (1, 2, 70064, 1, 2, 1)
     assert c["write_sizes"] == {"64B": 1, "128KiB": 1}
     assert c["files"] == 4  # a.tmp, a, b, old

@@ -8,10 +8,13 @@ leaves out the data, `--seccomp-bpf` stops only at the traced calls. The emulati
 same way, so both sides are counted by one independent counter (dlio_ckpt's own summary.json is
 not used for counts here).
 
-A call is classified by the path it touches: `dataset` (files under the dataset folder with the
-dataset's extension), `checkpoint` (anything under a checkpoint folder), `other` (anything else
-under the storage root); calls on files outside the storage root (Python's imports, the run
-folder, /proc) are not counted.
+A call is classified by the path it touches: `emulator` (dlio_ckpt's own bookkeeping, files named
+`.dlio_ckpt_*`: the dataset's manifest and lease, the run's ownership marker, and the folder that
+holds that marker, opened to fsync it once when the run takes it: written before training and
+untimed, never a training program's I/O, so kept apart and reported, not compared), `dataset`
+(files under the dataset folder with the dataset's extension), `checkpoint` (anything under a
+checkpoint folder), `other` (anything else under the storage root); calls on files outside the
+storage root (Python's imports, the run folder, /proc) are not counted.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ UNLINKS = {"unlink", "unlinkat"}
 OPENS = {"open", "openat"}
 SEEKS = {"lseek"}
 TRACED = sorted(READS | WRITES | SYNCS | RENAMES | UNLINKS | OPENS | SEEKS)
-CLASSES = ("dataset", "checkpoint", "other")
+CLASSES = ("dataset", "checkpoint", "other", "emulator")
+BOOKKEEPING_PREFIX = ".dlio_ckpt_"  # dlio_ckpt/engine/ownership.py and dataset_manifest: the emulator's own files
+OWNER_MARKER = ".dlio_ckpt_owner"
 
 _CALL = re.compile(r"^(\w+)\((.*)\)\s+=\s+(-?\d+)(?:<([^>]*)>)?")
 _FD_PATH = re.compile(r"^\d+<([^>]*)>")
@@ -113,6 +118,8 @@ class Classifier:
         path = os.path.normpath(path)
         if not _under(path, self.storage_root):
             return None
+        if os.path.basename(path).startswith(BOOKKEEPING_PREFIX) or os.path.isfile(os.path.join(path, OWNER_MARKER)):
+            return "emulator"
         if any(_under(path, d) for d in self.checkpoint_dirs):
             return "checkpoint"
         if _under(path, self.dataset_dir) and path.endswith(self.dataset_ext):
