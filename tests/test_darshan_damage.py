@@ -54,7 +54,6 @@ REAL_FLIPS = [
     (0, 16, 1),         # bzip2
     (0, 16, 7),         # no such compression
     (0, 20, 0x55),      # header padding: not read
-    (0, 24, 0x02),      # the POSIX partial flag: not used by either command
     (0, 33, 0x09),      # name region offset
     (0, 40, 0x10),      # name region length
     (0, 64, 0x00),      # POSIX region offset
@@ -159,6 +158,20 @@ def test_a_flipped_byte_in_a_real_log_is_read_as_before_or_refused_by_both(tmp_p
     original = sorted(REAL_LOGS.glob("*.darshan"))[log]
     analysis, replay = _check_damaged(original, _flipped(original.read_bytes(), offset, value), tmp_path)
     assert analysis in ("same", "refused") and replay == analysis, (analysis, replay)
+
+
+@needs_real_logs
+def test_the_header_partial_flag_is_read_as_a_partial_module_not_as_damage(tmp_path):
+    """Bytes 24-31 of the header are darshan-runtime's partial flags, one bit per module: any value
+    is valid. Setting POSIX's bit is a log whose POSIX data ran out of room: analyze reads it and
+    warns that POSIX totals are lower bounds (and names the module), replay plans it as before."""
+    original = sorted(REAL_LOGS.glob("*.darshan"))[0]
+    damaged = tmp_path / original.name
+    damaged.write_bytes(_flipped(original.read_bytes(), 24, 0x02))
+    code, text, _ = _analysis(damaged)
+    assert code == 0
+    assert f"POSIX in {original.name}" in text and "partial log" in text
+    assert _outcome(_plan(damaged), _references(original)[1][1], damaged, "replay.log:") == "same"
 
 
 @needs_real_logs
