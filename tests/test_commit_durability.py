@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from ckpt_util import make_ctx
@@ -185,10 +186,31 @@ def test_regenerating_removes_the_manifest_durably_before_overwriting_files(tmp_
     assert commit.problems == [] and commit.files == len(plan.files)
 
 
-def test_a_run_that_finds_another_live_generator_stages_its_files(tmp_path, monkeypatch):
+def test_a_run_that_finds_another_hosts_claim_stages_its_files(tmp_path, monkeypatch):
     """Two runs generating one dataset at once: the second must not truncate files the first may
-    have committed. With a live process's claim in the folder, every file goes through a temporary
-    name and a rename; the claim (not ours) stays; each file and folder is still synced first."""
+    have committed. A claim from another host cannot be judged from here: every file goes through a
+    temporary name and a rename; the claim (not ours) stays; each file and folder is still synced first."""
+    from dlio_ckpt.engine.dataset_claim import CLAIM_NAME
+    from dlio_ckpt.plan.dataset import plan_dataset
+
+    ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny", "dataset.num_subfolders_train=2"])
+    folder = plan_dataset(ctx.config, "npz").folder
+    os.makedirs(folder)
+    claim = os.path.join(folder, CLAIM_NAME)
+    with open(claim, "w") as handle:
+        handle.write("another-host 1")
+    plan, fmt, calls = _generated_with_calls(tmp_path, monkeypatch)
+    (commit,) = check_commits(calls, str(tmp_path))
+    assert commit.problems == [] and commit.files == len(plan.files)
+    renamed = {c[2] for c in calls if c[0] == "rename" and c[2] != commit.manifest}
+    assert renamed == {os.path.realpath(spec.path) for spec in plan.files}
+    assert os.path.exists(claim)
+
+
+def test_a_run_that_finds_a_live_generator_of_this_host_waits_for_it(tmp_path, monkeypatch, capsys):
+    """A live process of this host holds the claim (it is writing the dataset in place): the run
+    waits, saying so, and once the claim is released without a commit it claims the dataset and
+    writes every file in place itself (no renames), the claim released after its commit."""
     import socket
 
     from dlio_ckpt.engine.dataset_claim import CLAIM_NAME
@@ -198,14 +220,18 @@ def test_a_run_that_finds_another_live_generator_stages_its_files(tmp_path, monk
     folder = plan_dataset(ctx.config, "npz").folder
     os.makedirs(folder)
     claim = os.path.join(folder, CLAIM_NAME)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
     with open(claim, "w") as handle:
-        handle.write(f"{socket.gethostname()} {os.getppid()}")  # a live process of this host
-    plan, fmt, calls = _generated_with_calls(tmp_path, monkeypatch)
+        handle.write(f"{socket.gethostname()} {holder.pid}")
+    try:
+        plan, fmt, calls = _generated_with_calls(tmp_path, monkeypatch)
+    finally:
+        holder.wait()
+    assert f"process {holder.pid} is generating this dataset" in capsys.readouterr().out
     (commit,) = check_commits(calls, str(tmp_path))
     assert commit.problems == [] and commit.files == len(plan.files)
-    renamed = {c[2] for c in calls if c[0] == "rename" and c[2] != commit.manifest and os.path.basename(c[2]) != OWNER_MARKER}
-    assert renamed == {os.path.realpath(spec.path) for spec in plan.files}
-    assert os.path.exists(claim)
+    assert [c for c in calls if c[0] == "rename" and c[2] != commit.manifest] == []  # in place
+    assert not os.path.exists(claim)
 
 
 def test_a_claim_of_a_process_that_is_gone_is_taken_over(tmp_path):

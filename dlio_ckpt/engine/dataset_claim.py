@@ -74,10 +74,16 @@ def release_claim(storage: Any, plan: DatasetPlan) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs (an exited one its parent has not reaped yet,
+    a zombie, writes nothing more: gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
