@@ -34,6 +34,7 @@ import multiprocessing
 import os
 from multiprocessing import reduction
 import queue
+import signal
 from contextlib import suppress
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -151,6 +152,11 @@ def own_darshan_log(environ: Any, pid: int) -> None:
 
 def _worker_loop(worker: int, job: _Job, tasks: Any, results: Any, done: Any, forked_at: float, parent: int) -> None:
     """One worker process: fetch the batches its index queue names until told to stop."""
+    # The rank's handlers are not the worker's: SIGTERM (scancel, a time limit) ends it quietly as
+    # the default action does, and Ctrl-C is the training process's to report, as torch's workers
+    # ignore SIGINT; the fork inherited the rank's handler, which raised a traceback per worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     own_darshan_log(os.environ, os.getpid())
     if job.decode == "torch":
         import torch
