@@ -11,7 +11,7 @@ How the two are matched:
   dataset manifest last (engine/generate.py) vs fio `fsync_on_close=1`; fio does not preallocate
   (`fallocate=none`), as dlio_ckpt does not.
 - `--baseline BIN` adds a third tool to every round: another dlio_ckpt (an older checkout's, say
-  /work/main/.venv/bin/dlio_ckpt), so a change is measured against its predecessor and fio under
+  ../older-checkout/.venv/bin/dlio_ckpt), so a change is measured against its predecessor and fio under
   the same noise.
 - Figures: dlio_ckpt bytes written / `generate_s` from summary.json (the rank's generation
   time, without start-up) vs fio's bandwidth (io_bytes / runtime).
