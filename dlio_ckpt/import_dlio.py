@@ -7,7 +7,6 @@ default) it came from, so the file can be read against DLIO's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
+from dlio_ckpt.local_output import write_text_whole
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"dlio_ckpt-import-dlio: error: -o: {refusal}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT_CODE)
     try:
-        _write_whole(out, text)
+        write_text_whole(out, text)
     except OSError as exc:  # at run time: a full disk, a folder gone since the check
         print(f"dlio_ckpt-import-dlio: error: -o: {out}: {exc.strerror or exc}", file=sys.stderr, flush=True)
         raise SystemExit(RUN_FAILURE_EXIT_CODE) from None
@@ -71,21 +71,6 @@ def _output_refusal(out: Path) -> str:
         return f"cannot write in {out.parent} ({exc.strerror}); choose a writable folder"
     return ""
 
-
-def _write_whole(out: Path, text: str) -> None:
-    """`text` at `out`, whole or not at all: a temporary name beside it, fsynced, renamed over it."""
-    fd, temp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)  # as an ordinary new file (mkstemp's are private)
-        os.replace(temp, out)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
 
 if __name__ == "__main__":
     main()

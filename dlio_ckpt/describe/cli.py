@@ -6,13 +6,12 @@ TensorFlow checkpoint prefix or folder), so a user can describe their own progra
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from dlio_ckpt.errors import USAGE_EXIT_CODE, UserError
+from dlio_ckpt.local_output import write_text_whole
 
 PROG = "dlio_ckpt-describe-model"
 
@@ -43,15 +42,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if out is None:
         sys.stdout.write(text)
         return
-    fd, temp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(temp, out)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    write_text_whole(out, text)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
+from dlio_ckpt.local_output import write_text_whole
 
 PROG = "dlio_ckpt-profile"
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
             handle, temp_path = tempfile.mkstemp(prefix="profiled-", suffix=".yaml")
             os.close(handle)
             target = Path(temp_path)
-        _write(target, text)
+        write_text_whole(target, text)
         if args.output is None:
             sys.stdout.write(text)
         else:
@@ -102,19 +103,6 @@ def main(argv: list[str] | None = None) -> None:
                 if args.output is None:
                     target.unlink(missing_ok=True)
             print(table(rows))
-
-
-def _write(path: Path, text: str) -> None:
-    """Whole or not at all: a temporary file beside the target, renamed over it."""
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent.resolve())
-    try:
-        with os.fdopen(handle, "w") as out:
-            out.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
 
 
 if __name__ == "__main__":
