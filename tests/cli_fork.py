@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import subprocess
 import sys
@@ -34,6 +35,20 @@ PRELOAD = ["numpy", "omegaconf", "hydra.compose", "dlio_ckpt.cli", "dlio_ckpt.co
 def _context() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
+    # The server starts as `python -c ...` in the tests' folder, the repository root, and such an
+    # interpreter puts its working folder first on sys.path: its preload would import ./dlio_ckpt,
+    # the source tree, not the installed package (which has dlio_ckpt.analysis, mapped from
+    # analysis/). PYTHONSAFEPATH (Python 3.11) keeps the working folder off sys.path, as it is off
+    # for a console script. Only the server's start sees it: the runs set their own environment.
+    saved = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = saved
     return context
 
 

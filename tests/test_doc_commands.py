@@ -422,6 +422,7 @@ def _call_main(module: str, args: list[str], cwd: str, out: str, err: str) -> No
     import importlib
 
     os.chdir(cwd)
+    os.environ.pop("PYTHONSAFEPATH", None)  # the forkserver's start-up setting (cli_fork._context), not the user's
     for fd, path in ((1, out), (2, err)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
