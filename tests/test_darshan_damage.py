@@ -34,6 +34,9 @@ from dlio_ckpt.plan.replay import load_replay_plan  # noqa: E402
 from dlio_ckpt.trace.darshan_writer import JobInfo, write_darshan_log  # noqa: E402
 from trace_events import JOB_START, two_rank_job  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from darshan_damage import forked  # noqa: E402  benchmarks/darshan_damage.py: the random trial's fork
+
 REAL_LOGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "darshan" / "dlio_logs"
 needs_real_logs = pytest.mark.skipif(not REAL_LOGS.is_dir(), reason="the shared real DLIO logs are not here")
 
@@ -73,29 +76,10 @@ DXT_FLIPS = [("POSIX", -40), ("DXT_POSIX", -5), ("DXT_POSIX", -700), ("HEATMAP",
 
 
 def _forked(function) -> tuple[int, str, str]:
-    """(wait status, stdout, stderr) of `function()` run in a forked child; its return value is the exit code."""
+    """(wait status, stdout, stderr) of `function()` run in a forked child (the benchmark's own
+    crash-isolating fork); its return value is the exit code."""
     with tempfile.TemporaryDirectory() as folder:
-        out, err = os.path.join(folder, "out"), os.path.join(folder, "err")
-        pid = os.fork()
-        if pid == 0:
-            code = 97
-            try:
-                for fd, path in ((1, out), (2, err)):
-                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)  # not pytest's capture
-                code = function()
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 98
-            except BaseException:  # noqa: BLE001 - a traceback is the finding
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        return status, Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace")
+        return forked(function, folder)
 
 
 def _analysis(path: Path) -> tuple[int, str, str]:
