@@ -15,7 +15,6 @@ Rank 0 writes the timings of the slowest rank as JSON (--metrics).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -29,7 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from pytorch_cnn import NpzFolder, SmallResNet
+from loop_clock import LoopClock, report
+from pytorch_cnn import NpzFolder, SmallResNet, train_step
 
 
 class AppState(Stateful):
@@ -75,44 +75,25 @@ def main(argv=None) -> None:
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9, weight_decay=1e-4)
 
-    data_wait = compute = 0.0
-    saves: list[float] = []
-    steps = 0
     dist.barrier()
-    start = time.perf_counter()
+    clock = LoopClock()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
-        end = time.perf_counter()
-        for images, target in loader:
-            fetched = time.perf_counter()
-            data_wait += fetched - end
-            loss = criterion(model(images), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            loss.item()
-            steps += 1
-            end = time.perf_counter()
-            compute += end - fetched
-        t0 = time.perf_counter()
-        dcp.save({"app": AppState(model, optimizer)}, checkpoint_id=os.path.join(args.checkpoints, f"epoch_{epoch + 1}"))
-        saves.append(time.perf_counter() - t0)
-    wall = time.perf_counter() - start
-    mine = {"wall_s": wall, "data_wait_s": data_wait, "compute_s": compute, "steps": steps, "checkpoint_s": saves}
+        for images, target in clock.batches(loader):
+            train_step(model, criterion, optimizer, images, target)
+        with clock.save():
+            dcp.save({"app": AppState(model, optimizer)}, checkpoint_id=os.path.join(args.checkpoints, f"epoch_{epoch + 1}"))
+    mine = clock.figures()
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if rank == 0:
-        result = {"program": "ddp_dcp", "ranks": len(everyone), "steps": steps, "samples": len(dataset) * args.epochs,
-                  "wall_s": max(r["wall_s"] for r in everyone),
-                  "data_wait_s": max(r["data_wait_s"] for r in everyone),
-                  "compute_s": max(r["compute_s"] for r in everyone),
-                  "compute_s_per_step": max(r["compute_s"] / max(1, r["steps"]) for r in everyone),
-                  "checkpoint_s": [max(r["checkpoint_s"][i] for r in everyone) for i in range(args.epochs)]}
-        if args.metrics:
-            with open(args.metrics, "w") as f:
-                json.dump(result, f)
-        print(json.dumps(result))
+        report({"program": "ddp_dcp", "ranks": len(everyone), "steps": mine["steps"],
+                "samples": len(dataset) * args.epochs,
+                **{key: max(r[key] for r in everyone)
+                   for key in ("wall_s", "data_wait_s", "compute_s", "compute_s_per_step")},
+                "checkpoint_s": [max(r["checkpoint_s"][i] for r in everyone) for i in range(args.epochs)]},
+               args.metrics)
     dist.barrier()  # every rank is done with the group before any tears it down (the tutorials' cleanup)
     # torch 2.13 + gloo can deadlock at teardown: the main thread, holding the GIL, joins gloo's
     # run-loop thread (~ProcessGroupGloo, when DDP's Reducer drops the group), while that thread

@@ -17,14 +17,14 @@ wait), compute, checkpoint seconds per save, loop wall time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
+
+from loop_clock import LoopClock, report  # noqa: E402
 
 
 def make_dataset(pattern: str, batch_size: int, side: int, seed: int) -> tf.data.Dataset:
@@ -90,32 +90,16 @@ def main(argv=None) -> None:
         opt.apply_gradients(zip(grads, net.trainable_variables))
         return loss
 
-    data_wait = compute = 0.0
-    saves: list[float] = []
-    steps = samples = 0
-    start = time.perf_counter()
+    samples = 0
+    clock = LoopClock()
     for _ in range(args.epochs):
-        end = time.perf_counter()
-        for images, labels in dataset:
-            fetched = time.perf_counter()
-            data_wait += fetched - end
+        for images, labels in clock.batches(dataset):
             train_step(images, labels).numpy()
             ckpt.step.assign_add(1)
-            steps += 1
             samples += int(images.shape[0])
-            end = time.perf_counter()
-            compute += end - fetched
-        t0 = time.perf_counter()
-        manager.save()
-        saves.append(time.perf_counter() - t0)
-    wall = time.perf_counter() - start
-    result = {"program": "keras_tfdata", "steps": steps, "samples": samples, "wall_s": wall, "data_wait_s": data_wait,
-              "compute_s": compute, "compute_s_per_step": compute / max(1, steps), "checkpoint_s": saves}
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(result, f)
-    print(json.dumps(result))
-
+        with clock.save():
+            manager.save()
+    report({"program": "keras_tfdata", "samples": samples, **clock.figures()}, args.metrics)
 
 if __name__ == "__main__":
     main()

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
-import time
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
+
+from loop_clock import LoopClock, report
 
 
 class NpzFolder(Dataset):
@@ -87,6 +87,15 @@ class SmallResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
+def train_step(model: nn.Module, criterion, optimizer, images, target) -> None:
+    """One step of the tutorials' loop: forward, loss, backward, update, and the loss read back."""
+    loss = criterion(model(images), target)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    loss.item()
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="folder of .npz samples (searched recursively)")
@@ -113,37 +122,15 @@ def main(argv=None) -> None:
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9, weight_decay=1e-4)
     os.makedirs(args.checkpoints, exist_ok=True)
 
-    data_wait = compute = 0.0
-    saves: list[float] = []
-    steps = 0
-    start = time.perf_counter()
+    clock = LoopClock()
     for epoch in range(args.epochs):
         model.train()
-        end = time.perf_counter()
-        for images, target in loader:
-            fetched = time.perf_counter()
-            data_wait += fetched - end
-            loss = criterion(model(images), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            loss.item()
-            steps += 1
-            end = time.perf_counter()
-            compute += end - fetched
-        t0 = time.perf_counter()
-        torch.save({"epoch": epoch + 1, "state_dict": model.state_dict(), "optimizer": optimizer.state_dict()},
-                   os.path.join(args.checkpoints, f"checkpoint_{epoch + 1}.pt"))
-        saves.append(time.perf_counter() - t0)
-    wall = time.perf_counter() - start
-    result = {"program": "pytorch_cnn", "steps": steps, "samples": len(dataset) * args.epochs, "wall_s": wall,
-              "data_wait_s": data_wait, "compute_s": compute, "compute_s_per_step": compute / max(1, steps),
-              "checkpoint_s": saves}
-    if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(result, f)
-    print(json.dumps(result))
-
+        for images, target in clock.batches(loader):
+            train_step(model, criterion, optimizer, images, target)
+        with clock.save():
+            torch.save({"epoch": epoch + 1, "state_dict": model.state_dict(), "optimizer": optimizer.state_dict()},
+                       os.path.join(args.checkpoints, f"checkpoint_{epoch + 1}.pt"))
+    report({"program": "pytorch_cnn", "samples": len(dataset) * args.epochs, **clock.figures()}, args.metrics)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,56 @@
+"""How the reference programs time their training loops, in one place.
+
+Each program reports the same figures, measured the same way, so that fidelity.py compares like
+with like: data wait is the time the loop blocks in the loader's next(), compute is the time it
+holds a batch, checkpoint time is the save call's duration, wall is the loop's. Only the clock is
+shared: each program keeps its own loader, model, step and save, written after its framework's
+tutorials.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from typing import Iterable, Iterator
+
+
+class LoopClock:
+    """Data wait, compute and save times of one process's training loop."""
+
+    def __init__(self) -> None:
+        self.data_wait = self.compute = 0.0
+        self.steps = 0
+        self.saves: list[float] = []
+        self.start = time.perf_counter()
+
+    def batches(self, loader: Iterable) -> Iterator:
+        """The loader's batches; blocked in next() counts as data wait, holding a batch as compute."""
+        end = time.perf_counter()
+        for batch in loader:
+            fetched = time.perf_counter()
+            self.data_wait += fetched - end
+            yield batch
+            self.steps += 1
+            end = time.perf_counter()
+            self.compute += end - fetched
+
+    @contextlib.contextmanager
+    def save(self) -> Iterator[None]:
+        began = time.perf_counter()
+        yield
+        self.saves.append(time.perf_counter() - began)
+
+    def figures(self) -> dict:
+        """This process's figures, under the names fidelity.py reads."""
+        return {"steps": self.steps, "wall_s": time.perf_counter() - self.start, "data_wait_s": self.data_wait,
+                "compute_s": self.compute, "compute_s_per_step": self.compute / max(1, self.steps),
+                "checkpoint_s": list(self.saves)}
+
+
+def report(result: dict, metrics_path: str) -> None:
+    """The program's figures as one JSON line on stdout, and in `metrics_path` when given."""
+    if metrics_path:
+        with open(metrics_path, "w") as f:
+            json.dump(result, f)
+    print(json.dumps(result))
