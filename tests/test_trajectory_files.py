@@ -4,20 +4,22 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import load_summary
-from dlio_ckpt.codec.lossy import LossyEncoder
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.plan.checkpoint import PlannedFile
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.rank_state import RankState
-from dlio_ckpt.state.store import ScratchStore
 from test_failures_restart import run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from sgd_calibration import lc_ratio  # noqa: E402  LC-Checkpoint's ratio over a chain, as the calibration measures it
 
 torch = pytest.importorskip("torch")
 SOURCE = ByteSource(seed=5, pool_bytes=1 << 20)
@@ -125,21 +127,6 @@ def test_a_user_trajectory_runs_end_to_end_with_failures_and_lossy_checkpoints(w
     assert len(ratios) == 3 and all(r > 2 for r in ratios), ratios
 
 
-def lc_ratio(states: list[np.ndarray]) -> float:
-    """LC-Checkpoint (3 bits, Huffman) over a chain of float32 states: logical / written after the first."""
-    pf = PlannedFile("c/{step}.bin", 0, (TensorSpec("w", len(states[0]), 4, "model"),))
-    encoder = LossyEncoder(3, "huffman", 0, lambda key: pf.tensors, lambda size: ScratchStore(size))
-    from dlio_ckpt.state.base import BytesView
-
-    written = 0
-    for index, values in enumerate(states):
-        encoded = encoder.encode(index, "c", BytesView(bytearray(values.astype(np.float32).tobytes())))
-        for _ in encoded.chunks(1 << 20):
-            pass
-        written += encoded.nbytes if index else 0
-    return len(states[0]) * 4 * (len(states) - 1) / written
-
-
 def test_sgd_compresses_as_real_trajectories_do(tmp_path):
     """The calibration (docs/checkpointing.md): at the same checkpoint interval, LC-Checkpoint's
     ratio on `sgd` lies between those of real torch runs trained with Adam and with SGD+momentum
@@ -148,7 +135,7 @@ def test_sgd_compresses_as_real_trajectories_do(tmp_path):
     real = {}
     for optimizer in ("adam", "sgd"):
         truth = train(tmp_path / optimizer, optimizer, steps=interval * checkpoints, every=interval, width=128)
-        real[optimizer] = lc_ratio([truth[s] for s in range(0, interval * checkpoints + 1, interval)])
+        real[optimizer] = lc_ratio([truth[s] for s in range(0, interval * checkpoints + 1, interval)], bits=3)
     size = 1 << 17
     pf = PlannedFile("w/{step}.bin", 0, (TensorSpec("w", size, 4, "model"),))
     cfg = dataclasses.replace(load_config([]).checkpoint, update="sgd")
@@ -157,7 +144,7 @@ def test_sgd_compresses_as_real_trajectories_do(tmp_path):
     for index in range(checkpoints + 1):
         state.advance(index * interval)
         chain.append(floats(state, pf).copy())
-    emulated = lc_ratio(chain)
+    emulated = lc_ratio(chain, bits=3)
     assert real["adam"] < emulated < real["sgd"], (real, emulated)
     assert emulated < 25  # not Huffman's ceiling
 
