@@ -30,9 +30,11 @@ from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, 
 from dlio_ckpt.checkpoint.encoded import (Payload, Window, check_encoding, digest_view, encoded_payload, make_decoder,
                                          make_encoder, payload_offset, tensor_chunks_of)
 from dlio_ckpt.codec.base import ChainLink
+from dlio_ckpt.checkpoint.folders import CheckpointFolders
 from dlio_ckpt.checkpoint.formats import get_format
-from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
+from dlio_ckpt.checkpoint.manifest import encode_manifest
 from dlio_ckpt.checkpoint.registry import canonical_strategy
+from dlio_ckpt.checkpoint.retention import Retention
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError, RunFailure, failure_text, storage_failure
@@ -72,12 +74,13 @@ class CheckpointEngineImpl:
         self.durability = resolve_durability(ctx.config)
         self.data_fsync = data_fsync(self.durability, self.fmt, self.layout, self.cfg.fsync)
         self.checksum = self.cfg.checksum if self.durability.commit else "none"
-        self._framework_steps: list[int] = []  # framework durability: the checkpoints written, for retention
         check_encoding(self.cfg)
         base_storage = storage if storage is not None else ctx.storage
         self.storage = base_storage.with_phase("checkpoint")
         self.restore_storage = base_storage.with_phase("restore")
         self.root = root or ctx.checkpoint_root()
+        self.folders = CheckpointFolders(self.root, self.layout, self.storage)
+        self.retention = Retention(self.folders, self.cfg.keep_last)
         # the top of the folder chain a commit fsyncs: the storage root (a level's path)
         self._top = backend_root(base_storage) or os.path.abspath(self.config.storage.root)
         self.triggers = Triggers.from_config(self.cfg)
@@ -166,7 +169,7 @@ class CheckpointEngineImpl:
 
     # writing -------------------------------------------------------------------------------
     def folder_path(self, step: int) -> str:
-        return os.path.join(self.root, self.layout.folder(step))
+        return self.folders.path(step)
 
     def write_planned(self, files: tuple[PlannedFile, ...], step: int,
                       payload_for: Callable[[PlannedFile], Payload]) -> list[FileEntry]:
@@ -230,18 +233,8 @@ class CheckpointEngineImpl:
                 pass  # the failure being reported matters more than a leftover file
 
     def discard_failed(self, step: int) -> None:
-        """Remove the folder of checkpoint `step` of this run when it was never committed (no
-        manifest), with any temporary file its commit left; never anything outside this run's root."""
-        folder = self._own_folder(self.layout.folder(step))
-        try:
-            if folder is not None and self.storage.isdir(folder) and not self.storage.exists(os.path.join(folder, MANIFEST_NAME)):
-                self.storage.remove_tree(folder)
-            tag = self.layout.tag(step)
-            for name in self.storage.listdir(self.root) if tag else []:
-                if name.startswith(f"{tag[0]}.tmp"):
-                    self.storage.remove(os.path.join(self.root, name))
-        except OSError:
-            pass
+        """Remove checkpoint `step`'s folder if it was never committed (see CheckpointFolders)."""
+        self.folders.discard_failed(step)
 
     def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry], error: BaseException | None = None) -> tuple[int, float]:
         """Collective: make checkpoint `step` visible (manifest written last, all or nothing). Returns (metadata bytes, seconds).
@@ -299,7 +292,7 @@ class CheckpointEngineImpl:
             metadata += len(tag[1])
         if self.cfg.keep_last:
             try:
-                self.apply_retention()
+                self.retention.apply()
             except Exception as exc:
                 return ("after", metadata), (f"retention (checkpoint.keep_last={self.cfg.keep_last}) failed to "
                                              f"delete an older checkpoint: {failure_text(exc)}")
@@ -387,11 +380,7 @@ class CheckpointEngineImpl:
             write_framework_metadata(self.storage, os.path.join(self.root, tag[0]), tag[1].encode(),
                                      self.layout.metadata_write)
             metadata += len(tag[1])
-        self._framework_steps.append(step)
-        while self.cfg.keep_last and len(self._framework_steps) > self.cfg.keep_last:
-            path = self._own_folder(self.layout.folder(self._framework_steps.pop(0)))
-            if path is not None and self.storage.isdir(path):
-                self.storage.remove_tree(path)
+        self.retention.framework_written(step)
         return metadata
 
     def _coordinator_content(self, step: int, files: list[dict]) -> bytes:
@@ -410,56 +399,10 @@ class CheckpointEngineImpl:
                         for rank_files in self.plan.files_by_rank for pf in rank_files},
         }).encode()
 
-    # retention -----------------------------------------------------------------------------
+    # retention (retention.py) --------------------------------------------------------------
     def checkpoint_folders(self) -> list[tuple[int, str, bool]]:
         """(step, folder name, complete) of this run's checkpoints, oldest first."""
-        found = []
-        for name in self.storage.listdir(self.root):
-            step = self.layout.parse_step(name)
-            path = os.path.join(self.root, name)
-            if step is not None and self.storage.isdir(path):
-                found.append((step, name, self.storage.exists(os.path.join(path, MANIFEST_NAME))))
-        return sorted(found)
-
-    def apply_retention(self) -> list[str]:
-        """Delete checkpoints older than the newest `keep_last` complete ones; only in our root."""
-        folders = self.checkpoint_folders()
-        complete = [step for step, _, ok in folders if ok]
-        if len(complete) <= self.cfg.keep_last:
-            return []
-        oldest_kept = complete[-self.cfg.keep_last]
-        needed = self._chain_steps(complete[-self.cfg.keep_last:])
-        deleted = []
-        for step, name, _ in folders:
-            path = self._own_folder(name) if step < oldest_kept and step not in needed else None
-            if path is not None:
-                self.storage.remove_tree(path)
-                deleted.append(name)
-        return deleted
-
-    def _chain_steps(self, steps: list[int]) -> set[int]:
-        """Steps of the checkpoints that the checkpoints at `steps` need to be restored (their
-        chains): retention never deletes one. A manifest that cannot be read protects nothing
-        (its checkpoint cannot be restored anyway)."""
-        needed: set[int] = set()
-        for step in steps:
-            manifest = self._read_manifest(self.folder_path(step), step, self.storage)
-            if isinstance(manifest, dict):
-                needed.update(int(s) for _, s in manifest.get("chain", []))
-        return needed
-
-    def _own_folder(self, name: str) -> str | None:
-        """The path of `name` directly inside this run's checkpoint root, or None where it is a
-        link or leads elsewhere (never followed, never deleted). Only a backend with local files
-        has links to resolve; on an object store the path is a key as written, so a storage.root
-        reached through a local link must not change it (its key would leave the prefix)."""
-        path = os.path.join(self.root, name)
-        if not self.storage.capabilities.local_paths:
-            return path if os.path.dirname(os.path.normpath(path)) == os.path.normpath(self.root) else None
-        resolved = os.path.realpath(path)
-        if os.path.dirname(resolved) != os.path.realpath(self.root) or os.path.islink(path):
-            return None
-        return resolved
+        return self.folders.listing()
 
     # restore -------------------------------------------------------------------------------
     def restore(self, step: int | None = None, warn_if_none: bool = True, load_state: bool = False) -> RestoreRecord | None:
@@ -642,17 +585,9 @@ class CheckpointEngineImpl:
         self._resume.clear()
         self._last_step = -1  # steps after the restored one are trained (and due) again (helper-policy hook)
 
-    def _read_manifest(self, folder: str, step: int, storage: Any = None) -> dict | str:
-        """The checkpoint's manifest, validated (see manifest.py), or why the checkpoint is rejected."""
-        storage = storage or self.restore_storage
-        path = os.path.join(folder, MANIFEST_NAME)
-        if not storage.exists(path):
-            return "torn: no manifest (data written but never committed; a rank may have died mid-write)"
-        try:
-            raw = storage.read_whole(path)
-        except OSError as exc:
-            return f"unreadable manifest ({exc.strerror or exc})"
-        return parse_manifest(raw, folder, step)
+    def _read_manifest(self, folder: str, step: int) -> dict | str:
+        """The checkpoint's manifest, validated, read as restore I/O, or why it is rejected."""
+        return self.folders.read_manifest(folder, step, self.restore_storage)
 
     def _warn(self, message: str) -> None:
         if self.world.is_root:

@@ -331,7 +331,7 @@ class MultiLevelEngine:
                 raise RunFailure(f"its {tag[0]!r} tag was not written: {failure_text(exc)}") from None
         if target.cfg.keep_last:
             try:
-                target.apply_retention()
+                target.retention.apply()
             except Exception as exc:
                 raise RunFailure(f"retention (keep_last={target.cfg.keep_last}) failed to delete an older "
                                  f"checkpoint on level {flush.record.level}: {failure_text(exc)}") from None
