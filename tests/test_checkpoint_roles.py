@@ -8,16 +8,25 @@ test_checkpoint_engine.py and test_commit_durability.py; these pin each part's o
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
+import numpy as np
+import pytest
 import xxhash
 
+from dlio_ckpt.checkpoint.encoded import Payload
 from dlio_ckpt.checkpoint.folders import CheckpointFolders
+from dlio_ckpt.checkpoint.formats import get_format
 from dlio_ckpt.checkpoint.manifest import encode_manifest
 from dlio_ckpt.checkpoint.retention import Retention, doomed, kept_steps
-from dlio_ckpt.plan.checkpoint import MANIFEST_NAME
+from dlio_ckpt.checkpoint.write_plan import plan_write
+from dlio_ckpt.checkpoint.writer import CheckpointWriter
+from dlio_ckpt.errors import RunFailure
+from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, PlannedFile
 from dlio_ckpt.plan.layouts import get_layout
+from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.storage.events import OPS, EventRecorder, JobClock
 from dlio_ckpt.storage.posix import PosixStorage
 from dlio_ckpt.storage.traced import TracedStorage
@@ -158,3 +167,78 @@ def test_framework_retention_rotates_the_checkpoints_written_without_reading_man
         retention.framework_written(step)
     assert sorted(os.listdir(tmp_path)) == ["step_00000020", "step_00000030"]
     assert [op for op, _ in calls(storage)] == ["unlink"]
+
+
+# write_plan.py ---------------------------------------------------------------------------------
+def test_write_plan_names_every_path_and_each_folder_before_its_first_file():
+    files = (PlannedFile("a/x_{step}.bin", 0, ()), PlannedFile("a/y.bin", 1, ()),
+             PlannedFile("b/z.bin", 1, ()), PlannedFile("top.bin", 2, ()))
+    plan = plan_write("/ck/step_7", 7, files)
+    assert [f.relpath for f in plan.files] == ["a/x_7.bin", "a/y.bin", "b/z.bin", "top.bin"]
+    assert plan.paths == ("/ck/step_7/a/x_7.bin", "/ck/step_7/a/y.bin", "/ck/step_7/b/z.bin", "/ck/step_7/top.bin")
+    assert [f.makes_folder for f in plan.files] == ["/ck/step_7/a", None, "/ck/step_7/b", "/ck/step_7"]
+    assert [f.planned for f in plan.files] == list(files) and plan.step == 7
+    assert plan_write("/ck/step_7", 7, ()).files == ()
+
+
+# writer.py -------------------------------------------------------------------------------------
+def _tensors(count: int) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(f"t{i}", 1000 + i, 4, "model") for i in range(count))
+
+
+def _payload_of(contents: dict[str, bytes], fail_on: str | None = None):
+    """Each tensor's bytes from `contents` (by tensor name), in 1,000-byte chunks; ENOSPC at `fail_on`."""
+    def payload_for(pf: PlannedFile) -> Payload:
+        def chunks(tensor: TensorSpec):
+            data = memoryview(contents[tensor.name])
+            for at in range(0, len(data), 1000):
+                if tensor.name == fail_on and at:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                yield data[at:at + 1000]
+        return Payload(pf.tensors, chunks)
+    return payload_for
+
+
+def test_writer_writes_each_file_whole_fsynced_and_describes_it_for_the_manifest(tmp_path):
+    tensors = _tensors(3)
+    rng = np.random.default_rng(5)
+    contents = {t.name: rng.integers(0, 256, t.nbytes, dtype=np.uint8).tobytes() for t in tensors}
+    files = (PlannedFile("sub/rank_00002.raw", 2, tensors[:2]), PlannedFile("rank_00003.raw", 3, tensors[2:]))
+    storage = traced(tmp_path)
+    writer = CheckpointWriter(storage, get_format("raw", "raw"), rank=1, data_fsync=True, checksum="xxh3_128",
+                              chunk_bytes=1 << 16, framework_writes=False)
+    folder = tmp_path / "step_00000004"
+    entries = writer.write(plan_write(str(folder), 4, files), _payload_of(contents))
+    first = contents["t0"] + contents["t1"]
+    assert (folder / "sub" / "rank_00002.raw").read_bytes() == first
+    assert (folder / "rank_00003.raw").read_bytes() == contents["t2"]
+    assert [(e.path, e.size, e.owner, e.writer) for e in entries] == \
+        [("sub/rank_00002.raw", len(first), 2, 1), ("rank_00003.raw", 4008, 3, 1)]
+    assert entries[0].checksum == xxhash.xxh3_128(first).hexdigest()
+    assert entries[1].checksum == xxhash.xxh3_128(contents["t2"]).hexdigest()
+    assert [e.bytes_written for e in entries] == [len(first), 4008]
+    counts = storage.recorder.op_counts
+    assert counts[("checkpoint", "fsync")] == 2 and counts[("checkpoint", "open")] == 2
+    assert counts[("checkpoint", "write")] == 4 + 5 + 5  # 4000, 4004 and 4008 bytes, one write per 1,000-byte chunk
+
+
+def test_writer_without_fsync_issues_none(tmp_path):
+    tensors = _tensors(1)
+    storage = traced(tmp_path)
+    writer = CheckpointWriter(storage, get_format("raw", "raw"), 0, False, "none", 1 << 16, False)
+    entries = writer.write(plan_write(str(tmp_path / "s"), 1, (PlannedFile("r.raw", 0, tensors),)),
+                           _payload_of({"t0": bytes(4000)}))
+    assert entries[0].checksum == "" and entries[0].size == 4000
+    assert ("checkpoint", "fsync") not in storage.recorder.op_counts
+
+
+def test_a_failed_write_removes_every_file_started_and_names_the_file(tmp_path):
+    tensors = _tensors(2)
+    contents = {t.name: bytes(t.nbytes) for t in tensors}
+    files = (PlannedFile("rank_00000.raw", 0, tensors[:1]), PlannedFile("rank_00001.raw", 1, tensors[1:]))
+    writer = CheckpointWriter(traced(tmp_path), get_format("raw", "raw"), 0, True, "xxh3_128", 1 << 16, False)
+    folder = tmp_path / "step_00000001"
+    with pytest.raises(RunFailure) as failure:
+        writer.write(plan_write(str(folder), 1, files), _payload_of(contents, fail_on="t1"))
+    assert str(failure.value).startswith(f"{folder / 'rank_00001.raw'}: No space left on device (")
+    assert os.listdir(folder) == []

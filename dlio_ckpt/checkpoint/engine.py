@@ -22,11 +22,11 @@ import os
 import sys
 import time
 from contextlib import closing
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
-from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, tensor_key,
-                                         verify_file, write_file, write_framework_file, write_framework_metadata)
+from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, tensor_key, verify_file,
+                                         write_framework_metadata)
 from dlio_ckpt.checkpoint.encoded import (Payload, Window, check_encoding, digest_view, encoded_payload, make_decoder,
                                          make_encoder, payload_offset, tensor_chunks_of)
 from dlio_ckpt.codec.base import ChainLink
@@ -36,14 +36,14 @@ from dlio_ckpt.checkpoint.manifest import encode_manifest
 from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.retention import Retention
 from dlio_ckpt.checkpoint.triggers import Triggers
+from dlio_ckpt.checkpoint.write_plan import plan_write
+from dlio_ckpt.checkpoint.writer import CheckpointWriter
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.errors import ConfigError, RunFailure, failure_text, storage_failure
-from dlio_ckpt.faults import fault_point
+from dlio_ckpt.errors import ConfigError, RunFailure, failure_text
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics.report import plural
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.durability import data_fsync, resolve_durability
-from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.storage.durable import backend_root, entry_folders, sync_folders
 
 
@@ -80,6 +80,8 @@ class CheckpointEngineImpl:
         self.restore_storage = base_storage.with_phase("restore")
         self.root = root or ctx.checkpoint_root()
         self.folders = CheckpointFolders(self.root, self.layout, self.storage)
+        self.writer = CheckpointWriter(self.storage, self.fmt, self.world.rank, self.data_fsync, self.checksum,
+                                       self.cfg.write_chunk_bytes, self.framework_writes)
         self.retention = Retention(self.folders, self.cfg.keep_last)
         # the top of the folder chain a commit fsyncs: the storage root (a level's path)
         self._top = backend_root(base_storage) or os.path.abspath(self.config.storage.root)
@@ -174,63 +176,7 @@ class CheckpointEngineImpl:
     def write_planned(self, files: tuple[PlannedFile, ...], step: int,
                       payload_for: Callable[[PlannedFile], Payload]) -> list[FileEntry]:
         """Write `files` of checkpoint `step` (each fsynced) and return their manifest entries."""
-        folder = self.folder_path(step)
-        made = set()
-        entries = []
-        started: list[str] = []
-        path = folder
-        try:
-            for pf in files:
-                rel = pf.path_for(step)
-                path = os.path.join(folder, rel)
-                parent = os.path.dirname(path)
-                if parent not in made:
-                    self.storage.makedirs(parent)
-                    made.add(parent)
-                started.append(path)
-                payload = payload_for(pf)
-                chunks = self._with_write_fault_point(payload.chunks, step, path)
-                if self.framework_writes:
-                    done = write_framework_file(self.storage, path, pf.owner, payload.tensors, self.fmt, chunks,
-                                                self.data_fsync, self.checksum, self.cfg.write_chunk_bytes)
-                else:
-                    done = write_file(self.storage, path, payload.tensors, self.fmt, chunks, self.data_fsync,
-                                      self.checksum, self.cfg.write_chunk_bytes)
-                entries.append(FileEntry(rel, done.size, done.checksum, pf.owner, self.world.rank,
-                                         done.bytes_written, done.write_s, done.verify_s, payload.encoding,
-                                         pf.payload_bytes, payload.encode_s, payload.stats or None,
-                                         done.write_calls_s, done.fsync_s, done.prepare_s, done.records))
-                fault_point(f"checkpoint-step:{step}", self.world.rank)
-        except OSError as exc:  # a full disk, say: name the file, and leave no partial files behind
-            self._remove_files(started)
-            raise storage_failure(exc, exc.filename or path) from None
-        except BaseException:
-            self._remove_files(started)
-            raise
-        return entries
-
-    def _with_write_fault_point(self, chunks: Callable[[TensorSpec], Iterator[memoryview]], step: int,
-                                path: str) -> Callable[[TensorSpec], Iterator[memoryview]]:
-        """`chunks`, with the `checkpoint-write:<step>` fault point after each tensor's first chunk
-        (the format has written that chunk to `path` before it asks for the next)."""
-        point = f"checkpoint-write:{step}"
-
-        def with_fault_point(tensor: TensorSpec) -> Iterator[memoryview]:
-            for number, piece in enumerate(chunks(tensor)):
-                yield piece
-                if number == 0:
-                    fault_point(point, self.world.rank, path)
-
-        return with_fault_point
-
-    def _remove_files(self, paths: list[str]) -> None:
-        """This rank's files of a checkpoint that failed: they would only fill the disk."""
-        for path in paths:
-            try:
-                if self.storage.exists(path):
-                    self.storage.remove(path)
-            except OSError:
-                pass  # the failure being reported matters more than a leftover file
+        return self.writer.write(plan_write(self.folder_path(step), step, files), payload_for)
 
     def discard_failed(self, step: int) -> None:
         """Remove checkpoint `step`'s folder if it was never committed (see CheckpointFolders)."""
