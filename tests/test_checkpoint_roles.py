@@ -9,6 +9,7 @@ test_checkpoint_engine.py and test_commit_durability.py; these pin each part's o
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -16,10 +17,16 @@ import numpy as np
 import pytest
 import xxhash
 
+from syscall_order import record_calls
+
+from dlio_ckpt.checkpoint.commit import Committer
 from dlio_ckpt.checkpoint.encoded import Payload
 from dlio_ckpt.checkpoint.folders import CheckpointFolders
 from dlio_ckpt.checkpoint.formats import get_format
-from dlio_ckpt.checkpoint.manifest import encode_manifest
+from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
+from dlio_ckpt.checkpoint.metadata import (CheckpointIdentity, content_digest, coordinator_content, manifest_fields,
+                                           metadata_entry, without_records)
+from dlio_ckpt.checkpoint.publish import Publisher
 from dlio_ckpt.checkpoint.retention import Retention, doomed, kept_steps
 from dlio_ckpt.checkpoint.write_plan import plan_write
 from dlio_ckpt.checkpoint.writer import CheckpointWriter
@@ -30,6 +37,7 @@ from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.storage.events import OPS, EventRecorder, JobClock
 from dlio_ckpt.storage.posix import PosixStorage
 from dlio_ckpt.storage.traced import TracedStorage
+from dlio_ckpt.world import World
 
 RAW = get_layout("raw")
 
@@ -242,3 +250,165 @@ def test_a_failed_write_removes_every_file_started_and_names_the_file(tmp_path):
         writer.write(plan_write(str(folder), 1, files), _payload_of(contents, fail_on="t1"))
     assert str(failure.value).startswith(f"{folder / 'rank_00001.raw'}: No space left on device (")
     assert os.listdir(folder) == []
+
+
+# metadata.py -----------------------------------------------------------------------------------
+IDENTITY = CheckpointIdentity(run_id="run-1", strategy="sharded", layout="raw", format="raw", checksum="xxh3_128",
+                              world_size=2)
+
+
+def test_manifest_fields_in_their_written_order_with_the_chain_and_resume_point():
+    files = [{"path": "a", "size": 5, "checksum": "c1", "owner": 0, "writer": 0,
+              "encoding": {"chain": [0, 2], "key": "a"}},
+             {"path": "b", "size": 7, "checksum": "c2", "owner": 1, "writer": 1}]
+    fields = manifest_fields(IDENTITY, 2, 30, 1, files, "incremental", {0: 10, 1: 20, 2: 30}, {"sample": 4}, 123.5)
+    assert list(fields) == ["encoding", "chain", "resume", "index", "step", "epoch", "run_id", "strategy", "layout",
+                            "format", "checksum", "world_size", "data_bytes", "files", "written_at"]
+    assert fields["chain"] == [[0, 10], [2, 30]] and fields["encoding"] == "incremental"
+    assert fields["resume"] == {"sample": 4} and fields["data_bytes"] == 12 and fields["files"] is files
+    plain = manifest_fields(IDENTITY, 0, 10, 1, files[1:], "full", {}, None, 1.0)
+    assert "chain" not in plain and "encoding" not in plain and "resume" not in plain
+    assert (plain["run_id"], plain["world_size"], plain["written_at"]) == ("run-1", 2, 1.0)
+
+
+def test_coordinator_content_lists_every_file_and_every_planned_tensor():
+    tensors = _tensors(2)
+    plan = [(PlannedFile("rank_00000.raw", 0, tensors[:1]),), (PlannedFile("rank_{step}.raw", 1, tensors[1:]),)]
+    files = [{"path": "rank_00000.raw", "owner": 0, "size": 4000, "checksum": "x", "writer": 0, "records": [[1]]}]
+    content = json.loads(coordinator_content(get_format("raw", "raw"), "raw", plan, 9, files, "/unused"))
+    assert content == {"step": 9, "layout": "raw", "files": [{"path": "rank_00000.raw", "owner": 0, "size": 4000}],
+                       "tensors": {"rank_00000.raw": [["t0", 1000, "float32"]], "rank_9.raw": [["t1", 1001, "float32"]]}}
+    assert without_records(files) == [{"path": "rank_00000.raw", "owner": 0, "size": 4000, "checksum": "x", "writer": 0}]
+
+
+def test_metadata_entry_checksums_the_content_as_restore_will():
+    assert metadata_entry(".metadata", b"abc", "xxh3_128") == \
+        {"path": ".metadata", "size": 3, "checksum": xxhash.xxh3_128(b"abc").hexdigest(), "owner": 0, "writer": 0}
+    assert content_digest(b"abc", "none") == ""
+
+
+# publish.py ------------------------------------------------------------------------------------
+def _publisher(tmp_path: Path, layout=RAW, fsync: bool = True) -> tuple[Publisher, TracedStorage, Path]:
+    storage = traced(tmp_path)
+    root = tmp_path / "ckpt"
+    publisher = Publisher(CheckpointFolders(str(root), layout, storage), storage, get_format("raw", "raw"),
+                          [(PlannedFile("rank_00000.raw", 0, _tensors(1)),)], 1, fsync, "xxh3_128", 1 << 16, False,
+                          str(tmp_path))
+    return publisher, storage, root
+
+
+def test_publish_fsyncs_every_folder_entry_then_renames_the_manifest_into_place(tmp_path, monkeypatch):
+    publisher, storage, root = _publisher(tmp_path)
+    folder = root / "step_00000007"
+    (folder / "a").mkdir(parents=True)
+    syscalls = record_calls(monkeypatch)
+    assert publisher.sync_file_folders(7, ["a/x.raw", "y.raw"]) == 2
+    publisher.publish_manifest(7, b'{"m": 1}')
+    assert (folder / MANIFEST_NAME).read_bytes() == b'{"m": 1}'
+    ordered = [(c[0], c[2] if c[0] == "rename" else c[1]) for c in syscalls if c[0] in ("fsync", "rename")]
+    staged = ordered[4][1]
+    # each rank's file folders; rank 0: the folders above the checkpoint folder up to storage.root,
+    # the manifest's data under its temporary name, the rename, then the checkpoint folder
+    assert staged.startswith(str(folder / MANIFEST_NAME) + ".tmp")
+    assert ordered == [("fsync", str(folder / "a")), ("fsync", str(folder)), ("fsync", str(root)),
+                       ("fsync", str(tmp_path)), ("fsync", staged), ("rename", str(folder / MANIFEST_NAME)),
+                       ("fsync", str(folder))]
+    assert [op for op, _ in calls(storage)] == ["fsync"] * 4 + ["open", "write", "fsync", "close"]
+
+
+def test_publish_without_fsync_syncs_no_folder(tmp_path, monkeypatch):
+    publisher, _, root = _publisher(tmp_path, fsync=False)
+    (root / "step_00000001").mkdir(parents=True)
+    syscalls = record_calls(monkeypatch)
+    assert publisher.sync_file_folders(1, ["rank_00000.raw"]) == 0
+    publisher.publish_manifest(1, b"{}")
+    assert [c[1] for c in syscalls if c[0] == "fsync" and c[2]] == [str(root / "step_00000001")]  # write_atomic's own
+
+
+def test_coordinator_files_are_written_whole_and_listed_after_the_data_files(tmp_path):
+    publisher, _, root = _publisher(tmp_path, layout=get_layout("pytorch_dcp"))
+    (root / "step_00000003").mkdir(parents=True)
+    files = [{"path": "rank_00000.raw", "size": 4000, "checksum": "c", "owner": 0, "writer": 0, "records": [["t0", 0, 4000]]}]
+    metadata, listed = publisher.coordinator_files(3, files)
+    written = (root / "step_00000003" / ".metadata").read_bytes()
+    assert metadata == len(written) and json.loads(written)["files"] == [{"path": "rank_00000.raw", "owner": 0, "size": 4000}]
+    assert listed == [{"path": "rank_00000.raw", "size": 4000, "checksum": "c", "owner": 0, "writer": 0},
+                      {"path": ".metadata", "size": len(written), "checksum": xxhash.xxh3_128(written).hexdigest(),
+                       "owner": 0, "writer": 0}]
+
+
+def test_tag_and_framework_metadata_are_written_as_the_framework_writes_them(tmp_path):
+    publisher, storage, root = _publisher(tmp_path, layout=get_layout("deepspeed"))
+    (root / "global_step5").mkdir(parents=True)
+    assert publisher.write_tag(5) == len("global_step5")
+    assert (root / "latest").read_text() == "global_step5"
+    (root / "latest").unlink()
+    assert publisher.framework_metadata(5, []) == len("global_step5")  # deepspeed: no coordinator file, its tag
+    assert (root / "latest").read_text() == "global_step5"
+    assert _publisher(tmp_path / "raw")[0].write_tag(5) == 0
+
+
+# commit.py -------------------------------------------------------------------------------------
+def _committer(tmp_path: Path, keep_last: int = 0, commit_durability: bool = True, resume=None, layout=RAW):
+    storage = traced(tmp_path)
+    root = tmp_path / "ckpt"
+    folders = CheckpointFolders(str(root), layout, storage)
+    tensors = _tensors(1)
+    plan = [(PlannedFile("rank_00000.raw", 0, tensors),)]
+    publisher = Publisher(folders, storage, get_format("raw", "raw"), plan, 1, True, "xxh3_128", 1 << 16, False,
+                          str(tmp_path))
+    identity = CheckpointIdentity("run-1", "sharded", layout.name, "raw", "xxh3_128", 1)
+    committer = Committer(World.serial(), folders, publisher, Retention(folders, keep_last), identity,
+                          commit_durability, "full", resume if resume is not None else {}, {})
+    writer = CheckpointWriter(storage, get_format("raw", "raw"), 0, True, "xxh3_128", 1 << 16, False)
+
+    def save(step: int, index: int, data: bytes, error=None, settled=None):
+        entries = writer.write(plan_write(folders.path(step), step, plan[0]), _payload_of({"t0": data}))
+        return committer.commit(index, step, 1, entries, error,
+                                lambda i, ok: settled.append((i, ok)) if settled is not None else None)
+
+    return save, folders, storage
+
+
+def test_commit_writes_a_manifest_restore_accepts_and_settles_the_encoder(tmp_path):
+    resume = {4: {"epoch": 1, "sample": 32}}
+    save, folders, storage = _committer(tmp_path, resume=resume)
+    data = bytes(range(256)) * 15 + bytes(160)
+    settled: list = []
+    metadata, seconds = save(4, 0, data, settled=settled)
+    raw = (Path(folders.path(4)) / MANIFEST_NAME).read_bytes()
+    assert metadata == len(raw) and seconds >= 0 and settled == [(0, True)]
+    manifest = parse_manifest(raw, folders.path(4), 4)
+    assert manifest["resume"] == {"epoch": 1, "sample": 32} and resume == {}
+    assert manifest["files"] == [{"path": "rank_00000.raw", "size": 4000, "checksum": xxhash.xxh3_128(data).hexdigest(),
+                                  "owner": 0, "writer": 0}]
+    assert (manifest["run_id"], manifest["strategy"], manifest["data_bytes"]) == ("run-1", "sharded", 4000)
+
+
+def test_a_rank_failure_leaves_nothing_committed_and_says_why(tmp_path):
+    save, folders, _ = _committer(tmp_path)
+    settled: list = []
+    with pytest.raises(RunFailure) as failure:
+        save(2, 0, bytes(4000), error=OSError(errno.EIO, "Input/output error"), settled=settled)
+    assert str(failure.value) == "checkpoint step_00000002 not committed: Input/output error"
+    assert failure.value.known_everywhere and settled == [(0, False)]
+    assert folders.listing() == []
+
+
+def test_retention_runs_after_the_commit_and_never_undoes_it(tmp_path):
+    save, folders, _ = _committer(tmp_path, keep_last=2)
+    for index, step in enumerate((1, 2, 3)):
+        save(step, index, bytes([step]) * 4000)
+    assert folders.listing() == [(2, "step_00000002", True), (3, "step_00000003", True)]
+    save_dcp, dcp_folders, _ = _committer(tmp_path / "tag", layout=get_layout("deepspeed"))
+    metadata, _ = save_dcp(7, 0, bytes(4000))
+    manifest = (Path(dcp_folders.path(7)) / MANIFEST_NAME).read_bytes()
+    assert metadata == len(manifest) + len("global_step7")
+    assert (tmp_path / "tag" / "ckpt" / "latest").read_text() == "global_step7"
+
+
+def test_framework_durability_writes_no_manifest_and_rotates(tmp_path):
+    save, folders, _ = _committer(tmp_path, keep_last=1, commit_durability=False)
+    assert save(1, 0, bytes(4000))[0] == 0
+    save(2, 1, bytes(4000))
+    assert folders.listing() == [(2, "step_00000002", False)]

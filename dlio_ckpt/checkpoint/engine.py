@@ -1,23 +1,23 @@
-"""The checkpoint engine: triggers, the commit protocol, retention and restore, around a strategy.
+"""The checkpoint engine: one rank's checkpoints, its parts each doing one job, around a strategy.
 
-What every strategy shares lives here, so they differ only in who writes which file when:
+The engine holds what a rank's checkpoints share (the plan, the model state, the encoder, the
+triggers) and hands each step to the part that does it, as PyTorch Distributed Checkpoint keeps
+its planner, StorageWriter, StorageReader and coordinator apart:
 
-- commit: after every rank's data files are fsynced, each rank fsyncs the folders its files'
-  entries are in, rank 0 gathers the file lists (path, size, checksum, writer), writes the layout's
-  coordinator files, fsyncs the folders above the checkpoint folder, then writes the manifest last
-  and all or nothing (`write_atomic`: a renamed temporary file on POSIX, then its folder fsynced;
-  one PUT on S3), then the framework's "latest" tag. A folder without a manifest is torn; what
-  fails after the manifest (tag, retention) is reported as such, never as an uncommitted checkpoint.
-- restore: newest checkpoint first; every file is read in full by the rank that wrote it and
-  checked against the manifest (size, checksum); a torn or corrupted checkpoint is skipped with a
-  message naming what failed, and the previous complete one is restored.
-- retention: keep the newest `keep_last` complete checkpoints; delete older folders only directly
-  inside this run's checkpoint root.
+- what to write: write_plan.py (a pure value: paths and folders of one checkpoint's files);
+- writing them: writer.py (through the format, fsynced, the failed ones removed);
+- committing: commit.py (every rank's say, rank 0's decision, one outcome everywhere) with
+  publish.py (coordinator files, folder fsyncs, the manifest written last, the tag) and
+  metadata.py (the manifest's and coordinator files' contents, pure);
+- retention: retention.py; the run's checkpoint folders: folders.py;
+- restore: here, for now.
+
+The strategy (strategies.py) decides who writes which file when; the protocol is in
+docs/checkpointing.md ("Atomic commit").
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -25,27 +25,27 @@ from contextlib import closing
 from typing import Any, Callable
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
-from dlio_ckpt.checkpoint.fileio import (FileEntry, merge_framework_files, now, tensor_key, verify_file,
-                                         write_framework_metadata)
+from dlio_ckpt.checkpoint.commit import Committer
 from dlio_ckpt.checkpoint.encoded import (Payload, Window, check_encoding, digest_view, encoded_payload, make_decoder,
                                          make_encoder, payload_offset, tensor_chunks_of)
-from dlio_ckpt.codec.base import ChainLink
+from dlio_ckpt.checkpoint.fileio import FileEntry, now, tensor_key, verify_file
 from dlio_ckpt.checkpoint.folders import CheckpointFolders
 from dlio_ckpt.checkpoint.formats import get_format
-from dlio_ckpt.checkpoint.manifest import encode_manifest
+from dlio_ckpt.checkpoint.metadata import CheckpointIdentity
+from dlio_ckpt.checkpoint.publish import Publisher
 from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.retention import Retention
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.checkpoint.write_plan import plan_write
 from dlio_ckpt.checkpoint.writer import CheckpointWriter
+from dlio_ckpt.codec.base import ChainLink
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.errors import ConfigError, RunFailure, failure_text
+from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics.report import plural
-from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, CheckpointPlan, PlannedFile, build_checkpoint_plan
+from dlio_ckpt.plan.checkpoint import CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.durability import data_fsync, resolve_durability
-from dlio_ckpt.storage.durable import backend_root, entry_folders, sync_folders
-
+from dlio_ckpt.storage.durable import backend_root
 
 
 class CheckpointEngineImpl:
@@ -68,26 +68,18 @@ class CheckpointEngineImpl:
                               f"use checkpoint.layout={needs} (not {self.layout.name})")
         # Formats whose framework opens and names its own files (TensorFlow) are staged per rank
         # and merged by the coordinator at commit; see formats.py.
-        self.framework_writes = bool(getattr(self.fmt, "writes_paths", False))
+        framework_writes = bool(getattr(self.fmt, "writes_paths", False))
         # checkpoint.durability (plan/durability.py): under `framework` only the framework's own
-        # calls are issued (its fsyncs, if any; no checksum, no manifest); `commit` is the protocol below.
+        # calls are issued (its fsyncs, if any; no checksum, no manifest); `commit` is the protocol.
         self.durability = resolve_durability(ctx.config)
         self.data_fsync = data_fsync(self.durability, self.fmt, self.layout, self.cfg.fsync)
-        self.checksum = self.cfg.checksum if self.durability.commit else "none"
         check_encoding(self.cfg)
         base_storage = storage if storage is not None else ctx.storage
         self.storage = base_storage.with_phase("checkpoint")
         self.restore_storage = base_storage.with_phase("restore")
         self.root = root or ctx.checkpoint_root()
-        self.folders = CheckpointFolders(self.root, self.layout, self.storage)
-        self.writer = CheckpointWriter(self.storage, self.fmt, self.world.rank, self.data_fsync, self.checksum,
-                                       self.cfg.write_chunk_bytes, self.framework_writes)
-        self.retention = Retention(self.folders, self.cfg.keep_last)
-        # the top of the folder chain a commit fsyncs: the storage root (a level's path)
-        self._top = backend_root(base_storage) or os.path.abspath(self.config.storage.root)
         self.triggers = Triggers.from_config(self.cfg)
         self.records: list[CheckpointRecord] = []
-        self.strategy_name = canonical_strategy(self.cfg.strategy)
         self._source: ByteSource | None = None
         self._state = state
         self._encoder: Any = None
@@ -95,6 +87,21 @@ class CheckpointEngineImpl:
         self._steps: dict[int, int] = {}  # checkpoint index -> step, for the chains of encoded checkpoints
         self._last_step = -1
         self._last_time = time.monotonic()
+        # the parts, each with the values it needs
+        self.folders = CheckpointFolders(self.root, self.layout, self.storage)
+        self.writer = CheckpointWriter(self.storage, self.fmt, self.world.rank, self.data_fsync,
+                                       self.cfg.checksum if self.durability.commit else "none",
+                                       self.cfg.write_chunk_bytes, framework_writes)
+        self.retention = Retention(self.folders, self.cfg.keep_last)
+        # the top of the folder chain a commit fsyncs: the storage root (a level's path)
+        top = backend_root(base_storage) or os.path.abspath(self.config.storage.root)
+        self.publisher = Publisher(self.folders, self.storage, self.fmt, self.plan.files_by_rank, self.world.size,
+                                   self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes, framework_writes,
+                                   top)
+        identity = CheckpointIdentity(ctx.run_id, canonical_strategy(self.cfg.strategy), self.layout.name,
+                                      self.fmt.name, self.cfg.checksum, self.world.size)
+        self.committer = Committer(self.world, self.folders, self.publisher, self.retention, identity,
+                                   self.durability.commit, self.cfg.encoding, self._resume, self._steps)
         self.strategy = strategy_cls(self)
         if state is None and (self.cfg.enabled or self.config.mode == "checkpoint"):
             self.source  # the pool's random bytes are drawn now, not inside the first checkpoint's timing
@@ -169,7 +176,7 @@ class CheckpointEngineImpl:
     def finish(self) -> None:
         self.strategy.finish()
 
-    # writing -------------------------------------------------------------------------------
+    # writing (write_plan.py, writer.py) --------------------------------------------------------
     def folder_path(self, step: int) -> str:
         return self.folders.path(step)
 
@@ -182,168 +189,17 @@ class CheckpointEngineImpl:
         """Remove checkpoint `step`'s folder if it was never committed (see CheckpointFolders)."""
         self.folders.discard_failed(step)
 
-    def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry], error: BaseException | None = None) -> tuple[int, float]:
-        """Collective: make checkpoint `step` visible (manifest written last, all or nothing). Returns (metadata bytes, seconds).
+    # commit (commit.py, publish.py) -----------------------------------------------------------
+    def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry],
+               error: BaseException | None = None) -> tuple[int, float]:
+        """Collective: make checkpoint `step` visible (manifest written last, all or nothing).
+        Returns (metadata bytes, seconds). The encoder adopts what it encoded for this checkpoint
+        only once the manifest is written."""
+        return self.committer.commit(index, step, epoch, entries, error, self._settle)
 
-        The protocol (docs/checkpointing.md, "Atomic commit"): each rank fsyncs the folders its
-        files' entries are in (`sync_file_folders`), rank 0 writes the coordinator files, fsyncs
-        the folders above the checkpoint folder and writes the manifest (`publish_manifest`), then
-        the tag and retention, which come after the commit and never undo it. The encoder adopts
-        what it encoded for this checkpoint only once the manifest is written."""
-        start = now()
-        if error is None and self.durability.commit:  # framework durability: only the framework's own calls
-            try:
-                self.sync_file_folders(step, [e.path for e in entries])
-            except OSError as exc:  # reported like a failed write: the checkpoint is not committed
-                error = exc
-        mine = failure_text(error) if error else None
-        gathered = self.world.gather((None if error else [e.as_dict() for e in entries], mine))
-        status: tuple[str, Any] = ("ok", 0)
-        if self.world.is_root:
-            if any(msg for _, msg in gathered):
-                self.discard_failed(step)
-                status = ("failed", 0)
-            else:
-                try:
-                    files = [e for part, _ in gathered for e in part]
-                    status = ("ok", self._write_manifest(index, step, epoch, files) if self.durability.commit
-                              else self._write_framework_metadata(step, files))
-                except Exception as exc:  # every rank must hear of it, or they wait forever
-                    self.discard_failed(step)
-                    mine = failure_text(exc)
-                    status = ("failed", 0)
-                if status[0] == "ok" and self.durability.commit:  # framework: its tag and retention are written above
-                    status, mine = self._after_commit(step, status[1])
-        status = self.world.bcast(status)
+    def _settle(self, index: int, committed: bool) -> None:
         if self._encoder is not None:
-            self._encoder.settle(index, committed=status[0] != "failed")
-        if status[0] == "failed":
-            # Every rank knows: the ranks that failed say why, in one line each; the others end quietly.
-            raise RunFailure(f"checkpoint {self.layout.folder(step)} not committed: {mine}" if mine else "",
-                             known_everywhere=True)
-        if status[0] == "after":  # committed: the manifest is on disk; what failed came after it
-            raise RunFailure(f"checkpoint {self.layout.folder(step)} committed (its manifest is written), "
-                             f"but {mine}" if mine else "", known_everywhere=True)
-        return int(status[1]), now() - start
-
-    def _after_commit(self, step: int, metadata: int) -> tuple[tuple[str, Any], str | None]:
-        """On rank 0, once the manifest is written: the framework's tag, then retention. Their
-        failure is reported as what it is, after a commit that stands (status "after")."""
-        tag = self.layout.tag(step)
-        if tag:
-            try:
-                self.storage.write_atomic(os.path.join(self.root, tag[0]), tag[1].encode())
-            except Exception as exc:
-                return ("after", metadata), f"its {tag[0]!r} tag was not written: {failure_text(exc)}"
-            metadata += len(tag[1])
-        if self.cfg.keep_last:
-            try:
-                self.retention.apply()
-            except Exception as exc:
-                return ("after", metadata), (f"retention (checkpoint.keep_last={self.cfg.keep_last}) failed to "
-                                             f"delete an older checkpoint: {failure_text(exc)}")
-        return ("ok", metadata), None
-
-    # the commit's durability (storage/durable.py) -------------------------------------------
-    def sync_file_folders(self, step: int, relpaths: list[str]) -> int:
-        """This rank's part of a commit: fsync the folders that the entries of its files of
-        checkpoint `step` (paths relative to its folder) are in, from each file's folder up to
-        the checkpoint folder. Returns the folders synced (none with checkpoint.fsync=false)."""
-        if not self.cfg.fsync or not relpaths:
-            return 0
-        folder = self.folder_path(step)
-        return sync_folders(self.storage, entry_folders([os.path.join(folder, p) for p in relpaths], folder))
-
-    def publish_manifest(self, step: int, manifest: bytes) -> None:
-        """Rank 0's commit step: fsync the folders above the checkpoint folder (the root, which
-        holds its entry, up to the storage root), then write the manifest all or nothing
-        (`write_atomic`: on POSIX temporary name, fsync, rename, fsync of the checkpoint folder)."""
-        folder = self.folder_path(step)
-        if self.cfg.fsync:
-            sync_folders(self.storage, entry_folders([folder], self._top))
-        self.storage.write_atomic(os.path.join(folder, MANIFEST_NAME), manifest)
-
-    def _write_manifest(self, index: int, step: int, epoch: int, files: list[dict]) -> int:
-        folder = self.folder_path(step)
-        metadata = 0
-        records = files  # with each file's records (DCP) for the coordinator's files; the manifest lists none
-        files = [{k: v for k, v in f.items() if k != "records"} for f in files]
-        coordinator_files = self.layout.coordinator_files(step, self.world.size)
-        if self.framework_writes:  # the framework writes its own index when it merges the shards
-            for path, size, digest in merge_framework_files(self.storage, folder, [f["path"] for f in files], self.fmt,
-                                                            self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes):
-                files = files + [{"path": path, "size": size, "checksum": digest, "owner": 0, "writer": 0}]
-                metadata += size
-            coordinator_files = []
-        for name in coordinator_files:
-            content = self._coordinator_content(step, records)
-            self.storage.write_atomic(os.path.join(folder, name), content)
-            files = files + [{"path": name, "size": len(content), "checksum": _digest(content, self.cfg.checksum),
-                              "owner": 0, "writer": 0}]
-            metadata += len(content)
-        fields: dict[str, Any] = {}
-        needed = sorted({i for f in files for i in f.get("encoding", {}).get("chain", [])})
-        if needed:
-            fields.update(encoding=self.cfg.encoding, chain=[[i, self._steps[i]] for i in needed])
-        if step in self._resume:
-            fields["resume"] = self._resume.pop(step)
-        manifest = encode_manifest({
-            **fields,
-            "index": index,
-            "step": step,
-            "epoch": epoch,
-            "run_id": self.ctx.run_id,
-            "strategy": self.strategy_name,
-            "layout": self.layout.name,
-            "format": self.fmt.name,
-            "checksum": self.cfg.checksum,
-            "world_size": self.world.size,
-            "data_bytes": sum(f["size"] for f in files),
-            "files": files,
-            "written_at": time.time(),
-        })
-        self.publish_manifest(step, manifest)
-        return metadata + len(manifest)
-
-    def _write_framework_metadata(self, step: int, files: list[dict]) -> int:
-        """checkpoint.durability=framework, on the coordinator: the files the framework itself
-        writes after the data (TensorFlow's merged index, DCP's `.metadata`, the layout's "latest"
-        tag), written as the framework writes them (`Layout.metadata_write`), then retention over
-        the checkpoints this run wrote. No manifest: a real program writes none."""
-        folder = self.folder_path(step)
-        metadata = 0
-        if self.framework_writes:
-            for _, size, _ in merge_framework_files(self.storage, folder, [f["path"] for f in files], self.fmt,
-                                                    False, "none", self.cfg.write_chunk_bytes):
-                metadata += size
-        else:
-            for name in self.layout.coordinator_files(step, self.world.size):
-                content = self._coordinator_content(step, files)
-                write_framework_metadata(self.storage, os.path.join(folder, name), content, self.layout.metadata_write)
-                metadata += len(content)
-        tag = self.layout.tag(step)
-        for _ in range(self.layout.tag_writes if tag else 0):
-            write_framework_metadata(self.storage, os.path.join(self.root, tag[0]), tag[1].encode(),
-                                     self.layout.metadata_write)
-            metadata += len(tag[1])
-        self.retention.framework_written(step)
-        return metadata
-
-    def _coordinator_content(self, step: int, files: list[dict]) -> bytes:
-        """A layout's coordinator file (DCP's `.metadata`): where every tensor of the checkpoint is;
-        the framework's own where the format writes it (torch under DCP: its pickled Metadata),
-        else a JSON list of the files and their tensors."""
-        own = getattr(self.fmt, "coordinator_content", None)
-        if own is not None:
-            tensors = {pf.path_for(step): pf.tensors for rank_files in self.plan.files_by_rank for pf in rank_files}
-            return own(files, tensors, self.folder_path(step))
-        return json.dumps({
-            "step": step,
-            "layout": self.layout.name,
-            "files": [{"path": f["path"], "owner": f["owner"], "size": f["size"]} for f in files],
-            "tensors": {pf.path_for(step): [[t.name, t.numel, t.framework_dtype] for t in pf.tensors]
-                        for rank_files in self.plan.files_by_rank for pf in rank_files},
-        }).encode()
+            self._encoder.settle(index, committed=committed)
 
     # retention (retention.py) --------------------------------------------------------------
     def checkpoint_folders(self) -> list[tuple[int, str, bool]]:
@@ -514,6 +370,7 @@ class CheckpointEngineImpl:
                 return pf
         return f"not a file of this run's plan for rank {owner} (written with another model, layout or world size)"
 
+    # failures ----------------------------------------------------------------------------------
     def fail(self, kind: str = "process") -> None:
         """Collective: what a failure does to this side of training: the in-memory state and the
         encoders' memory are lost, and checkpoints still being persisted are abandoned (their
@@ -540,19 +397,10 @@ class CheckpointEngineImpl:
             print(f"dlio_ckpt: checkpoint restore: {message}", file=sys.stderr, flush=True)
 
 
+
 def _same_file(manifest: dict, key: str, owner: int) -> dict | None:
     """The entry of `manifest` holding the encoded file `key` of rank `owner`."""
     for entry in manifest["files"]:
         if entry.get("owner") == owner and entry.get("encoding", {}).get("key") == key:
             return entry
     return None
-
-
-def _digest(data: bytes, algorithm: str) -> str:
-    from dlio_ckpt.checkpoint.fileio import new_hasher
-
-    hasher = new_hasher(algorithm)
-    if hasher is None:
-        return ""
-    hasher.update(data)
-    return hasher.hexdigest()
