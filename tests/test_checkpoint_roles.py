@@ -27,6 +27,8 @@ from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
 from dlio_ckpt.checkpoint.metadata import (CheckpointIdentity, content_digest, coordinator_content, manifest_fields,
                                            metadata_entry, without_records)
 from dlio_ckpt.checkpoint.publish import Publisher
+from dlio_ckpt.checkpoint.restore import CheckpointReader
+from dlio_ckpt.checkpoint.restore_plan import candidates, chain_length, planned_file, reads_entry, same_file, state_key
 from dlio_ckpt.checkpoint.retention import Retention, doomed, kept_steps
 from dlio_ckpt.checkpoint.write_plan import plan_write
 from dlio_ckpt.checkpoint.writer import CheckpointWriter
@@ -412,3 +414,59 @@ def test_framework_durability_writes_no_manifest_and_rotates(tmp_path):
     assert save(1, 0, bytes(4000))[0] == 0
     save(2, 1, bytes(4000))
     assert folders.listing() == [(2, "step_00000002", False)]
+
+
+# restore_plan.py and restore.py ----------------------------------------------------------------
+def test_restore_plan_chooses_candidates_readers_and_planned_files():
+    listing = [(1, "a", True), (2, "b", False), (3, "c", True)]
+    assert candidates(listing, None) == [3, 2, 1] and candidates(listing, 1) == [1] and candidates(listing, 9) == []
+    entry = {"path": "p", "owner": 3, "writer": 0}
+    assert [r for r in range(2) if reads_entry(entry, r, 2, load_state=True)] == [1]
+    assert [r for r in range(2) if reads_entry(entry, r, 2, load_state=False)] == [0]
+    plan = [(PlannedFile("rank_{step}.raw", 0, ()),), (PlannedFile("rank_1.raw", 1, ()),)]
+    assert planned_file(plan, 0, "rank_5.raw", 5) is plan[0][0]
+    assert planned_file(plan, 0, "rank_{step}.raw", None) is plan[0][0]
+    assert planned_file(plan, 2, "x", None) == "written by rank 2, outside this run's 2 ranks"
+    assert planned_file(plan, 1, "rank_9.raw", 9).startswith("not a file of this run's plan for rank 1")
+    encoded = {"files": [{"owner": 1, "encoding": {"key": "k"}}, {"owner": 0, "encoding": {"key": "k"}}]}
+    assert same_file(encoded, "k", 0) is encoded["files"][1] and same_file(encoded, "j", 0) is None
+    assert chain_length({"encoding": {"chain": [0, 1, 2]}}) == 3 and chain_length({}) == 1
+    assert state_key({"path": "p", "encoding": {"key": "k"}}) == "k" and state_key({"path": "p"}) == "p"
+
+
+def test_reader_restores_the_newest_intact_checkpoint_and_names_what_it_skipped(tmp_path, capsys):
+    save, folders, storage = _committer(tmp_path)
+    for index, step in enumerate((1, 2, 3)):
+        save(step, index, bytes([step]) * 4000)
+    newest = Path(folders.path(3)) / "rank_00000.raw"
+    newest.write_bytes(bytes([3]) * 3999 + b"\x00")  # same size, one byte changed
+    (Path(folders.path(4))).mkdir()  # torn: never committed
+    reader = CheckpointReader(World.serial(), folders, storage.with_phase("restore"),
+                              [(PlannedFile("rank_00000.raw", 0, _tensors(1)),)], "raw", 1024, str(tmp_path),
+                              state=lambda: pytest.fail("a restore check loads no state"))
+    before = len(storage.recorder.array())
+    record = reader.restore()
+    assert (record.checkpoint_step, record.checkpoint_index, record.files, record.bytes) == (2, 1, 1, 4000)
+    assert record.skipped == ["step_00000004: torn: no manifest (data written but never committed; a rank may have "
+                              "died mid-write)",
+                              "step_00000003: rank_00000.raw: xxh3_128 checksum mismatch (corrupted contents)"]
+    assert record.message.startswith("restored step_00000002 (step 2) verified: xxh3_128 and size of 1 file; "
+                                     "skipped newer step_00000004: torn")
+    assert capsys.readouterr().err == f"dlio_ckpt: checkpoint restore: {record.message}\n"
+    read = [(op, path) for op, path in calls(storage, before) if op == "read"]
+    assert {path for _, path in read} == {str(newest), str(Path(folders.path(2)) / "rank_00000.raw"),
+                                           str(Path(folders.path(3)) / MANIFEST_NAME),
+                                           str(Path(folders.path(2)) / MANIFEST_NAME)}
+    assert reader.restore(step=1).checkpoint_step == 1
+    assert reader.restore(step=7) is None
+
+
+def test_reader_with_nothing_complete_says_so(tmp_path, capsys):
+    save, folders, storage = _committer(tmp_path)
+    save(1, 0, bytes(4000))
+    (Path(folders.path(1)) / "rank_00000.raw").write_bytes(bytes(10))
+    reader = CheckpointReader(World.serial(), folders, storage, [], "raw", 1024, str(tmp_path), state=lambda: None)
+    record = reader.restore(warn_if_none=False)
+    assert record.checkpoint_index == -1 and record.bytes == 0 and capsys.readouterr().err == ""
+    assert record.message == (f"no complete checkpoint to restore in {folders.root}: step_00000001: rank_00000.raw: "
+                              "size 10 bytes, manifest says 4000 (truncated or torn)")

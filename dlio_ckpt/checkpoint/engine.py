@@ -10,7 +10,7 @@ its planner, StorageWriter, StorageReader and coordinator apart:
   publish.py (coordinator files, folder fsyncs, the manifest written last, the tag) and
   metadata.py (the manifest's and coordinator files' contents, pure);
 - retention: retention.py; the run's checkpoint folders: folders.py;
-- restore: here, for now.
+- restore: restore.py (the reader) with restore_plan.py (what it reads, pure).
 
 The strategy (strategies.py) decides who writes which file when; the protocol is in
 docs/checkpointing.md ("Atomic commit").
@@ -19,30 +19,25 @@ docs/checkpointing.md ("Atomic commit").
 from __future__ import annotations
 
 import os
-import sys
 import time
-from contextlib import closing
 from typing import Any, Callable
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
 from dlio_ckpt.checkpoint.commit import Committer
-from dlio_ckpt.checkpoint.encoded import (Payload, Window, check_encoding, digest_view, encoded_payload, make_decoder,
-                                         make_encoder, payload_offset, tensor_chunks_of)
-from dlio_ckpt.checkpoint.fileio import FileEntry, now, tensor_key, verify_file
+from dlio_ckpt.checkpoint.encoded import Payload, check_encoding, encoded_payload, make_encoder, tensor_chunks_of
+from dlio_ckpt.checkpoint.fileio import FileEntry, tensor_key
 from dlio_ckpt.checkpoint.folders import CheckpointFolders
 from dlio_ckpt.checkpoint.formats import get_format
 from dlio_ckpt.checkpoint.metadata import CheckpointIdentity
 from dlio_ckpt.checkpoint.publish import Publisher
 from dlio_ckpt.checkpoint.registry import canonical_strategy
+from dlio_ckpt.checkpoint.restore import CheckpointReader
 from dlio_ckpt.checkpoint.retention import Retention
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.checkpoint.write_plan import plan_write
 from dlio_ckpt.checkpoint.writer import CheckpointWriter
-from dlio_ckpt.codec.base import ChainLink
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError
-from dlio_ckpt.memory import peak_rss_bytes
-from dlio_ckpt.metrics.report import plural
 from dlio_ckpt.plan.checkpoint import CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.durability import data_fsync, resolve_durability
 from dlio_ckpt.storage.durable import backend_root
@@ -102,6 +97,9 @@ class CheckpointEngineImpl:
                                       self.fmt.name, self.cfg.checksum, self.world.size)
         self.committer = Committer(self.world, self.folders, self.publisher, self.retention, identity,
                                    self.durability.commit, self.cfg.encoding, self._resume, self._steps)
+        self.reader = CheckpointReader(self.world, self.folders, self.restore_storage, self.plan.files_by_rank,
+                                       self.fmt.name, self.cfg.write_chunk_bytes, self.cfg.state_dir,
+                                       lambda: self.state)
         self.strategy = strategy_cls(self)
         if state is None and (self.cfg.enabled or self.config.mode == "checkpoint"):
             self.source  # the pool's random bytes are drawn now, not inside the first checkpoint's timing
@@ -201,174 +199,16 @@ class CheckpointEngineImpl:
         if self._encoder is not None:
             self._encoder.settle(index, committed=committed)
 
-    # retention (retention.py) --------------------------------------------------------------
+    # retention (retention.py) and restore (restore.py) ----------------------------------------
     def checkpoint_folders(self) -> list[tuple[int, str, bool]]:
         """(step, folder name, complete) of this run's checkpoints, oldest first."""
         return self.folders.listing()
 
-    # restore -------------------------------------------------------------------------------
     def restore(self, step: int | None = None, warn_if_none: bool = True, load_state: bool = False) -> RestoreRecord | None:
-        """Collective: restore the newest complete, verified checkpoint (or `step`'s). None when
-        there is no checkpoint folder; a record with checkpoint_step -1 when every one was rejected
-        (printed on stderr unless `warn_if_none` is off: the caller then reports it).
-
-        An encoded checkpoint is rebuilt from its chain (each link's files read in full and
-        verified, then decoded) and must come back bit for bit as the state it was written from.
-        `load_state` (a restart): the restored bytes become this rank's state."""
+        """Collective: restore the newest complete, verified checkpoint (or `step`'s), once every
+        checkpoint in flight is persisted; see CheckpointReader.restore."""
         self.strategy.finish()
-        if self.world.is_root:
-            candidates = [s for s, _, _ in reversed(self.checkpoint_folders()) if step is None or s == step]
-        else:
-            candidates = None
-        candidates = self.world.bcast(candidates)
-        if not candidates:
-            return None
-        candidates = [int(c) for c in candidates]
-        skipped: list[str] = []
-        buffer = memoryview(bytearray(self.cfg.write_chunk_bytes))
-        for candidate in candidates:
-            name = self.layout.folder(candidate)
-            folder = self.folder_path(candidate)
-            manifest = self.world.root_first(lambda: self._read_manifest(folder, candidate))
-            if isinstance(manifest, str):
-                skipped.append(f"{name}: {manifest}")
-                continue
-            start = now()
-            read = files = chain_length = 0
-            problems = []
-            digests: dict[str, str] = {}
-            chain = self._chain_manifests(manifest) if "chain" in manifest else {}
-            for entry in manifest["files"]:
-                # A restart loads each rank's own state, whoever wrote it; a restore check reads
-                # what each rank wrote.
-                reader = entry["owner"] if load_state else entry["writer"]
-                if reader % self.world.size != self.world.rank:
-                    continue
-                if isinstance(chain, str):
-                    problems.append(chain)
-                    break
-                got, problem, digest = self._restore_file(folder, manifest, entry, chain, buffer, load_state)
-                read += got
-                files += 1
-                chain_length = max(chain_length, len(entry.get("encoding", {}).get("chain", [1])))
-                if digest:
-                    digests[entry.get("encoding", {}).get("key", entry["path"])] = digest
-                if problem:
-                    problems.append(f"{entry['path']}: {problem}")
-            read_s = now() - start
-            all_problems = [p for part in self.world.allgather(problems) for p in part]
-            if all_problems:
-                more = f" (+{len(all_problems) - 1} more)" if len(all_problems) > 1 else ""
-                skipped.append(f"{name}: {all_problems[0]}{more}")
-                continue
-            verified = manifest["checksum"] != "none"
-            listed = plural(len(manifest["files"]), "file")
-            message = (f"restored {name} (step {candidate}) verified: {manifest['checksum']} and size of {listed}"
-                       if verified else
-                       f"restored {name} (step {candidate}) unverified: written with checkpoint.checksum=none, "
-                       f"only sizes were checked ({listed})")
-            if skipped:
-                message += "; skipped newer " + "; ".join(skipped) + " -> fell back to the previous complete checkpoint"
-                self._warn(message)
-            if "chain" in manifest:
-                message += f"; rebuilt bit for bit from a chain of {plural(chain_length, 'checkpoint')}"
-            return RestoreRecord(checkpoint_index=int(manifest.get("index", -1)), bytes=read, files=files, read_s=read_s,
-                                 verified=verified, message=message, checkpoint_step=candidate, folder=name,
-                                 skipped=skipped, peak_rss_bytes=peak_rss_bytes(), resume=manifest.get("resume", {}),
-                                 state_digests=digests, chain_length=chain_length, encoding=manifest.get("encoding", "full"))
-        message = f"no complete checkpoint to restore in {self.root}: " + "; ".join(skipped)
-        if warn_if_none:
-            self._warn(message)
-        return RestoreRecord(checkpoint_index=-1, bytes=0, files=0, read_s=0.0, verified=False, message=message,
-                             skipped=skipped, peak_rss_bytes=peak_rss_bytes())
-
-    def _chain_manifests(self, manifest: dict) -> dict[int, tuple[str, dict]] | str:
-        """The folder and manifest of every earlier checkpoint in `manifest`'s chain (index ->
-        (folder, manifest)), or why the chain is broken (a link deleted, torn or altered)."""
-        links: dict[int, tuple[str, dict]] = {}
-        for index, link_step in manifest["chain"]:
-            if index == manifest["index"] and link_step == manifest["step"]:
-                continue
-            folder = self.folder_path(link_step)
-            found = self.world.root_first(lambda f=folder, s=link_step: self._read_manifest(f, s))
-            name = self.layout.folder(link_step)
-            if isinstance(found, str):
-                return f"chain link {name} (checkpoint {index}) unusable: {found}"
-            if found["index"] != index:
-                return f"chain link {name} is checkpoint {found['index']}, the chain needs checkpoint {index}"
-            links[index] = (folder, found)
-        return links
-
-    def _restore_file(self, folder: str, manifest: dict, entry: dict, chain: dict[int, tuple[str, dict]],
-                      buffer: memoryview, load_state: bool) -> tuple[int, str | None, str]:
-        """Read, verify and (encoded files) rebuild one file; (bytes read, problem, state digest)."""
-        from dlio_ckpt.state.store import ScratchStore
-
-        algorithm = manifest["checksum"]
-        encoding = entry.get("encoding")
-        if encoding is None:
-            if not load_state:
-                got, problem = verify_file(self.restore_storage, os.path.join(folder, entry["path"]), entry["size"],
-                                           entry["checksum"], algorithm, buffer)
-                return got, problem, ""
-            pf = self._planned(entry["owner"], entry["path"], manifest["step"])
-            if isinstance(pf, str):
-                return 0, pf, ""
-            with closing(ScratchStore(entry["size"], self.cfg.state_dir)) as kept:
-                got, problem = verify_file(self.restore_storage, os.path.join(folder, entry["path"]), entry["size"],
-                                           entry["checksum"], algorithm, buffer, sink=kept)
-                if problem:
-                    return got, problem, ""
-                view = Window(kept, payload_offset(self.fmt.name, pf.payload_bytes), pf.payload_bytes)
-                self.state.load(pf, view, manifest["step"])
-                return got, None, digest_view(view, len(buffer))
-        pf = self._planned(entry["owner"], encoding["key"], None)
-        if isinstance(pf, str):
-            return 0, pf, ""
-        read = 0
-        stores: list[Any] = []  # each link's file as read and verified (untraced scratch)
-        links: list[ChainLink] = []
-        try:
-            for index in encoding["chain"]:
-                link_folder, link_entry = (folder, entry) if index == encoding["index"] else \
-                    (chain[index][0], _same_file(chain[index][1], encoding["key"], entry["owner"]))
-                name = os.path.basename(link_folder)
-                if link_entry is None:
-                    return read, f"chain link {name} has no {encoding['key']} of rank {entry['owner']}", ""
-                stores.append(ScratchStore(link_entry["size"], self.cfg.state_dir))
-                got, problem = verify_file(self.restore_storage, os.path.join(link_folder, link_entry["path"]),
-                                           link_entry["size"], link_entry["checksum"], algorithm, buffer, sink=stores[-1])
-                read += got
-                if problem:
-                    return read, f"chain link {name}: {problem}", ""
-                inner = link_entry["encoding"]
-                window = Window(stores[-1], inner["offset"], inner["container_bytes"])
-                links.append(ChainLink(index=index, size=window.size, read_at=window.read_at))
-            with closing(ScratchStore(encoding["logical_bytes"], self.cfg.state_dir)) as out:
-                try:
-                    make_decoder(encoding["codec"], pf.tensors).rebuild(links, out)
-                except ValueError as exc:
-                    return read, f"cannot rebuild from its chain: {exc}", ""
-                digest = digest_view(out, len(buffer))
-                if digest != encoding["state_digest"]:
-                    return read, (f"rebuilt state differs from the state written (xxh3_128 {digest[:12]}..., "
-                                  f"manifest {encoding['state_digest'][:12]}...)"), digest
-                if load_state:
-                    self.state.load(pf, out, manifest["step"])
-                return read, None, digest
-        finally:
-            for store in stores:
-                store.close()
-
-    def _planned(self, owner: int, key: str, step: int | None) -> PlannedFile | str:
-        """The planned file of rank `owner` whose path template is `key` (or, given `step`, whose
-        path at that step is `key`): where a restored file's tensors and state belong."""
-        if not 0 <= owner < self.plan.world_size:
-            return f"written by rank {owner}, outside this run's {self.plan.world_size} ranks"
-        for pf in self.plan.files_by_rank[owner]:
-            if (pf.path_for(step) if step is not None else pf.relpath) == key:
-                return pf
-        return f"not a file of this run's plan for rank {owner} (written with another model, layout or world size)"
+        return self.reader.restore(step, warn_if_none, load_state)
 
     # failures ----------------------------------------------------------------------------------
     def fail(self, kind: str = "process") -> None:
@@ -387,20 +227,3 @@ class CheckpointEngineImpl:
         self._encoder = None
         self._resume.clear()
         self._last_step = -1  # steps after the restored one are trained (and due) again (helper-policy hook)
-
-    def _read_manifest(self, folder: str, step: int) -> dict | str:
-        """The checkpoint's manifest, validated, read as restore I/O, or why it is rejected."""
-        return self.folders.read_manifest(folder, step, self.restore_storage)
-
-    def _warn(self, message: str) -> None:
-        if self.world.is_root:
-            print(f"dlio_ckpt: checkpoint restore: {message}", file=sys.stderr, flush=True)
-
-
-
-def _same_file(manifest: dict, key: str, owner: int) -> dict | None:
-    """The entry of `manifest` holding the encoded file `key` of rank `owner`."""
-    for entry in manifest["files"]:
-        if entry.get("owner") == owner and entry.get("encoding", {}).get("key") == key:
-            return entry
-    return None
