@@ -310,14 +310,14 @@ class MultiLevelEngine:
         target = self.engines[flush.target]
         for step, manifest in flush.manifests.items():
             mine = [e["path"] for e in manifest["files"] if e["writer"] % self.world.size == self.world.rank]
-            target.sync_file_folders(step, mine)
+            target.publisher.sync_file_folders(step, mine)
 
     def _publish(self, flush: _Flush) -> None:
         """On rank 0: the source manifests on the target (oldest first), each through the target
         engine's commit step (the folders above its checkpoint folder fsynced, then the manifest)."""
         target = self.engines[flush.target]
         for step in sorted(flush.raw):
-            target.publish_manifest(step, flush.raw[step])
+            target.publisher.publish_manifest(step, flush.raw[step])
 
     def _after_publish(self, flush: _Flush) -> None:
         """On rank 0, after the flush is committed: the target's tag, then its retention; raises
@@ -331,7 +331,7 @@ class MultiLevelEngine:
                 raise RunFailure(f"its {tag[0]!r} tag was not written: {failure_text(exc)}") from None
         if target.cfg.keep_last:
             try:
-                target.apply_retention()
+                target.retention.apply()
             except Exception as exc:
                 raise RunFailure(f"retention (keep_last={target.cfg.keep_last}) failed to delete an older "
                                  f"checkpoint on level {flush.record.level}: {failure_text(exc)}") from None
