@@ -20,6 +20,7 @@ STRATEGIES = Registry(
         "async": "dlio_ckpt.checkpoint.strategies:AsyncStrategy",
     },
     aliases={"sync": "sharded"},
+    group="dlio_ckpt.strategies",
 )
 
 

@@ -91,6 +91,7 @@ CHECKPOINT_FORMATS = Registry(
         "torch": "dlio_ckpt.plan.checkpoint_formats:TORCH",
         "tensorflow": "dlio_ckpt.plan.checkpoint_formats:TENSORFLOW",
     },
+    group="dlio_ckpt.checkpoint_formats",
 )
 
 
