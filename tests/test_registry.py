@@ -146,3 +146,12 @@ def test_the_project_registries_are_open_under_their_documented_groups():
         "storage.backend": "dlio_ckpt.storage_backends", "dataset.format": "dlio_ckpt.dataset_formats",
         "checkpoint.format": "dlio_ckpt.checkpoint_formats", "checkpoint.layout": "",
         "checkpoint.strategy": "dlio_ckpt.strategies"}
+
+
+def test_strategies_declare_what_config_engine_and_report_ask_of_them():
+    from dlio_ckpt.checkpoint.registry import strategy_declares
+
+    declared = {name: (strategy_declares(name, "persists_in_background"), strategy_declares(name, "gathers_to_one_writer"))
+                for name in ["sharded", "sync", "single_writer", "async", "no_such_strategy"]}
+    assert declared == {"sharded": (False, False), "sync": (False, False), "single_writer": (False, True),
+                        "async": (True, False), "no_such_strategy": (False, False)}

@@ -57,6 +57,10 @@ class SyncStrategy:
     """Write, fsync, commit, then return: training waits for all of it."""
 
     name = "sharded"
+    # What a strategy declares about itself, read where the run is configured and reported
+    # (checkpoint.registry.strategy_declares) instead of testing its name:
+    persists_in_background = False  # training resumes before the write ends (staging buffers, memory limits)
+    gathers_to_one_writer = False  # every rank's state goes to one rank, which writes it all
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -119,6 +123,7 @@ class SingleWriterStrategy(SyncStrategy):
     """
 
     name = "single_writer"
+    gathers_to_one_writer = True
 
     def write_or_failure(self, index: int, step: int) -> tuple[list[FileEntry], BaseException | None]:
         e = self.engine
@@ -229,6 +234,8 @@ class AsyncStrategy:
     """Snapshot into a staging buffer (blocking), persist in a background thread."""
 
     name = "async"
+    persists_in_background = True
+    gathers_to_one_writer = False
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
