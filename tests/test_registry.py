@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from dlio_ckpt.checkpoint.registry import STRATEGIES
+from dlio_ckpt.codec.registry import CODECS
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.errors import ConfigError, MissingDependency
 from dlio_ckpt.formats import DATASET_FORMATS
@@ -16,7 +17,7 @@ from dlio_ckpt.plan.layouts import LAYOUTS
 from dlio_ckpt.registry import Registry
 from dlio_ckpt.storage import BACKENDS
 
-ALL = [BACKENDS, DATASET_FORMATS, CHECKPOINT_FORMATS, LAYOUTS, STRATEGIES]
+ALL = [BACKENDS, DATASET_FORMATS, CHECKPOINT_FORMATS, LAYOUTS, STRATEGIES, CODECS]
 
 
 def test_unknown_name_names_the_key_a_close_match_and_the_choices():
@@ -145,7 +146,7 @@ def test_the_project_registries_are_open_under_their_documented_groups():
     assert {r.key: r.group for r in ALL} == {
         "storage.backend": "dlio_ckpt.storage_backends", "dataset.format": "dlio_ckpt.dataset_formats",
         "checkpoint.format": "dlio_ckpt.checkpoint_formats", "checkpoint.layout": "",
-        "checkpoint.strategy": "dlio_ckpt.strategies"}
+        "checkpoint.strategy": "dlio_ckpt.strategies", "checkpoint.codecs": "dlio_ckpt.codecs"}
 
 
 def test_strategies_declare_what_config_engine_and_report_ask_of_them():

@@ -33,6 +33,7 @@ from dlio_ckpt.codec.base import ChainLink
 from dlio_ckpt.checkpoint.formats import get_format
 from dlio_ckpt.checkpoint.manifest import encode_manifest, parse_manifest
 from dlio_ckpt.checkpoint.registry import canonical_strategy
+from dlio_ckpt.codec.registry import codec_names, encoding_label
 from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError, RunFailure, failure_text, storage_failure
@@ -119,7 +120,7 @@ class CheckpointEngineImpl:
     @property
     def encoder(self) -> Any:
         """This rank's encoder (None for checkpoint.encoding=full); it remembers earlier checkpoints."""
-        if self._encoder is None and self.cfg.encoding != "full":
+        if self._encoder is None and codec_names(self.cfg):
             self._encoder = make_encoder(self.cfg, self.plan.files_by_rank[self.world.rank])
         return self._encoder
 
@@ -345,7 +346,7 @@ class CheckpointEngineImpl:
         fields: dict[str, Any] = {}
         needed = sorted({i for f in files for i in f.get("encoding", {}).get("chain", [])})
         if needed:
-            fields.update(encoding=self.cfg.encoding, chain=[[i, self._steps[i]] for i in needed])
+            fields.update(encoding=encoding_label(self.cfg), chain=[[i, self._steps[i]] for i in needed])
         if step in self._resume:
             fields["resume"] = self._resume.pop(step)
         manifest = encode_manifest({

@@ -26,6 +26,7 @@ import json
 from dlio_ckpt.checkpoint.base import CheckpointRecord
 from dlio_ckpt.checkpoint.encoded import Payload, container_tensor, merge_stats
 from dlio_ckpt.checkpoint.fileio import FileEntry, now
+from dlio_ckpt.codec.registry import codec_names, encoding_label
 from dlio_ckpt.errors import RunFailure, failure_text, report_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.memory import peak_rss_bytes
@@ -86,7 +87,7 @@ class SyncStrategy:
             folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
             peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries),
         )
-        add_codec_figures(record, e.cfg.encoding, entries, self.encoded_here)
+        add_codec_figures(record, encoding_label(e.cfg), entries, self.encoded_here)
         add_write_figures(record, entries)
         return record
 
@@ -176,7 +177,7 @@ class SingleWriterStrategy(SyncStrategy):
             return e.payload(pf, index)
         buffer = np.empty(max(e.cfg.write_chunk_bytes, 1 << 16), dtype=np.uint8)
         tensors, encoding = pf.tensors, None
-        if e.cfg.encoding != "full":
+        if codec_names(e.cfg):
             meta = self._receive(buffer, pf.owner)
             tensors, encoding = (container_tensor(meta["nbytes"]),), meta["encoding"]
 
@@ -353,7 +354,7 @@ class AsyncStrategy:
             record.metadata_bytes = metadata
             record.commit_s = commit_s
             record.committed = True
-            add_codec_figures(record, e.cfg.encoding, entries, [])
+            add_codec_figures(record, encoding_label(e.cfg), entries, [])
             add_write_figures(record, entries)
             if record.persist_s == 0.0:
                 record.persist_s = record.blocking_s
