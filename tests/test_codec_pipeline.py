@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy
 import pytest
 import xxhash
 import zstandard
@@ -107,3 +108,17 @@ def test_pipelines_are_checked_with_the_config(overrides, message):
     with pytest.raises(ConfigError) as caught:
         load_config(["checkpoint.enabled=true", *overrides])
     assert str(caught.value).startswith(message)
+
+
+def test_an_npy_file_holds_the_compressed_container_as_its_array(tmp_path):
+    """The container's offset comes from the format's spec (one_stream, its header's size): numpy
+    reads the file as one uint8 array, which zstandard decompresses into the state."""
+    engine = run_engine(tmp_path, ["checkpoint.codecs=[zstd]", "checkpoint.format=npy", *SPARSE], steps=(1,))
+    folder = Path(engine.root) / engine.layout.folder(1)
+    expected = {Path(key).name: digest for key, digest in expected_digests(engine, (1,)).items()}
+    for path in data_files(folder):
+        array = numpy.load(path)
+        assert array.dtype == numpy.uint8 and array.ndim == 1
+        plain = zstandard.ZstdDecompressor().decompressobj().decompress(array.tobytes())
+        assert xxhash.xxh3_128(plain).hexdigest() == expected[path.name]
+    assert engine.restore().verified

@@ -22,12 +22,10 @@ from dlio_ckpt.codec.base import EncodedFile
 from dlio_ckpt.codec.registry import CODECS, codec_names, codec_setting
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.checkpoint import PlannedFile
-from dlio_ckpt.plan.checkpoint_formats import npy_header
+from dlio_ckpt.plan.checkpoint_formats import CHECKPOINT_FORMATS, format_spec
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.base import stream_by_reads
 
-# Formats whose payload is one byte stream at a known offset: where a container can live.
-CONTAINER_FORMATS = ("raw", "npy")
 CONTAINER_TENSOR = "container"
 
 
@@ -36,12 +34,13 @@ def check_encoding(cfg: Any) -> None:
     format that stores one byte stream."""
     check_codec_order(cfg)
     names = codec_names(cfg)
-    if names and cfg.format not in CONTAINER_FORMATS:
+    one_stream = format_spec(cfg.format).one_stream
+    if names and not one_stream:
         raise ConfigError(f"{codec_setting(cfg)} stores a container of its own; "
-                          f"use checkpoint.format=raw or npy (not {cfg.format})")
-    if cfg.update != "random" and cfg.format not in CONTAINER_FORMATS:
+                          f"use checkpoint.format={one_stream_formats()} (not {cfg.format})")
+    if cfg.update != "random" and not one_stream:
         raise ConfigError(f"checkpoint.update={cfg.update} restores its state from one byte stream per file; "
-                          f"use checkpoint.format=raw or npy (not {cfg.format})")
+                          f"use checkpoint.format={one_stream_formats()} (not {cfg.format})")
     problem = names and getattr(CODECS.load(names[0]), "random_update_problem", "")
     if problem and cfg.update == "random":
         raise ConfigError(f"{codec_setting(cfg)} {problem}, and checkpoint.update=random "
@@ -62,9 +61,14 @@ def check_codec_order(cfg: Any) -> None:
                               f"(got [{','.join(cfg.codecs)}])")
 
 
+def one_stream_formats() -> str:
+    """The checkpoint formats that store one byte stream, for a message: "raw or npy"."""
+    return " or ".join(name for name in CHECKPOINT_FORMATS.names() if CHECKPOINT_FORMATS.load(name).one_stream)
+
+
 def payload_offset(format_name: str, nbytes: int) -> int:
     """Where a file's single byte stream of `nbytes` starts (raw: 0; npy: after its header)."""
-    return len(npy_header(nbytes, "uint8")) if format_name == "npy" else 0
+    return format_spec(format_name).encoded_size((container_tensor(nbytes),)) - nbytes
 
 
 def make_encoder(cfg: Any, files: tuple[PlannedFile, ...]) -> Any:
