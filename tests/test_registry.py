@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from dlio_ckpt.checkpoint.registry import STRATEGIES
+from dlio_ckpt.codec.registry import CODECS
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.errors import ConfigError, MissingDependency
 from dlio_ckpt.formats import DATASET_FORMATS
@@ -16,7 +17,7 @@ from dlio_ckpt.plan.layouts import LAYOUTS
 from dlio_ckpt.registry import Registry
 from dlio_ckpt.storage import BACKENDS
 
-ALL = [BACKENDS, DATASET_FORMATS, CHECKPOINT_FORMATS, LAYOUTS, STRATEGIES]
+ALL = [BACKENDS, DATASET_FORMATS, CHECKPOINT_FORMATS, LAYOUTS, STRATEGIES, CODECS]
 
 
 def test_unknown_name_names_the_key_a_close_match_and_the_choices():
@@ -96,3 +97,62 @@ def test_a_format_states_the_compressions_it_offers(overrides, message):
         load_config(overrides)
     assert str(caught.value).startswith(message)
     load_config(["dataset.format=hdf5", "dataset.compression=lzf"])
+
+
+def _install_fake_plugin(root, entry_points: str, modules: dict[str, str]) -> None:
+    """What `pip install` leaves for a package with entry points: a dist-info folder (METADATA,
+    entry_points.txt) beside its modules, found once `root` is on sys.path."""
+    info = root / "toy_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    for name, text in modules.items():
+        (root / f"{name}.py").write_text(text)
+
+
+def test_a_plugin_name_is_offered_matched_and_imported_only_on_use(tmp_path, monkeypatch):
+    _install_fake_plugin(tmp_path, "[thing.group]\ngamma = toy_gamma_module:GAMMA\nalpha = toy_gamma_module:OTHER\n",
+                         {"toy_gamma_module": "GAMMA = 'gamma from a plugin'\nOTHER = 'not the built-in'\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry(key="thing.kind", noun="kind", entries={"alpha": "json:dumps"}, group="thing.group")
+    assert registry.names() == ["alpha", "gamma"]
+    assert registry.canonical("gamma") == "gamma" and "toy_gamma_module" not in sys.modules
+    assert registry.load("gamma") == "gamma from a plugin"
+    import json
+
+    assert registry.load("alpha") is json.dumps  # a plugin cannot take over a built-in name
+    with pytest.raises(ConfigError) as caught:
+        registry.canonical("gamm")
+    assert str(caught.value) == "thing.kind: unknown kind 'gamm' (did you mean 'gamma'?); choose one of: alpha, gamma"
+    del sys.modules["toy_gamma_module"]
+
+
+def test_a_plugin_missing_its_dependency_is_told_to_reinstall_its_package(tmp_path, monkeypatch):
+    _install_fake_plugin(tmp_path, "[thing.group]\nfar = toy_far_module:Far\n", {"toy_far_module": "import dlio_ckpt_no_such_module\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = Registry(key="thing.kind", noun="kind", entries={}, group="thing.group")
+    with pytest.raises(MissingDependency, match=r"^thing.kind=far needs a library that is not installed .*; install it with: pip install toy-plugin$"):
+        registry.load("far")
+
+
+def test_a_closed_registry_ignores_entry_points(tmp_path, monkeypatch):
+    _install_fake_plugin(tmp_path, "[thing.group]\ngamma = json:dumps\n", {})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="unknown kind 'gamma'"):
+        Registry(key="thing.kind", noun="kind", entries={"alpha": "json:dumps"}).canonical("gamma")
+
+
+def test_the_project_registries_are_open_under_their_documented_groups():
+    assert {r.key: r.group for r in ALL} == {
+        "storage.backend": "dlio_ckpt.storage_backends", "dataset.format": "dlio_ckpt.dataset_formats",
+        "checkpoint.format": "dlio_ckpt.checkpoint_formats", "checkpoint.layout": "",
+        "checkpoint.strategy": "dlio_ckpt.strategies", "checkpoint.codecs": "dlio_ckpt.codecs"}
+
+
+def test_strategies_declare_what_config_engine_and_report_ask_of_them():
+    from dlio_ckpt.checkpoint.registry import strategy_declares
+
+    declared = {name: (strategy_declares(name, "persists_in_background"), strategy_declares(name, "gathers_to_one_writer"))
+                for name in ["sharded", "sync", "single_writer", "async", "no_such_strategy"]}
+    assert declared == {"sharded": (False, False), "sync": (False, False), "single_writer": (False, True),
+                        "async": (True, False), "no_such_strategy": (False, False)}

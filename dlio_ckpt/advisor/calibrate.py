@@ -193,7 +193,8 @@ def _level_costs(summary: dict[str, Any], notes: list[str]) -> tuple[LevelCosts,
 def _variant(ckpt: dict[str, Any], ck_conf: dict[str, Any], levels: tuple[LevelCosts, ...]) -> str:
     """What the advice may choose between: strategy/encoding, and the level set when there are several
     (a single-level run keeps its own measured write cost as a layout of its own)."""
-    name = f"{ckpt.get('strategy') or ck_conf.get('strategy') or '?'}/{ck_conf.get('encoding') or 'full'}"
+    encoding = "+".join(ck_conf.get("codecs") or []) or ck_conf.get("encoding") or "full"  # a codec pipeline's label
+    name = f"{ckpt.get('strategy') or ck_conf.get('strategy') or '?'}/{encoding}"
     return name + (":" + "+".join(lv.name for lv in levels) if len(levels) > 1 else "")
 
 

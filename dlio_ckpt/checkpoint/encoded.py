@@ -1,7 +1,8 @@
 """The codec stage inside the checkpoint engine: from a file's state to what a file holds.
 
 With `checkpoint.encoding=full` a file holds its tensors as the format lays them out (today's
-path, untouched). With `incremental` or `lossy` the rank's Encoder turns the file's logical bytes
+path, untouched). With a codec (`checkpoint.encoding=incremental` or `lossy`, or a pipeline
+`checkpoint.codecs=[...]`, codec/pipeline.py) the rank's Encoder turns the file's logical bytes
 into a container (codec/), and the format stores the container as one flat byte vector: `raw`
 writes it as is, `npy` after a numpy header; those are the formats whose payload is one byte
 stream a restore can find again (`container_offset`). The manifest entry of an encoded file says
@@ -16,66 +17,68 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from dlio_ckpt.codec import pipeline
 from dlio_ckpt.codec.base import EncodedFile
+from dlio_ckpt.codec.registry import CODECS, codec_names, codec_setting
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.checkpoint import PlannedFile
-from dlio_ckpt.plan.checkpoint_formats import npy_header
+from dlio_ckpt.plan.checkpoint_formats import CHECKPOINT_FORMATS, format_spec
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.base import stream_by_reads
 
-# Formats whose payload is one byte stream at a known offset: where a container can live.
-CONTAINER_FORMATS = ("raw", "npy")
 CONTAINER_TENSOR = "container"
 
 
 def check_encoding(cfg: Any) -> None:
-    """An encoded checkpoint or an evolving state needs a format that stores one byte stream."""
-    if cfg.encoding != "full" and cfg.format not in CONTAINER_FORMATS:
-        raise ConfigError(f"checkpoint.encoding={cfg.encoding} stores a container of its own; "
-                          f"use checkpoint.format=raw or npy (not {cfg.format})")
-    if cfg.update != "random" and cfg.format not in CONTAINER_FORMATS:
+    """The codecs are known and in order, and an encoded checkpoint or an evolving state has a
+    format that stores one byte stream."""
+    check_codec_order(cfg)
+    names = codec_names(cfg)
+    one_stream = format_spec(cfg.format).one_stream
+    if names and not one_stream:
+        raise ConfigError(f"{codec_setting(cfg)} stores a container of its own; "
+                          f"use checkpoint.format={one_stream_formats()} (not {cfg.format})")
+    if cfg.update != "random" and not one_stream:
         raise ConfigError(f"checkpoint.update={cfg.update} restores its state from one byte stream per file; "
-                          f"use checkpoint.format=raw or npy (not {cfg.format})")
-    if cfg.encoding == "lossy" and cfg.update == "random":
-        raise ConfigError("checkpoint.encoding=lossy quantises how values change, and checkpoint.update=random "
+                          f"use checkpoint.format={one_stream_formats()} (not {cfg.format})")
+    problem = names and getattr(CODECS.load(names[0]), "random_update_problem", "")
+    if problem and cfg.update == "random":
+        raise ConfigError(f"{codec_setting(cfg)} {problem}, and checkpoint.update=random "
                           "replaces every byte with noise; set checkpoint.update=sgd, trace or sparse")
+
+
+def check_codec_order(cfg: Any) -> None:
+    """checkpoint.codecs names known codecs, a state codec only first, and is not set beside
+    checkpoint.encoding."""
+    if not cfg.codecs:
+        return
+    if cfg.encoding != "full":
+        raise ConfigError(f"checkpoint.codecs=[{','.join(cfg.codecs)}] and checkpoint.encoding={cfg.encoding} both choose "
+                          "the codecs; set one (checkpoint.codecs=[...] with checkpoint.encoding=full)")
+    for position, name in enumerate(cfg.codecs):
+        if position and CODECS.load(name).kind == "state":
+            raise ConfigError(f"checkpoint.codecs: {name} keeps the state across checkpoints and must come first "
+                              f"(got [{','.join(cfg.codecs)}])")
+
+
+def one_stream_formats() -> str:
+    """The checkpoint formats that store one byte stream, for a message: "raw or npy"."""
+    return " or ".join(name for name in CHECKPOINT_FORMATS.names() if CHECKPOINT_FORMATS.load(name).one_stream)
 
 
 def payload_offset(format_name: str, nbytes: int) -> int:
     """Where a file's single byte stream of `nbytes` starts (raw: 0; npy: after its header)."""
-    return len(npy_header(nbytes, "uint8")) if format_name == "npy" else 0
+    return format_spec(format_name).encoded_size((container_tensor(nbytes),)) - nbytes
 
 
 def make_encoder(cfg: Any, files: tuple[PlannedFile, ...]) -> Any:
-    """The rank's encoder for checkpoint.encoding (None for `full`), over the files it owns."""
+    """The rank's encoder for the configured codecs (None for `full`), over the files it owns."""
     tensors = {pf.relpath: pf.tensors for pf in files}
-    if cfg.encoding == "incremental":
-        from dlio_ckpt.codec.incremental import IncrementalEncoder, choose_leaf_bytes
-
-        inc = cfg.incremental
-        leaf = choose_leaf_bytes(inc.chunk_bytes, cfg.update, cfg.update_chunk_bytes)
-        return IncrementalEncoder(leaf, inc.hash, inc.full_every)
-    if cfg.encoding == "lossy":
-        from dlio_ckpt.codec.lossy import LossyEncoder
-        from dlio_ckpt.state.store import ScratchStore
-
-        lossy = cfg.lossy
-        return LossyEncoder(lossy.bits, lossy.coder, lossy.full_every, tensors_of=tensors.__getitem__,
-                            scratch=lambda size: ScratchStore(size, cfg.state_dir), mantissa_bits=lossy.mantissa_bits,
-                            half=lossy.half)
-    return None
+    return pipeline.make_encoder(cfg, tensors.__getitem__)
 
 
 def make_decoder(codec: str, tensors: tuple[TensorSpec, ...]) -> Any:
-    if codec == "incremental":
-        from dlio_ckpt.codec.incremental import IncrementalDecoder
-
-        return IncrementalDecoder()
-    if codec == "lossy":
-        from dlio_ckpt.codec.lossy import LossyDecoder
-
-        return LossyDecoder(tensors_of=lambda _key: tensors)
-    raise ValueError(f"unknown encoding {codec!r} in the manifest")
+    return pipeline.make_decoder(codec, tensors)
 
 
 @dataclass

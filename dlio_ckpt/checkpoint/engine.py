@@ -34,6 +34,7 @@ from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.restore import CheckpointReader
 from dlio_ckpt.checkpoint.retention import Retention
 from dlio_ckpt.checkpoint.triggers import Triggers
+from dlio_ckpt.codec.registry import codec_names, encoding_label
 from dlio_ckpt.checkpoint.write_plan import plan_write
 from dlio_ckpt.checkpoint.writer import CheckpointWriter
 from dlio_ckpt.content import ByteSource
@@ -96,7 +97,7 @@ class CheckpointEngineImpl:
         identity = CheckpointIdentity(ctx.run_id, canonical_strategy(self.cfg.strategy), self.layout.name,
                                       self.fmt.name, self.cfg.checksum, self.world.size)
         self.committer = Committer(self.world, self.folders, self.publisher, self.retention, identity,
-                                   self.durability.commit, self.cfg.encoding, self._resume, self._steps)
+                                   self.durability.commit, encoding_label(self.cfg), self._resume, self._steps)
         self.reader = CheckpointReader(self.world, self.folders, self.restore_storage, self.plan.files_by_rank,
                                        self.fmt.name, self.cfg.write_chunk_bytes, self.cfg.state_dir,
                                        lambda: self.state)
@@ -129,7 +130,7 @@ class CheckpointEngineImpl:
     @property
     def encoder(self) -> Any:
         """This rank's encoder (None for checkpoint.encoding=full); it remembers earlier checkpoints."""
-        if self._encoder is None and self.cfg.encoding != "full":
+        if self._encoder is None and codec_names(self.cfg):
             self._encoder = make_encoder(self.cfg, self.plan.files_by_rank[self.world.rank])
         return self._encoder
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dlio_ckpt.checkpoint.registry import strategy_declares
 from dlio_ckpt.plan.intervals import (checkfreq_bound_k, checkfreq_budget_k, checkfreq_k, checkfreq_overhead,
                                       checkfreq_retune, checkfreq_window_overhead, daly_interval, expected_waste,
                                       steps_for, young_interval)
@@ -157,7 +158,7 @@ class CheckFreqPolicy(AdaptivePolicy):
         self._extra_s = self._window_s = 0.0  # the run so far: time the checkpoints cost, and all of it
         self._cost_s = 0.0  # what the last checkpoint cost (its window's time beyond the steps)
         self.budget_k = 0  # steps the next checkpoint waits for the run's overhead to stay within the bound
-        self._async = config.checkpoint.strategy == "async"
+        self._async = strategy_declares(config.checkpoint.strategy, "persists_in_background")
         self._pending: Any = None  # async: the probe's record, until its persist time is known
 
     def probe(self, step: int) -> bool:

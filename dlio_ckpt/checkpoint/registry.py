@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlio_ckpt.errors import ConfigError, MissingDependency
 from dlio_ckpt.registry import Registry
 
 STRATEGIES = Registry(
@@ -20,11 +21,23 @@ STRATEGIES = Registry(
         "async": "dlio_ckpt.checkpoint.strategies:AsyncStrategy",
     },
     aliases={"sync": "sharded"},
+    group="dlio_ckpt.strategies",
 )
 
 
 def canonical_strategy(name: str) -> str:
     return STRATEGIES.canonical(name)
+
+
+def strategy_declares(name: str, prop: str) -> bool:
+    """What strategy `name` says of itself (a class attribute such as `persists_in_background`;
+    False where it says nothing), so config, engine and report follow a plugin strategy as they
+    follow a built-in one. False for a name not known here (a summary written with a plugin that
+    is not installed where it is read)."""
+    try:
+        return bool(getattr(STRATEGIES.load(name), prop, False))
+    except (ConfigError, MissingDependency):
+        return False
 
 
 def check_names(config: Any) -> None:

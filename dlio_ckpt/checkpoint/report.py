@@ -20,6 +20,7 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any
 
+from dlio_ckpt.codec.registry import ratio_name
 from dlio_ckpt.metrics.report import plural
 
 GIB = float(1 << 30)
@@ -56,7 +57,7 @@ def _codec_figures(rows: list[dict], data_bytes: int) -> dict:
     codec = merge_stats([r.get("codec", {}) for r in rows])
     ratio = logical / written if written else 0.0
     figures["chain_length"] = int(codec.get("chain_length", 1))
-    if encoding == "incremental":
+    if ratio_name(encoding) == "dedup_ratio":
         figures["dedup_ratio"] = ratio
     else:
         figures["compression_ratio"] = ratio
@@ -244,10 +245,10 @@ def encoding_rows(ckpt: dict) -> list[tuple[str, str]]:
     later = rows[1:] or rows
     text = (f"{rows[0]['encoding']}: {plural(len(rows), 'checkpoint')} of a {rows[0]['logical_bytes'] / MIB:.1f} MiB "
             f"state wrote {written / MIB:.1f} MiB ({logical / written:.2f}x less than full)" if written else "")
-    key = "dedup_ratio" if rows[0]["encoding"] == "incremental" else "compression_ratio"
+    key = ratio_name(rows[0]["encoding"])
     later = [r for r in later if key in r] or [{key: 0.0}]  # a checkpoint abandoned by a failure has no codec figures
     text += f"; after the first: {mean(r[key] for r in later):.1f}x, longest chain {max(r.get('chain_length', 1) for r in rows)}"
-    if key == "compression_ratio":
+    if key == "compression_ratio" and any("max_rel_error" in r for r in rows):  # a lossy codec
         worst = max(r.get("max_rel_error", 0.0) for r in rows)
         text += f", max relative error {worst:.2e}"
         if any("elem_rel_error_p99" in r for r in rows):  # |x - xr| / |x| per element, not per file's max|x|

@@ -26,6 +26,7 @@ import json
 from dlio_ckpt.checkpoint.base import CheckpointRecord
 from dlio_ckpt.checkpoint.encoded import Payload, container_tensor, merge_stats
 from dlio_ckpt.checkpoint.fileio import FileEntry, now
+from dlio_ckpt.codec.registry import codec_names, encoding_label
 from dlio_ckpt.errors import RunFailure, failure_text, report_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.memory import peak_rss_bytes
@@ -57,6 +58,10 @@ class SyncStrategy:
     """Write, fsync, commit, then return: training waits for all of it."""
 
     name = "sharded"
+    # What a strategy declares about itself, read where the run is configured and reported
+    # (checkpoint.registry.strategy_declares) instead of testing its name:
+    persists_in_background = False  # training resumes before the write ends (staging buffers, memory limits)
+    gathers_to_one_writer = False  # every rank's state goes to one rank, which writes it all
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -82,7 +87,7 @@ class SyncStrategy:
             folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
             peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries),
         )
-        add_codec_figures(record, e.cfg.encoding, entries, self.encoded_here)
+        add_codec_figures(record, encoding_label(e.cfg), entries, self.encoded_here)
         add_write_figures(record, entries)
         return record
 
@@ -119,6 +124,7 @@ class SingleWriterStrategy(SyncStrategy):
     """
 
     name = "single_writer"
+    gathers_to_one_writer = True
 
     def write_or_failure(self, index: int, step: int) -> tuple[list[FileEntry], BaseException | None]:
         e = self.engine
@@ -171,7 +177,7 @@ class SingleWriterStrategy(SyncStrategy):
             return e.payload(pf, index)
         buffer = np.empty(max(e.cfg.write_chunk_bytes, 1 << 16), dtype=np.uint8)
         tensors, encoding = pf.tensors, None
-        if e.cfg.encoding != "full":
+        if codec_names(e.cfg):
             meta = self._receive(buffer, pf.owner)
             tensors, encoding = (container_tensor(meta["nbytes"]),), meta["encoding"]
 
@@ -229,6 +235,8 @@ class AsyncStrategy:
     """Snapshot into a staging buffer (blocking), persist in a background thread."""
 
     name = "async"
+    persists_in_background = True
+    gathers_to_one_writer = False
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -346,7 +354,7 @@ class AsyncStrategy:
             record.metadata_bytes = metadata
             record.commit_s = commit_s
             record.committed = True
-            add_codec_figures(record, e.cfg.encoding, entries, [])
+            add_codec_figures(record, encoding_label(e.cfg), entries, [])
             add_write_figures(record, entries)
             if record.persist_s == 0.0:
                 record.persist_s = record.blocking_s

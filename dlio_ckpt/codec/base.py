@@ -71,3 +71,13 @@ class Decoder(Protocol):
         target last); it may read back what it wrote. Raises ValueError naming the link and what
         is wrong when a container is malformed or the chain does not fit together."""
         ...
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One direction of a bytes codec over one container: `update(data)` returns what is ready,
+    `finish()` the rest (zlib's and zstd's compressobj shape), so a container passes through a
+    pipeline without being held whole."""
+
+    update: Callable[[bytes], bytes]
+    finish: Callable[[], bytes]

@@ -383,3 +383,24 @@ def _read(link: ChainLink, offset: int, nbytes: int) -> memoryview:
     if len(data) != nbytes:
         raise ValueError(f"checkpoint {link.index}: container ends at {offset + len(data)} bytes, {offset + nbytes} needed")
     return data
+
+
+class IncrementalCodec:
+    """The `incremental` state codec (codec/registry.py): its options are checkpoint.incremental.*;
+    the leaf follows checkpoint.update where not set."""
+
+    name = "incremental"
+    kind = "state"
+    ratio_name = "dedup_ratio"  # the summary's name for logical / written bytes: what was not rewritten
+
+    @staticmethod
+    def encoder(cfg, tensors_of) -> IncrementalEncoder:
+        inc = cfg.incremental
+        return IncrementalEncoder(choose_leaf_bytes(inc.chunk_bytes, cfg.update, cfg.update_chunk_bytes), inc.hash, inc.full_every)
+
+    @staticmethod
+    def decoder(tensors) -> IncrementalDecoder:
+        return IncrementalDecoder()
+
+
+CODEC = IncrementalCodec()

@@ -92,6 +92,7 @@ from dlio_ckpt.codec import huffman, lossy_kernels
 from dlio_ckpt.codec.base import ChainLink, EncodedFile
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.base import FileView, MutableFileView
+from dlio_ckpt.state.store import ScratchStore
 
 MAGIC = b"DLCKLOSY"
 VERSION = 1
@@ -724,3 +725,27 @@ def _read_link(link: ChainLink, offset: int, nbytes: int) -> memoryview:
     if len(data) != nbytes:
         raise ValueError(f"lossy checkpoint {link.index}: got {len(data)} of {nbytes} bytes at offset {offset}")
     return data
+
+
+class LossyCodec:
+    """The `lossy` state codec (codec/registry.py): its options are checkpoint.lossy.*; the
+    reconstructed state it keeps lives in scratch stores under checkpoint.state_dir. It
+    quantises how values change, so it needs a state that evolves (not checkpoint.update=random)."""
+
+    name = "lossy"
+    kind = "state"
+    random_update_problem = "quantises how values change"
+
+    @staticmethod
+    def encoder(cfg, tensors_of) -> LossyEncoder:
+        lossy = cfg.lossy
+        return LossyEncoder(lossy.bits, lossy.coder, lossy.full_every, tensors_of=tensors_of,
+                            scratch=lambda size: ScratchStore(size, cfg.state_dir), mantissa_bits=lossy.mantissa_bits,
+                            half=lossy.half)
+
+    @staticmethod
+    def decoder(tensors) -> LossyDecoder:
+        return LossyDecoder(tensors_of=lambda _key: tensors)
+
+
+CODEC = LossyCodec()

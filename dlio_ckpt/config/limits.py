@@ -12,6 +12,7 @@ import os
 
 import psutil
 
+from dlio_ckpt.checkpoint.registry import strategy_declares
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
 
@@ -69,7 +70,7 @@ def check_memory(config: RunConfig, world_size: int, total_memory: int | None = 
         )
 
     ck = config.checkpoint
-    async_checkpoints = (ck.enabled or config.mode == "checkpoint") and ck.strategy == "async"
+    async_checkpoints = (ck.enabled or config.mode == "checkpoint") and strategy_declares(ck.strategy, "persists_in_background")
     staging = ck.staging_buffer_bytes * ck.max_in_flight * ranks
     if async_checkpoints and staging > budget:
         raise ConfigError(

@@ -304,6 +304,7 @@ class CheckpointConfig:
     update_files: str  # files: the folder of a training run's saved states (state/trajectory.py)
     state_dir: str  # where a state larger than memory lives (scratch, untraced); empty: the system temp folder
     encoding: Literal["full", "incremental", "lossy"]
+    codecs: list[str]  # a codec pipeline (codec/registry.py), state codec first: [lossy, zstd]; empty: checkpoint.encoding's one
     incremental: IncrementalOptions
     lossy: LossyOptions
     policy: Literal["fixed", "young_daly", "checkfreq"]  # when to checkpoint (checkpoint/policy.py, docs/failures.md)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import psutil
 
 from dlio_ckpt.checkpoint.base import NoCheckpoints
+from dlio_ckpt.checkpoint.registry import strategy_declares
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.generate import ensure_dataset, format_options
 from dlio_ckpt.engine.ownership import DatasetLease
@@ -58,11 +59,12 @@ def make_checkpoints(ctx: RunContext) -> Any:
 def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
     """Say when a parallel strategy ends up with one writer, or single_writer has no one to gather
     from, which the config makes easy to miss (a serial strategy sweep compares nothing)."""
-    if ctx.world.size == 1 and ctx.config.checkpoint.enabled and ctx.config.checkpoint.strategy == "single_writer":
-        return ("checkpoint.strategy=single_writer on 1 rank: there is nothing to gather, so it writes as sharded does; "
+    strategy = ctx.config.checkpoint.strategy
+    if ctx.world.size == 1 and ctx.config.checkpoint.enabled and strategy_declares(strategy, "gathers_to_one_writer"):
+        return (f"checkpoint.strategy={strategy} on 1 rank: there is nothing to gather, so it writes as sharded does; "
                 "run it under mpirun -np N (N >= 2) to measure the single-writer bottleneck")
     plan = getattr(checkpoints, "plan", None)
-    if plan is None or ctx.world.size < 2 or ctx.config.checkpoint.strategy == "single_writer":
+    if plan is None or ctx.world.size < 2 or strategy_declares(strategy, "gathers_to_one_writer"):
         return None
     from dlio_ckpt.plan.layouts import writing_ranks
 

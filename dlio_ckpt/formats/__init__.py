@@ -18,6 +18,7 @@ DATASET_FORMATS = Registry(
         "jpeg": "dlio_ckpt.formats.jpeg:JpegFormat",
         "parquet": "dlio_ckpt.formats.parquet:ParquetFormat",
     },
+    group="dlio_ckpt.dataset_formats",
 )
 
 

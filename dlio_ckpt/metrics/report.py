@@ -6,6 +6,7 @@ import logging
 import sys
 from typing import Any
 
+from dlio_ckpt.checkpoint.registry import strategy_declares
 from dlio_ckpt.metrics.mlperf import metric_block, mlperf_rows
 from dlio_ckpt.metrics.replay_compare import comparison_rows
 from dlio_ckpt.metrics.utilisation import FEW_STEPS_PER_BLOCK
@@ -83,7 +84,7 @@ def latency_rows(latency: dict[str, Any]) -> list[tuple[str, str]]:
 
 def async_persist_row(ckpt: dict[str, Any]) -> list[tuple[str, str]]:
     """Async checkpoints persist behind training: say how long, apart from what training lost."""
-    if ckpt.get("strategy") != "async" or not ckpt.get("writes"):
+    if not ckpt.get("writes") or not strategy_declares(ckpt.get("strategy") or "", "persists_in_background"):
         return []
     return [("async persist", f"{ckpt['persist_s_max']:.3f} s per checkpoint in the background (slowest rank, "
                               f"read-back included), beside {ckpt['blocking_s_max']:.3f} s blocking training per checkpoint; "

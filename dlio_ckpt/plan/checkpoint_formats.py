@@ -47,6 +47,9 @@ class CheckpointFormatSpec:
     # "zero-copy writev" (torch.save: one writev per record from the tensor's memory), "zero-copy
     # write" (the state's chunks written as they are), "copying" (the library copies every tensor)
     writer_kind: str = "zero-copy write"
+    # the file's payload is one byte stream after a header whose size encoded_size predicts (raw:
+    # none, npy: numpy's): where a codec's container or an evolving state can be found again
+    one_stream: bool = False
 
     def encoded_size(self, tensors: tuple[TensorSpec, ...]) -> int | None:
         """Bytes of a file holding `tensors`, where the format makes that predictable."""
@@ -61,9 +64,11 @@ class CheckpointFormatSpec:
 _WRITERS = "dlio_ckpt.checkpoint.formats"
 
 # Tensors back to back: one contiguous stream per file, what O_DIRECT writes best.
-RAW = CheckpointFormatSpec("raw", "bin", sequential=True, writer=f"{_WRITERS}:RawFormat", size_rule="payload")
+RAW = CheckpointFormatSpec("raw", "bin", sequential=True, writer=f"{_WRITERS}:RawFormat", size_rule="payload",
+                           one_stream=True)
 # One .npy array per file: the file's tensors as one flat uint8 vector after a numpy header.
-NPY = CheckpointFormatSpec("npy", "npy", sequential=True, writer=f"{_WRITERS}:NpyFormat", size_rule="npy")
+NPY = CheckpointFormatSpec("npy", "npy", sequential=True, writer=f"{_WRITERS}:NpyFormat", size_rule="npy",
+                           one_stream=True)
 # An uncompressed .npz, one member per tensor; zipfile streams (data descriptors) where the handle cannot seek.
 NPZ = CheckpointFormatSpec("npz", "npz", sequential=False, writer=f"{_WRITERS}:NpzFormat", writer_kind="copying")
 # One HDF5 dataset per tensor; HDF5 rewrites its metadata in place.
@@ -91,6 +96,7 @@ CHECKPOINT_FORMATS = Registry(
         "torch": "dlio_ckpt.plan.checkpoint_formats:TORCH",
         "tensorflow": "dlio_ckpt.plan.checkpoint_formats:TENSORFLOW",
     },
+    group="dlio_ckpt.checkpoint_formats",
 )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dlio_ckpt.codec.registry import codec_names, codec_setting
 from dlio_ckpt.config.schema import RunConfig
 
 
@@ -52,8 +53,8 @@ def needs_commit(config: RunConfig) -> str:
         return "checkpoint.restore=true verifies the last checkpoint against its manifest"
     if failures.at_steps or failures.mtbf_s > 0:
         return "failures restore the newest complete checkpoint after each failure"
-    if ck.encoding != "full":
-        return f"checkpoint.encoding={ck.encoding} chains are rebuilt through their manifests"
+    if codec_names(ck):
+        return f"{codec_setting(ck)} chains are rebuilt through their manifests"
     if ck.levels:
         return "checkpoint.levels flush and restore committed checkpoints"
     return ""

@@ -20,6 +20,7 @@ BACKENDS = Registry(
         "s3": "dlio_ckpt.storage.s3:S3Storage",
     },
     install_hints={"s3": "pip install 'dlio_ckpt[s3]'"},
+    group="dlio_ckpt.storage_backends",
 )
 
 
