@@ -12,7 +12,6 @@ it needs; restore replays that chain through the traced storage, so every byte i
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator

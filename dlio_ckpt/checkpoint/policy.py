@@ -41,7 +41,6 @@ memory; a relaunch (failures.restart=exit) profiles again.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from dlio_ckpt.checkpoint.registry import strategy_declares
