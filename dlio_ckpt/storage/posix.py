@@ -340,7 +340,8 @@ def _unlink_quietly(path: str) -> None:
 
 
 POSIX_CAPABILITIES = Capabilities(atomic_rename=True, fsync=True, seekable_write=True, direct_io=hasattr(os, "O_DIRECT"),
-                                  ranged_read=True, listing=True, local_paths=True)
+                                  ranged_read=True, listing=True, local_paths=True, stream_writes=True,
+                                  fork_safe=True)
 
 
 @dataclass(frozen=True)
