@@ -277,7 +277,18 @@ class StorageBackend(Protocol):
 
 
 class BackendClass(Protocol):
-    """What the registry (dlio_ckpt.storage.BACKENDS) points at: a class built from the config."""
+    """What the registry (dlio_ckpt.storage.BACKENDS) points at: a class built from the config.
+
+    A backend owns its options, as an IOR backend owns its options table: `options` is the
+    dataclass of its `storage.<name>.*` section (None: it has none), typed with the builtins and
+    option_types.Bytes and checking its values in `validate(key)` with one line naming the key.
+    It lives in a module that imports no optional library (storage/s3_options.py), so the loader
+    builds and checks the section for any backend; config/schema.py's StorageConfig has a field
+    `<name>` of that type and conf/config.yaml the section's defaults (a test keeps the three in
+    step), so an unknown key under it is refused as any other (one line, a close match, exit 2)."""
+
+    name: str
+    options: "type | None"
 
     def from_config(self, config, root: str) -> StorageBackend:
         """The backend for `config` (a config.schema.StorageConfig) serving the paths under `root`

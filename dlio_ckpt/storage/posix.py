@@ -353,6 +353,7 @@ class PosixStorage:
 
     name = "posix"
     capabilities = POSIX_CAPABILITIES
+    options = None  # no storage.posix.* section: direct_io, fsync, drop_caches are general keys (docs/architecture.md)
 
     @classmethod
     def from_config(cls, config: Any, root: str) -> "PosixStorage":

@@ -40,6 +40,7 @@ from obstore.store import S3Store
 
 from dlio_ckpt.errors import ConfigError, UserError
 from dlio_ckpt.storage.base import Capabilities, PositionalReads
+from dlio_ckpt.storage.s3_options import S3Options
 
 S3_CAPABILITIES = Capabilities(
     atomic_rename=False,
@@ -388,10 +389,13 @@ class S3Storage:
     name = "s3"
     capabilities = S3_CAPABILITIES
     traced_handle = None  # the tracer wraps each handle (a request costs far more than the wrapper)
+    options = S3Options  # its table: storage.s3.* (storage/s3_options.py)
 
     @classmethod
     def from_config(cls, config: Any, root: str) -> "S3Storage":
-        options = config.s3
+        """The backend for StorageConfig `config`, from its own section (`config.s3`, an S3Options
+        its table has validated), which must name a bucket."""
+        options: S3Options = config.s3
         if not options.bucket:
             raise ConfigError("storage.s3.bucket: required for storage.backend=s3; set storage.s3.bucket=NAME")
         return cls(
