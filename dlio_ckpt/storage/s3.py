@@ -274,6 +274,12 @@ class S3WriteFile(io.RawIOBase):
         self._written += len(view)
         return len(view)
 
+    def read_at(self, offset: int, size: int) -> bytes:
+        raise io.UnsupportedOperation(f"{self._uri} is open for writing")
+
+    def read_at_into(self, buffer, offset: int) -> int:
+        raise io.UnsupportedOperation(f"{self._uri} is open for writing")
+
     def write_at(self, data, offset: int) -> int:
         """Refused: S3 objects are written in order (capability seekable_write is False, so the
         loader has refused every run that writes in place)."""

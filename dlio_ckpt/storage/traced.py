@@ -74,6 +74,11 @@ class TracedFile(io.RawIOBase):
     def size(self) -> int:
         return self._inner.size()
 
+    @property
+    def last_moved(self) -> int:
+        """What the inner handle's last read moved (the protocol's; the events already hold it)."""
+        return self._inner.last_moved
+
     def _timed(self, op: int, offset: int, call, *args):
         if self.closed:
             raise closed_file()
