@@ -18,11 +18,11 @@ from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.ownership import claim_run
 from dlio_ckpt.engine.left_on_disk import left_on_disk
+from dlio_ckpt.local_fs import file_system
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency, mlperf
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import log_report, print_report
-from dlio_ckpt.local_fs import file_system
 from dlio_ckpt.storage import backend_class, make_backend
 from dlio_ckpt.storage.events import EventRecorder, JobClock
 from dlio_ckpt.storage.traced import TracedStorage

@@ -44,10 +44,12 @@ class Capabilities:
     listing: bool  # listdir names what lies directly below a folder/prefix
     local_paths: bool  # paths are files of the local kernel: a library may open them itself
     #                    (torch.save, TensorFlow's SaveV2), and the page cache can be dropped
-    stream_writes: bool  # handles offer writev / write_stream (writev(2), write(2) at the descriptor's
-    #                      own offset: a buffered stream's calls); else those formats issue `write`
-    fork_safe: bool  # the client survives a fork: the loader's worker processes may read through it
-    #                  (obstore's runtime threads hang in a forked child, so S3's readers keep to threads)
+    # The two below default to False, the answer that is always safe (callers issue `write`; the
+    # reader keeps to threads), so a backend written before them still builds its Capabilities.
+    stream_writes: bool = False  # handles offer writev / write_stream (writev(2), write(2) at the
+    #                              descriptor's own offset: a buffered stream's calls); else `write`
+    fork_safe: bool = False  # the client survives a fork: the loader's worker processes may read
+    #                          through it (obstore's runtime threads hang in a forked child)
 
     def missing(self, needs: "tuple[str, ...] | frozenset[str]") -> list[str]:
         """The capabilities among `needs` this backend lacks (unknown names are a bug: KeyError)."""
