@@ -59,7 +59,7 @@ def traced(backend) -> TracedStorage:
 
 
 def test_the_protocol_declares_what_the_issue_found_missing():
-    assert {"fsync_dir", "traced_handle", "root", "capabilities", "name"} <= members(StorageBackend)
+    assert {"fsync_dir", "traced_handle", "root", "capabilities", "name", "uri"} <= members(StorageBackend)
     assert {"write_at", "truncate", "fsync", "close", "abort", "fileno", "flush"} <= members(StorageFile)
     assert {flag: sorted(members(group)) for flag, (group, _) in OPTIONAL_MEMBERS.items()} == {
         "atomic_rename": ["rename"], "stream_writes": ["write_stream", "writev"]}

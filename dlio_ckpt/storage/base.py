@@ -273,6 +273,9 @@ class StorageBackend(Protocol):
     def free_bytes(self, path: str) -> int | None:
         """Bytes that can still be written at `path`; None when unknown or unbounded (S3)."""
 
+    def uri(self, path: str) -> str:
+        """How a person names `path` on this backend, in messages (POSIX: the path; S3: s3://bucket/key)."""
+
     def check(self) -> None:
         """Reachability, credentials and permissions, checked before anything is written;
         raises dlio_ckpt.errors.UserError with one line naming what to fix."""

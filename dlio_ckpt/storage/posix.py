@@ -425,6 +425,10 @@ class PosixStorage:
         """Move `source` to `target` (replacing it): a framework's own rename (DCP's `.metadata`)."""
         os.replace(source, target)
 
+    def uri(self, path: str) -> str:
+        """A file is named by its path."""
+        return path
+
     def fsync_dir(self, path: str) -> None:
         """Make renames in folder `path` durable (POSIX only: for files a framework wrote by path)."""
         fsync_folder(path)

@@ -490,6 +490,9 @@ class TracedStorage:
     def free_bytes(self, path: str) -> int | None:
         return self.inner.free_bytes(path)
 
+    def uri(self, path: str) -> str:
+        return self.inner.uri(path)
+
     def check(self) -> None:
         self.inner.check()
 
