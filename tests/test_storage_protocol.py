@@ -24,7 +24,7 @@ from dlio_ckpt.config.load import load_config, validate_command_line
 from dlio_ckpt.config.schema import StorageConfig
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.storage import BACKENDS, backend_class, make_backend
-from dlio_ckpt.storage.base import OPTIONAL_MEMBERS, StorageBackend, StorageFile
+from dlio_ckpt.storage.base import CAPABILITY_MEANING, OPTIONAL_MEMBERS, Capabilities, StorageBackend, StorageFile
 from dlio_ckpt.storage.events import OP_CODE, EventRecorder, JobClock
 from dlio_ckpt.storage.traced import TracedStorage
 
@@ -63,6 +63,8 @@ def test_the_protocol_declares_what_the_issue_found_missing():
     assert {"write_at", "truncate", "fsync", "close", "abort", "fileno", "flush"} <= members(StorageFile)
     assert {flag: sorted(members(group)) for flag, (group, _) in OPTIONAL_MEMBERS.items()} == {
         "atomic_rename": ["rename"], "stream_writes": ["write_stream", "writev"]}
+    # every flag has the words the loader's refusal uses for it
+    assert set(CAPABILITY_MEANING) == {f.name for f in dataclasses.fields(Capabilities)}
 
 
 def test_every_backend_and_its_traced_view_have_every_member_of_the_backend_protocol(backend):
