@@ -125,9 +125,8 @@ class Target:
 
     @property
     def shown(self) -> str:
-        """How a person names it: the path, or the object store's URL."""
-        uri = getattr(self.backend, "uri", None)
-        return uri(self.path) if uri is not None and not self.backend.capabilities.local_paths else self.path
+        """How a person names it: the path, or the object store's URL (the backend's `uri`)."""
+        return self.backend.uri(self.path)
 
 
 def _relative_parts(relative: str) -> tuple[str, ...] | None:

@@ -15,6 +15,8 @@ import sys
 import typing
 from typing import Any, Iterable
 
+from dlio_ckpt.local_fs import free_bytes_at, nearest_existing
+
 USAGE_EXIT_CODE = 2
 RUN_FAILURE_EXIT_CODE = 1
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as shells report a job ended by Ctrl-C
@@ -82,13 +84,12 @@ def storage_failure(exc: OSError, path: str) -> RunFailure:
 
 def free_space_note(path: str) -> str:
     """'N MiB free on FOLDER' for the file system that holds `path` (its nearest existing folder).
-    Asked through the POSIX backend: only a file system reports ENOSPC/EDQUOT (an object store's
-    errors are EIO, EACCES or ENOENT, see storage/s3.py), so no other backend reaches this."""
-    from dlio_ckpt.storage.posix import PosixStorage, nearest_existing
-
+    Asked of the local file system (local_fs.py, below this module; no backend is imported here):
+    only a file system reports ENOSPC/EDQUOT (an object store's errors are EIO, EACCES or ENOENT,
+    see storage/s3.py), so no other backend reaches this."""
     probe = nearest_existing(os.path.abspath(path))
     try:
-        free = PosixStorage().free_bytes(probe)
+        free = free_bytes_at(probe)
     except OSError:
         return "free space unknown"
     return f"{free / 2**20:.1f} MiB free on {probe}"

@@ -53,7 +53,7 @@ def _output_refusal(out: Path) -> str:
     folder must exist and take a new file (probed: root ignores permission bits, a read-only
     mount does not), and the name must be new or a regular file, outside the kernel's folders,
     since the file is renamed over it (a device such as /dev/null would be replaced)."""
-    from dlio_ckpt.storage.posix import system_folder
+    from dlio_ckpt.local_fs import system_folder
 
     target = os.path.realpath(os.path.abspath(out))
     if not out.parent.is_dir():

@@ -289,7 +289,7 @@ def check_plot_path(path: Path) -> None:
     folder, a device or other non-file at the name, a kernel folder (/proc, /sys, /dev), or a
     folder where no file can be made (probed with a temporary file, removed at once: permission
     bits alone do not say, for root or on a read-only mount)."""
-    from dlio_ckpt.storage.posix import nearest_existing, system_folder
+    from dlio_ckpt.local_fs import nearest_existing, system_folder
 
     target = os.path.realpath(os.path.abspath(path))
     if os.path.lexists(path) and not os.path.isfile(target):

@@ -743,7 +743,7 @@ def check_level_paths(config: RunConfig) -> None:
     from dlio_ckpt.plan.checkpoint_formats import format_spec
     from dlio_ckpt.storage import make_backend
     from dlio_ckpt.storage.base import CAPABILITY_MEANING
-    from dlio_ckpt.storage.posix import nearest_existing, system_folder
+    from dlio_ckpt.local_fs import nearest_existing, system_folder
 
     for number, level in enumerate(config.checkpoint.levels if writes_checkpoints(config) else ()):
         key = f"checkpoint.levels[{number}]"
@@ -758,7 +758,7 @@ def check_level_paths(config: RunConfig) -> None:
             raise ConfigError(f"{key}.backend: checkpoint.format={config.checkpoint.format} (or storage.direct_io) needs "
                               f"{' and '.join(CAPABILITY_MEANING[n] for n in lacking)}, which backend {name} does not offer; "
                               "choose another backend for the level")
-        if name != "posix":
+        if not backend.capabilities.local_paths:
             backend.check()  # reachability and credentials, as storage.backend's
             continue
         kernel = system_folder(os.path.realpath(path))

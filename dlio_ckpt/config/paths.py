@@ -13,7 +13,7 @@ import os
 
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
-from dlio_ckpt.storage.posix import nearest_existing
+from dlio_ckpt.local_fs import nearest_existing
 
 
 def _inside(path: str, root: str) -> bool:

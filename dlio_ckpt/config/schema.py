@@ -3,7 +3,8 @@
 Types and constraints live here; default values live in conf/*.yaml (one source for each).
 Every `validate` names the key it rejects and what would be allowed. Names that registries own
 (formats, backends, checkpoint strategies and layouts) are checked by the loader
-(config/load.py), so this module imports nothing but the type helpers.
+(config/load.py), so this module imports nothing but the type helpers and the options tables
+that backends declare for their own sections (storage.s3.*: storage/s3_options.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from dlio_ckpt.config.typed import Bytes, require
+from dlio_ckpt.storage.s3_options import S3Options
 
 # Seeds feed numpy's SeedSequence, which takes non-negative integers.
 MAX_SEED = 2**63 - 1
@@ -26,23 +28,6 @@ MAX_INTERVAL_S = 1e9
 
 
 @dataclass(frozen=True)
-class S3Options:
-    """storage.s3.*: read by the s3 backend (storage/s3.py), which also checks the bucket is set."""
-
-    bucket: str
-    prefix: str
-    endpoint_url: str  # empty: AWS; else MinIO, Ceph RGW or any S3-compatible endpoint
-    region: str
-    part_size: Bytes
-    concurrency: int
-    addressing_style: Literal["auto", "path", "virtual"]
-
-    def validate(self, key: str) -> None:
-        require(5 << 20 <= self.part_size <= 5 << 30, f"{key}part_size: S3 multipart parts are 5MiB to 5GiB (got {self.part_size})")
-        require(self.concurrency >= 1, f"{key}concurrency: must be at least 1 (got {self.concurrency})")
-
-
-@dataclass(frozen=True)
 class StorageConfig:
     backend: str  # a name of dlio_ckpt.storage.BACKENDS
     root: str
@@ -50,7 +35,8 @@ class StorageConfig:
     fsync: bool
     drop_caches: bool
     allow_outside_root_dataset: bool  # dataset.folder may leave storage.root (a shared, pre-generated dataset)
-    s3: S3Options
+    # A backend's own options: one section per backend that has any, its table in the backend's module.
+    s3: S3Options  # storage.s3.*: storage/s3_options.py
 
     def validate(self, key: str) -> None:
         require(self.root != "", f"{key}root: must be a folder path")

@@ -15,6 +15,7 @@ import typing
 from typing import Any, Mapping
 
 from dlio_ckpt.errors import ConfigError, close_match
+from dlio_ckpt.option_types import Bytes, require  # noqa: F401 (defined below config/, so backends' tables use them too)
 
 # Sizes are numpy int64 values (offsets, array lengths) further on.
 MAX_BYTES = 2**63 - 1
@@ -44,10 +45,6 @@ def parse_size(text: str, key: str) -> int:
     else:
         raise ConfigError(f"{key}: unknown size unit '{unit}' in '{text}'; use B, KiB, MiB, GiB, TiB or KB, MB, GB, TB")
     return int(value * factor)
-
-
-class Bytes(int):
-    """An int field that also accepts sizes with units ('4MiB')."""
 
 
 def all_keys(cls: type, prefix: str = "") -> list[str]:
@@ -171,9 +168,3 @@ def convert(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value
     return value
-
-
-def require(condition: bool, message: str) -> None:
-    """Raise ConfigError(message) unless condition holds: for impossible values in validate()."""
-    if not condition:
-        raise ConfigError(message)

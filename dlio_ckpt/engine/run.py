@@ -18,11 +18,12 @@ from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.ownership import claim_run
 from dlio_ckpt.engine.left_on_disk import left_on_disk
+from dlio_ckpt.local_fs import file_system
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency, mlperf
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import log_report, print_report
-from dlio_ckpt.storage import make_backend
+from dlio_ckpt.storage import backend_class, make_backend
 from dlio_ckpt.storage.events import EventRecorder, JobClock
 from dlio_ckpt.storage.traced import TracedStorage
 from dlio_ckpt.world import World
@@ -41,13 +42,11 @@ def announce_new_root(world: World, config: RunConfig) -> None:
     root file system, not the storage meant). Rank 0 makes it before any rank writes (the others
     wait for it in root_first, after a relaunch's checks, so a refused relaunch makes nothing) and
     says so in one line, with that file system. An OSError is claim_run's to report."""
-    if not world.is_root or config.storage.backend != "posix":
+    if not world.is_root or not backend_class(config.storage.backend).capabilities.local_paths:
         return
     root = os.path.abspath(config.storage.root)
     if os.path.isdir(root):
         return
-    from dlio_ckpt.storage.posix import file_system
-
     os.makedirs(root, exist_ok=True)
     note = (f"dlio_ckpt: note: storage.root {root} did not exist; created it, on {file_system(root)} "
             "(check storage.root if you meant an existing folder)")

@@ -115,7 +115,7 @@ def make_reader(ctx: RunContext, storage: Any, fmt: DatasetFormat, options: Form
         return TensorFlowReader(storage, files, reader, seed=reader.shuffle_seed + ctx.world.rank)
     if reader.access == "transfer":
         return TransferReader(storage, files, reader.transfer_size, reader.read_threads, reader.prefetch_size)
-    if reader.workers == "processes" and workers_fork(storage.name):
+    if reader.workers == "processes" and workers_fork(storage.capabilities):
         return ProcessReader(storage, fmt, options, files, reader.read_threads, reader.prefetch_size,
                              reader.persistent_workers, reader.decode)
     return NativeReader(storage, fmt, options, files, reader.read_threads, reader.prefetch_size)

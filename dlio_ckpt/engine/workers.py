@@ -53,16 +53,13 @@ SHM_FOLDER = "/dev/shm"  # where torch's shared-memory batches live too (shm_ope
 POLL_S = 1.0  # how often the main process checks that its workers are alive while it waits
 
 
-FORK_UNSAFE_BACKENDS = ("s3",)  # obstore's client (its runtime's threads) hangs in a forked child, even a new one
-
-
 def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def workers_fork(backend_name: str) -> bool:
-    """Whether worker processes can read this backend: on S3 the reader keeps to threads."""
-    return backend_name not in FORK_UNSAFE_BACKENDS
+def workers_fork(capabilities: Any) -> bool:
+    """Whether worker processes can read this backend (capabilities.fork_safe): on S3 the reader keeps to threads."""
+    return capabilities.fork_safe
 
 
 @dataclass

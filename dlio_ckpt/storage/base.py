@@ -1,10 +1,19 @@
 """The storage seam: what every backend (POSIX, S3, ...) promises, and what it can do.
 
 The engine, the checkpoint code and the tracer talk to a `StorageBackend` only through the
-methods below, so a new backend is one module plus one registry line. What a backend cannot do
+members below, so a new backend is one module plus one registry line. What a backend cannot do
 is stated in its `Capabilities`, and the loader refuses a dataset format, checkpoint format or
 feature that needs a capability the chosen backend lacks (one line, exit 2, nothing written),
 so no code path has to discover it at run time.
+
+Every member a caller uses is declared here. Most are required of every backend; where a
+capability is False the backend still has the member and it raises io.UnsupportedOperation
+(`fsync_dir` without `fsync`, a handle's `write_at`/`truncate` without `seekable_write`), because
+callers ask the capability first. Two groups are optional instead, because callers ask for the
+member itself (hasattr) and fall back to other calls when it is missing, as the emulated program
+would: `Renames.rename` (exactly where `atomic_rename`) and `StreamWrites.writev`/`write_stream`
+(exactly where `stream_writes`). OPTIONAL_MEMBERS ties each group to its flag; the protocol tests
+check every backend against it (tests/test_storage_protocol.py).
 
 Paths stay absolute strings under `storage.root`; a backend maps them into its own namespace
 (POSIX uses them as they are; an object store turns `root/a/b` into `prefix/a/b` and refuses a
@@ -35,6 +44,12 @@ class Capabilities:
     listing: bool  # listdir names what lies directly below a folder/prefix
     local_paths: bool  # paths are files of the local kernel: a library may open them itself
     #                    (torch.save, TensorFlow's SaveV2), and the page cache can be dropped
+    # The two below default to False, the answer that is always safe (callers issue `write`; the
+    # reader keeps to threads), so a backend written before them still builds its Capabilities.
+    stream_writes: bool = False  # handles offer writev / write_stream (writev(2), write(2) at the
+    #                              descriptor's own offset: a buffered stream's calls); else `write`
+    fork_safe: bool = False  # the client survives a fork: the loader's worker processes may read
+    #                          through it (obstore's runtime threads hang in a forked child)
 
     def missing(self, needs: "tuple[str, ...] | frozenset[str]") -> list[str]:
         """The capabilities among `needs` this backend lacks (unknown names are a bug: KeyError)."""
@@ -53,6 +68,8 @@ CAPABILITY_MEANING = {
     "ranged_read": "ranged reads",
     "listing": "listing a folder",
     "local_paths": "files a library can open by path on the local file system",
+    "stream_writes": "writev and write(2) at the descriptor's own offset (a buffered stream's calls)",
+    "fork_safe": "reading from forked worker processes",
 }
 
 
@@ -131,9 +148,21 @@ class StorageFile(Protocol):
     def write(self, data) -> int:
         """Write all of `data` at the position (an append without `seekable_write`); return its length."""
 
-    # Only where `capabilities.seekable_write` (POSIX): writes in place, as replay and h5py do.
-    #   write_at(data, offset) -> int: write all of `data` at `offset`, position unchanged.
-    #   truncate(size) -> int: set the file's length.
+    def write_at(self, data, offset: int) -> int:
+        """Write all of `data` at `offset`, position unchanged (replay, h5py, the state's spill
+        files write in place). Only where `capabilities.seekable_write`; else io.UnsupportedOperation."""
+
+    def truncate(self, size: int | None = None) -> int:
+        """Set the file's length (default: the position); return it. Only where
+        `capabilities.seekable_write`; else io.UnsupportedOperation."""
+
+    def flush(self) -> None:
+        """A file-like caller's flush (io.BufferedWriter's): a no-op on the built-in handles, which
+        hold nothing a flush could send (S3 parts leave as they fill, POSIX writes are system calls)."""
+
+    def fileno(self) -> int:
+        """The descriptor where the handle is a local file (a writer asks its block size);
+        io.UnsupportedOperation on an object store."""
 
     def fsync(self) -> None:
         """Make what was written durable. Where `capabilities.fsync` is False there is no separate
@@ -151,11 +180,45 @@ class StorageFile(Protocol):
 
 
 @runtime_checkable
+class StreamWrites(Protocol):
+    """A handle's calls at the descriptor's own offset, exactly where `capabilities.stream_writes`
+    (POSIX): what a buffered stream issues (a C++ ofstream's writev, a BufferedWriter's write),
+    which the framework formats use to issue exactly torch.save's and DCP's calls
+    (checkpoint/filebuf.py). A handle without them has neither member: callers ask (hasattr) and
+    issue `write` instead, as libstdc++ does where writev is missing."""
+
+    def writev(self, buffers) -> int:
+        """Write `buffers` one after another at the position in one writev(2); return the total."""
+
+    def write_stream(self, data) -> int:
+        """write(2) of all of `data` at the position; return its length."""
+
+
+@runtime_checkable
+class Renames(Protocol):
+    """A backend's rename, exactly where `capabilities.atomic_rename` (POSIX): a framework's own
+    rename (DCP's `.metadata`), traced as one rename. A backend without it has no member: callers
+    ask (hasattr) and publish the file on close instead (checkpoint/fileio.py)."""
+
+    def rename(self, source: str, target: str) -> None:
+        """Move `source` to `target`, replacing it."""
+
+
+# Each optional group, the capability that says a backend has it, and whether the backend or its handles carry it.
+OPTIONAL_MEMBERS = {"atomic_rename": (Renames, "backend"), "stream_writes": (StreamWrites, "handle")}
+
+
+@runtime_checkable
 class StorageBackend(Protocol):
     """A place where datasets and checkpoints live. Every method may raise OSError on I/O failure."""
 
     name: str
     capabilities: Capabilities
+    root: str  # storage.root as given: the top of the folder chains a commit fsyncs (storage/durable.py)
+    # The tracer's hook (storage/traced.py, TracedStorage._opener): a handle class whose instances
+    # record their own events, which open_read / open_write / open_staged build when given it as
+    # their second argument (POSIX: TracedPosixFile); None: the tracer wraps each handle (S3).
+    traced_handle: "type | None"
 
     def open_read(self, path: str) -> StorageFile:
         """Open an existing file for reading; FileNotFoundError when there is none (S3 sends no
@@ -203,8 +266,15 @@ class StorageBackend(Protocol):
         """Delete `path` and everything below it; return the paths of the files it removed (the
         tracer records one unlink each). Callers pass only a folder of their own run."""
 
+    def fsync_dir(self, path: str) -> None:
+        """Make the entries created or renamed in folder `path` durable (a commit's folders,
+        storage/durable.py). Only where `capabilities.fsync`; else io.UnsupportedOperation."""
+
     def free_bytes(self, path: str) -> int | None:
         """Bytes that can still be written at `path`; None when unknown or unbounded (S3)."""
+
+    def uri(self, path: str) -> str:
+        """How a person names `path` on this backend, in messages (POSIX: the path; S3: s3://bucket/key)."""
 
     def check(self) -> None:
         """Reachability, credentials and permissions, checked before anything is written;
@@ -212,7 +282,18 @@ class StorageBackend(Protocol):
 
 
 class BackendClass(Protocol):
-    """What the registry (dlio_ckpt.storage.BACKENDS) points at: a class built from the config."""
+    """What the registry (dlio_ckpt.storage.BACKENDS) points at: a class built from the config.
+
+    A backend owns its options, as an IOR backend owns its options table: `options` is the
+    dataclass of its `storage.<name>.*` section (None: it has none), typed with the builtins and
+    option_types.Bytes and checking its values in `validate(key)` with one line naming the key.
+    It lives in a module that imports no optional library (storage/s3_options.py), so the loader
+    builds and checks the section for any backend; config/schema.py's StorageConfig has a field
+    `<name>` of that type and conf/config.yaml the section's defaults (a test keeps the three in
+    step), so an unknown key under it is refused as any other (one line, a close match, exit 2)."""
+
+    name: str
+    options: "type | None"
 
     def from_config(self, config, root: str) -> StorageBackend:
         """The backend for `config` (a config.schema.StorageConfig) serving the paths under `root`

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.local_fs import file_system, free_bytes_at, nearest_existing, system_folder  # noqa: F401 (also this module's API)
 from dlio_ckpt.storage.base import Capabilities, PositionalReads, write_staged
 
 DIRECT_ALIGNMENT = 4096
@@ -339,7 +340,8 @@ def _unlink_quietly(path: str) -> None:
 
 
 POSIX_CAPABILITIES = Capabilities(atomic_rename=True, fsync=True, seekable_write=True, direct_io=hasattr(os, "O_DIRECT"),
-                                  ranged_read=True, listing=True, local_paths=True)
+                                  ranged_read=True, listing=True, local_paths=True, stream_writes=True,
+                                  fork_safe=True)
 
 
 @dataclass(frozen=True)
@@ -351,6 +353,7 @@ class PosixStorage:
 
     name = "posix"
     capabilities = POSIX_CAPABILITIES
+    options = None  # no storage.posix.* section: direct_io, fsync, drop_caches are general keys (docs/architecture.md)
 
     @classmethod
     def from_config(cls, config: Any, root: str) -> "PosixStorage":
@@ -422,13 +425,17 @@ class PosixStorage:
         """Move `source` to `target` (replacing it): a framework's own rename (DCP's `.metadata`)."""
         os.replace(source, target)
 
+    def uri(self, path: str) -> str:
+        """A file is named by its path."""
+        return path
+
     def fsync_dir(self, path: str) -> None:
         """Make renames in folder `path` durable (POSIX only: for files a framework wrote by path)."""
         fsync_folder(path)
 
     def free_bytes(self, path: str) -> int | None:
         """Free bytes of the file system holding `path` (its nearest existing folder)."""
-        return shutil.disk_usage(nearest_existing(os.path.abspath(path))).free
+        return free_bytes_at(path)
 
     def check(self) -> None:
         """storage.root must be a folder we can create or write in: checked without writing."""
@@ -444,44 +451,3 @@ class PosixStorage:
             raise ConfigError(f"storage.root: {probe} is not a folder, so {root} cannot be used; choose a folder path")
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"storage.root: no permission to write in {probe}; choose a writable folder for storage.root")
-
-
-# Kernel file systems: what is written there configures the kernel or devices, it is not storage.
-# /dev/shm is the exception: a RAM disk, a node-local checkpoint level (docs/levels.md).
-KERNEL_FOLDERS = ("/proc", "/sys", "/dev")
-RAM_DISK = "/dev/shm"
-
-
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder + os.sep)
-
-
-def system_folder(path: str) -> str | None:
-    """The kernel folder (/proc, /sys, /dev) that `path` (absolute, resolved) lies in, else None."""
-    if _under(path, RAM_DISK):
-        return None
-    return next((folder for folder in KERNEL_FOLDERS if _under(path, folder)), None)
-
-
-def file_system(path: str) -> str:
-    """'ext4 mounted at /data (/dev/nvme0n1p1)': the file system that holds `path` (or would, for
-    a path not made yet), from the mount table: the mount point that is the longest prefix."""
-    import psutil
-
-    where = os.path.realpath(nearest_existing(os.path.abspath(path)))
-    mounts = [m for m in psutil.disk_partitions(all=True) if _under(where, m.mountpoint.rstrip(os.sep) or os.sep)
-              or m.mountpoint == os.sep]
-    if not mounts:
-        return "an unknown file system"
-    mount = max(mounts, key=lambda m: len(m.mountpoint))
-    return f"{mount.fstype} mounted at {mount.mountpoint} ({mount.device})"
-
-
-def nearest_existing(path: str) -> str:
-    """`path` or its nearest existing parent folder: where the file system of a path not made yet is asked."""
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path

@@ -40,6 +40,7 @@ from obstore.store import S3Store
 
 from dlio_ckpt.errors import ConfigError, UserError
 from dlio_ckpt.storage.base import Capabilities, PositionalReads
+from dlio_ckpt.storage.s3_options import S3Options
 
 S3_CAPABILITIES = Capabilities(
     atomic_rename=False,
@@ -49,6 +50,8 @@ S3_CAPABILITIES = Capabilities(
     ranged_read=True,
     listing=True,
     local_paths=False,
+    stream_writes=False,
+    fork_safe=False,  # obstore's client (its runtime's threads) hangs in a forked child, even a new one
 )
 
 # obstore raises its own classes, or Python's FileNotFoundError/PermissionError for some calls.
@@ -165,6 +168,9 @@ class S3ReadFile(PositionalReads, io.RawIOBase):
     def write(self, data) -> int:
         raise io.UnsupportedOperation(f"{self._uri} is open for reading")
 
+    def write_at(self, data, offset: int) -> int:
+        raise io.UnsupportedOperation(f"{self._uri} is open for reading")
+
     def flush(self) -> None:
         """Nothing is buffered on a read handle (and flush must work after close, as on POSIX)."""
 
@@ -267,6 +273,21 @@ class S3WriteFile(io.RawIOBase):
                 self._queue_part(part)
         self._written += len(view)
         return len(view)
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        raise io.UnsupportedOperation(f"{self._uri} is open for writing")
+
+    def read_at_into(self, buffer, offset: int) -> int:
+        raise io.UnsupportedOperation(f"{self._uri} is open for writing")
+
+    def write_at(self, data, offset: int) -> int:
+        """Refused: S3 objects are written in order (capability seekable_write is False, so the
+        loader has refused every run that writes in place)."""
+        raise io.UnsupportedOperation(f"{self._uri}: S3 objects are written in order; cannot write at {offset}")
+
+    def truncate(self, size: int | None = None) -> int:
+        """Refused, as write_at is: an object's length is what was written when it completes."""
+        raise io.UnsupportedOperation(f"{self._uri}: S3 objects are written in order; cannot truncate")
 
     def _pending(self) -> memoryview:
         """The bytes of the part being filled (possibly none)."""
@@ -373,10 +394,14 @@ class S3Storage:
 
     name = "s3"
     capabilities = S3_CAPABILITIES
+    traced_handle = None  # the tracer wraps each handle (a request costs far more than the wrapper)
+    options = S3Options  # its table: storage.s3.* (storage/s3_options.py)
 
     @classmethod
     def from_config(cls, config: Any, root: str) -> "S3Storage":
-        options = config.s3
+        """The backend for StorageConfig `config`, from its own section (`config.s3`, an S3Options
+        its table has validated), which must name a bucket."""
+        options: S3Options = config.s3
         if not options.bucket:
             raise ConfigError("storage.s3.bucket: required for storage.backend=s3; set storage.s3.bucket=NAME")
         return cls(
@@ -521,6 +546,11 @@ class S3Storage:
         except Exception as exc:
             raise _object_error(exc, self.uri(path), "delete below") from None
         return sorted(removed)
+
+    def fsync_dir(self, path: str) -> None:
+        """Refused: a bucket has no folders to make durable (capability fsync is False, so a commit
+        syncs none: storage/durable.py); an object is durable once its upload completes."""
+        raise io.UnsupportedOperation(f"{self.uri(path)}: S3 has no folders to fsync; an object is durable once uploaded")
 
     def free_bytes(self, path: str) -> int | None:
         return None

@@ -5,7 +5,7 @@ moved, not nominal sample sizes. The phase (generate, train, eval, checkpoint, r
 of the view: `storage.with_phase("train")` returns a wrapper that tags its events so.
 
 A handle of any backend is wrapped in a TracedFile. A backend may instead offer handles that
-record their own events (`traced_handle`, below): POSIX does (TracedPosixFile), so a traced POSIX
+record their own events (its `traced_handle`, part of the protocol in base.py; None: wrapped): POSIX does (TracedPosixFile), so a traced POSIX
 file is one object, not a handle plus a wrapper, which cost about as much per file as the file's
 three events. Where the optional C extension is built (events._trace_c, storage/_trace_c.c), a
 traced POSIX file's open, buffered reads and plain close are each one call into it
@@ -73,6 +73,11 @@ class TracedFile(io.RawIOBase):
 
     def size(self) -> int:
         return self._inner.size()
+
+    @property
+    def last_moved(self) -> int:
+        """What the inner handle's last read moved (the protocol's; the events already hold it)."""
+        return self._inner.last_moved
 
     def _timed(self, op: int, offset: int, call, *args):
         if self.closed:
@@ -347,9 +352,16 @@ class TracedStorage:
     recorder: EventRecorder
     phase: str = "other"
 
+    # Its handles are traced already: a TracedStorage is never wrapped again.
+    traced_handle = None
+
     @property
     def name(self) -> str:
         return self.inner.name
+
+    @property
+    def root(self) -> str:
+        return self.inner.root
 
     def with_phase(self, phase: str) -> "TracedStorage":
         return replace(self, phase=phase)
@@ -366,15 +378,15 @@ class TracedStorage:
         (`opener`), whose one call does all of this: the open timed, the path's index (what
         path_id does then), the handle's `_trace` and the open event, exactly as here.
 
-        `traced_handle`, the hook a backend may offer: a handle class whose instances record their
-        own events, which the backend's open_read / open_write / open_staged build when given it
+        `traced_handle`, the hook every backend declares (storage/base.py; None: none): a handle
+        class whose instances record their own events, which the backend's open_read / open_write / open_staged build when given it
         as their second argument (`handle_class`), and which gets the trace tuple (phase, path
         index, extend, recorder, events: the bytearray extend appends to) as `_trace` right after
-        opening. Its events must be exactly a TracedFile's; without the hook (S3),
+        opening. Its events must be exactly a TracedFile's; where it is None (S3),
         handles are wrapped. A backend subclass that overrides an opener overrides this too."""
         recorder = self.recorder
         phase, extend, paths = PHASE_CODE[self.phase] | RAW_TIMES, recorder.extender(), recorder.path_table()
-        traced_handle, trace_c, events = getattr(self.inner, "traced_handle", None), _events._trace_c, extend.__self__
+        traced_handle, trace_c, events = self.inner.traced_handle, _events._trace_c, extend.__self__
         path_id = recorder.path_id
 
         def open_traced(path: str):
@@ -477,6 +489,9 @@ class TracedStorage:
 
     def free_bytes(self, path: str) -> int | None:
         return self.inner.free_bytes(path)
+
+    def uri(self, path: str) -> str:
+        return self.inner.uri(path)
 
     def check(self) -> None:
         self.inner.check()
