@@ -19,8 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from dlio_ckpt.checkpoint.fileio import tensor_key
-from dlio_ckpt.content import ByteSource
+from dlio_ckpt.content import ByteSource, tensor_key
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.registry import Registry
 from dlio_ckpt.state.filestate import FileState, float_dtype, make_finite
