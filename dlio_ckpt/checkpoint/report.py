@@ -20,10 +20,7 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any
 
-from dlio_ckpt.metrics.report import plural
-
 GIB = float(1 << 30)
-MIB = float(1 << 20)
 
 
 def _rate(nbytes: float, seconds: float) -> float:
@@ -102,26 +99,6 @@ def _writer_figures(config: Any, per_checkpoint: list[dict]) -> dict:
         "data_fsync": data_fsync(durability, fmt, get_layout(ck.layout), ck.fsync),
         "serialization_share": (sum(shares) / total if total > 0 else 0.0) if known else None,
     }
-
-
-def writer_rows(ckpt: dict) -> list[tuple[str, str]]:
-    """The printed table's line naming the protocol and writer that ran, and how the write time
-    split between building the container and the write calls."""
-    if "durability" not in ckpt:
-        return []
-    text = f"{ckpt['durability']}"
-    if ckpt.get("durability_reason"):
-        text += f" ({ckpt['durability_reason']})"
-    text += f"; writer: {ckpt['writer']}, data files {'fsynced' if ckpt['data_fsync'] else 'not fsynced'}"
-    rows = ckpt.get("per_checkpoint") or []
-    if ckpt.get("serialization_share") is not None and rows:
-        per_save = {key: sum(r[key] for r in rows) / len(rows) for key in ("write_calls_s", "fsync_s", "serialize_s")}
-        text += (f"; serialization {100 * ckpt['serialization_share']:.0f} % of the write time "
-                 f"(write calls {per_save['write_calls_s']:.3f} s, fsync {per_save['fsync_s']:.3f} s, "
-                 f"serialization {per_save['serialize_s']:.3f} s per save, all ranks)")
-    elif rows:
-        text += "; serialization share unknown (the framework makes its own write calls)"
-    return [("durability", text)]
 
 
 def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list[dict | None],
@@ -231,26 +208,3 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
     summary["peak_rss_bytes_max"] = max(rss) if rss else 0
     summary["per_checkpoint"] = per_checkpoint
     return summary
-
-
-def encoding_rows(ckpt: dict) -> list[tuple[str, str]]:
-    """The printed table's line on an encoded run: what the state was, what reached storage, and
-    what it cost (lossy: the error)."""
-    rows = ckpt.get("per_checkpoint") or []
-    if not rows or rows[0].get("encoding", "full") == "full":
-        return []
-    logical = sum(r["logical_bytes"] for r in rows)
-    written = sum(r["bytes_written"] for r in rows)
-    later = rows[1:] or rows
-    text = (f"{rows[0]['encoding']}: {plural(len(rows), 'checkpoint')} of a {rows[0]['logical_bytes'] / MIB:.1f} MiB "
-            f"state wrote {written / MIB:.1f} MiB ({logical / written:.2f}x less than full)" if written else "")
-    key = "dedup_ratio" if rows[0]["encoding"] == "incremental" else "compression_ratio"
-    later = [r for r in later if key in r] or [{key: 0.0}]  # a checkpoint abandoned by a failure has no codec figures
-    text += f"; after the first: {mean(r[key] for r in later):.1f}x, longest chain {max(r.get('chain_length', 1) for r in rows)}"
-    if key == "compression_ratio":
-        worst = max(r.get("max_rel_error", 0.0) for r in rows)
-        text += f", max relative error {worst:.2e}"
-        if any("elem_rel_error_p99" in r for r in rows):  # |x - xr| / |x| per element, not per file's max|x|
-            text += f" (per element: p99 {max(r.get('elem_rel_error_p99', 0.0) for r in rows):.2e})"
-    text += f", encoding {max(r['encode_s_max'] for r in rows):.3f} s at most"
-    return [("encoding", text)]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.metrics.bandwidth import required_read_bandwidth
-from dlio_ckpt.metrics.report import log_report, plain_table, plural
+from dlio_ckpt.metrics.report import log_report, plain_table
+from dlio_ckpt.metrics.words import plural
 from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
 
 GIB = float(1 << 30)
