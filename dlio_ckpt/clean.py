@@ -33,23 +33,6 @@ SUMMARY_MAX_BYTES = 64 << 20  # the largest summaries (thousands of ranks, check
 SWEEP_MARKERS = ("multirun.yaml", "sweep_summary.csv")  # what Hydra and dlio_ckpt leave in a sweep folder
 
 
-def created_paths(config: Any, checkpoint_root: str | None, dataset: dict[str, Any] | None) -> dict[str, Any]:
-    """summary.json `created`: what this run created (a record for people and tools; clean itself
-    decides from the markers on disk). Its checkpoint folder (not in mode=restore, which reads an
-    earlier run's), the dataset folder when it generated rather than reused it, and its folder in
-    each checkpoint level that has a folder of its own."""
-    ours = checkpoint_root if checkpoint_root and config.mode != "restore" else None
-    return {
-        "storage_root": os.path.abspath(config.storage.root),
-        "checkpoints": ours,
-        "dataset": dataset["folder"] if dataset and not dataset.get("reused") else None,
-        "checkpoint_levels": [{"folder": os.path.abspath(level.path),
-                               "checkpoints": os.path.join(os.path.abspath(level.path), os.path.basename(ours)),
-                               "backend": level.backend or config.storage.backend}
-                              for level in config.checkpoint.levels if level.path] if ours else [],
-    }
-
-
 # the command line -------------------------------------------------------------------------------
 
 def run_folders(paths: list[str]) -> list[Path]:

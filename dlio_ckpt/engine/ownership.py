@@ -32,6 +32,23 @@ LEASE = ".dlio_ckpt_lease"  # in a dataset folder: shared flock while a run uses
 MARKER_MAX_BYTES = 4096
 
 
+def created_paths(config: Any, checkpoint_root: str | None, dataset: dict[str, Any] | None) -> dict[str, Any]:
+    """summary.json `created`: what this run created (a record for people and tools; clean itself
+    decides from the markers on disk). Its checkpoint folder (not in mode=restore, which reads an
+    earlier run's), the dataset folder when it generated rather than reused it, and its folder in
+    each checkpoint level that has a folder of its own."""
+    ours = checkpoint_root if checkpoint_root and config.mode != "restore" else None
+    return {
+        "storage_root": os.path.abspath(config.storage.root),
+        "checkpoints": ours,
+        "dataset": dataset["folder"] if dataset and not dataset.get("reused") else None,
+        "checkpoint_levels": [{"folder": os.path.abspath(level.path),
+                               "checkpoints": os.path.join(os.path.abspath(level.path), os.path.basename(ours)),
+                               "backend": level.backend or config.storage.backend}
+                              for level in config.checkpoint.levels if level.path] if ours else [],
+    }
+
+
 def owner_record(run_id: str, run_dir: Path, what: str) -> dict[str, Any]:
     folder = os.path.realpath(run_dir)
     return {"run_id": run_id, "run_folder": folder, "run_folder_inode": os.stat(folder).st_ino, "what": what}

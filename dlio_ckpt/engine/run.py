@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlio_ckpt.clean import created_paths
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.engine.context import RunContext
-from dlio_ckpt.engine.ownership import claim_run
+from dlio_ckpt.engine.ownership import claim_run, created_paths
 from dlio_ckpt.engine.left_on_disk import left_on_disk
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency, mlperf
