@@ -177,7 +177,7 @@ def list_workloads() -> None:
 
 def print_datasize(overrides: Sequence[str], multirun: bool) -> bool:
     """mode=datasize: print the dataset size the MLPerf rule asks for (rank 0 only); no MPI, no run folder."""
-    from dlio_ckpt.engine.datasize_mode import datasize_requested, run_datasize_mode
+    from dlio_ckpt.datasize import datasize_requested, run_datasize_mode
 
     root = launcher_rank() == 0
     try:

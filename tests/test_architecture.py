@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 # config/ (the loader: composing, checking every override against plans, formats and storage)
 # sits at the top, above everything it checks.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("commands", frozenset({"__main__", "cli", "slurm", "sweep", "import_dlio", "clean"})),
+    ("commands", frozenset({"__main__", "cli", "slurm", "sweep", "import_dlio", "clean", "datasize"})),
     ("offline tools", frozenset({"analysis", "advisor", "describe", "profile"})),
     ("config loader", frozenset({"config"})),
     ("engine", frozenset({"engine"})),
