@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.config.typed import all_keys, build
 from dlio_ckpt.errors import ConfigError, close_match
+from dlio_ckpt.state.trajectory import trajectory_steps
 
 GROUPS = ("workload", "scale")
 
@@ -273,6 +274,7 @@ def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = Non
 
     apply_accelerator(data, explicit)
     config = build(RunConfig, data)
+    check_update_files(config)
     check_registered_names(config)
     config = apply_scale(config, explicit, world_size)
     check_consistency(config)
@@ -327,6 +329,17 @@ def validate_for_display(overrides: Sequence[str], multirun: bool) -> None:
     with contextlib.closing(compose_each(jobs)) as composed_jobs:
         for job, composed in zip(jobs, composed_jobs):
             to_run_config(composed, explicit_keys(job))
+
+
+def check_update_files(config: RunConfig) -> None:
+    """checkpoint.update=files: the folder holds a training run's saved states, one per step. Here,
+    not in the schema: the schema holds types and reads no folder."""
+    if config.checkpoint.update != "files":
+        return
+    try:
+        trajectory_steps(config.checkpoint.update_files)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None  # names checkpoint.update_files and what to do
 
 
 def check_registered_names(config: RunConfig) -> None:
