@@ -442,7 +442,7 @@ def check_replay_log(config: RunConfig, free_space: bool = True) -> None:
     if config.workload != "replay" or config.mode == "plan":
         return
     from dlio_ckpt.config.space import FREE_BYTES_VARIABLE
-    from dlio_ckpt.plan.replay import check_replay_log as check_log
+    from dlio_ckpt.plan.replay_log import check_replay_log as check_log
     from dlio_ckpt.plan.replay import check_replay_space
     from dlio_ckpt.storage import make_backend
 
