@@ -166,7 +166,7 @@ def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool)
 def list_workloads() -> None:
     """`--list-workloads`: print one line per shipped workload (name, description, source); no run folder."""
     from dlio_ckpt.config.catalogue import format_catalogue, workload_catalogue
-    from dlio_ckpt.config.load import workloads_dir
+    from dlio_ckpt.config.groups import workloads_dir
 
     try:
         print(format_catalogue(workload_catalogue(workloads_dir())), flush=True)
@@ -270,7 +270,7 @@ def _main(argv: Sequence[str] | None) -> None:
     dry_run = DRY_RUN_FLAG in arguments
     arguments = [a for a in arguments if a != DRY_RUN_FLAG]
     flags, overrides, multirun, info = split_command_line(arguments)
-    from dlio_ckpt.config.load import register_workloads, workloads_named
+    from dlio_ckpt.config.groups import register_workloads, workloads_named
 
     from dlio_ckpt.config.workload_files import config_dirs_in, resolve
 
@@ -546,7 +546,7 @@ def _run_hydra(arguments: list[str], task, admit=None) -> None:
     """Hydra's main with `arguments` as its command line; `admit`: see _checked_when_composed."""
     import hydra
 
-    from dlio_ckpt.config.load import conf_dir
+    from dlio_ckpt.config.groups import conf_dir
 
     saved = sys.argv
     sys.argv = [saved[0] if saved else "dlio_ckpt"] + arguments

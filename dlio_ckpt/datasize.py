@@ -17,8 +17,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from dlio_ckpt.config.load import (_parse, check_override_keys, compose_each, expand_sweep, explicit_keys, override_values,
-                                   to_run_config)
+from dlio_ckpt.config.groups import override_values, parse_overrides
+from dlio_ckpt.config.load import check_override_keys, compose_each, expand_sweep, explicit_keys, to_run_config
 from dlio_ckpt.config.mlperf_rules import division
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
@@ -86,7 +86,7 @@ def host_memory_bytes() -> int:
 
 def datasize_requested(overrides: Sequence[str]) -> bool:
     """True when the command line asks for mode=datasize (a sweep may not mix it with other modes)."""
-    for override in _parse(overrides):
+    for override in parse_overrides(overrides):
         if override.key_or_group != "mode":
             continue
         values = [str(v) for v in override_values(override)]

@@ -49,7 +49,7 @@ def launcher_config(overrides: Sequence[str]) -> Any | None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from dlio_ckpt.config.load import conf_dir, register_workloads
+    from dlio_ckpt.config.groups import conf_dir, register_workloads
 
     register_workloads()
     if GlobalHydra.instance().is_initialized():

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from dlio_ckpt.config.workload_files import dotted_leaves, file_name, parse_yaml, read_yaml_text
+from dlio_ckpt.config.yaml_files import dotted_leaves, file_name, parse_yaml, read_yaml_text
 from dlio_ckpt.errors import ConfigError
 
 # DLIO 2.0.0's defaults (utils/config.py, ConfigArguments) for the keys that shape I/O.
@@ -551,7 +551,7 @@ def load_dlio_file(path: str) -> Any:
     if not file.is_file():
         raise ConfigError(f"dlio_config: {path} is not a file; give the path of a DLIO workload YAML "
                           "(DLIO's own are in its source tree, dlio_benchmark/configs/workload/; dlio_ckpt ships none)")
-    return parse_yaml(read_yaml_text(file), path)  # bounded in size, depth and values (workload_files.py)
+    return parse_yaml(read_yaml_text(file), path)  # bounded in size, depth and values (yaml_files.py)
 
 
 def import_file(path: str) -> DlioImport:

@@ -10,125 +10,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import importlib
 import itertools
 import os
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from dlio_ckpt.config.groups import (GROUPS, conf_dir, group_options, override_values, parse_overrides,
+                                     register_workloads, workloads_named)
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.config.typed import all_keys, build
 from dlio_ckpt.errors import ConfigError, close_match
 from dlio_ckpt.state.trajectory import trajectory_steps
-
-GROUPS = ("workload", "scale")
-
-
-def _data_dir(name: str) -> Path:
-    """A data folder shipped as `dlio_ckpt.<name>`: from the wheel, else from the source tree.
-
-    In a source checkout (editable install, or running from the repository root) the folders
-    stay at the top level (conf/, workloads/, analysis/) beside the package.
-    """
-    source = Path(__file__).resolve().parents[2] / name
-    if source.is_dir():
-        return source
-    # A data-only folder installs as a namespace package: its __path__ holds the real folder.
-    package = importlib.import_module(f"dlio_ckpt.{name}")
-    return Path(list(package.__path__)[0])
-
-
-def conf_dir() -> Path:
-    return _data_dir("conf")
-
-
-def workloads_dir() -> Path:
-    return _data_dir("workloads")
-
-
-def workload_names() -> list[str]:
-    return sorted(p.stem for p in workloads_dir().glob("*.yaml"))
-
-
-def group_options(group: str) -> list[str]:
-    if group == "workload":
-        from dlio_ckpt.config.workload_files import registered_names
-
-        return sorted(set(workload_names()) | set(registered_names()))  # with the user's files (workload_files.py)
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
-
-
-def register_workloads(names: Iterable[str] | None = None) -> None:
-    """Make workloads/*.yaml the Hydra group `workload` (package _global_): all of them, or only
-    `names` (a run composes one workload, and parsing a file costs ~6 ms: the whole library was
-    ~0.1 s of every process's start, on every rank).
-
-    The library lives in its own top-level folder rather than under conf/, so it is registered
-    through Hydra's ConfigStore instead of the folder search; repeated calls are harmless and
-    cheap: a file already registered in this process is not parsed again. A name that is not a
-    shipped file is left alone (a user's file registers itself; an unknown name is refused by
-    check_override_keys with the list of choices).
-    """
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    registered = store.repo.get("workload", {})
-    folder = workloads_dir()
-    paths = sorted(folder.glob("*.yaml")) if names is None else [folder / f"{name}.yaml" for name in sorted(set(names))]
-    for path in paths:
-        if f"{path.stem}.yaml" in registered or not path.is_file():
-            continue
-        try:
-            node = OmegaConf.load(path)
-        except Exception as exc:
-            raise ConfigError(f"workload file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
-        store.store(group="workload", name=path.stem, node=node, package="_global_")
-
-
-def default_workload() -> str:
-    """The workload conf/config.yaml's defaults list picks when the command line names none."""
-    import re
-
-    found = re.search(r"^\s*-\s*workload:\s*([A-Za-z0-9_]+)\s*$", (conf_dir() / "config.yaml").read_text(), re.MULTILINE)
-    if found is None:
-        raise ConfigError(f"{conf_dir() / 'config.yaml'}: its defaults list names no workload")
-    return found.group(1)
-
-
-def workloads_named(overrides: Sequence[str]) -> list[str] | None:
-    """The workloads a command line composes: those its `workload=` overrides name (every value of
-    a sweep, a glob's matches) and the default (Hydra composes the defaults once before a sweep's
-    jobs); None (all of them) when a value is not a plain name."""
-    names = {default_workload()}
-    for override in _parse(overrides):
-        if override.key_or_group != "workload":
-            continue
-        values = override_values(override)
-        if not all(isinstance(value, str) for value in values):
-            return None
-        names.update(values)
-    return sorted(names)
-
-
-def _parse(overrides: Sequence[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_overrides(list(overrides))
-    except Exception as exc:  # Hydra's grammar errors are several lines; keep the first
-        raise ConfigError(f"cannot parse command-line override: {str(exc).splitlines()[0]}") from None
-
-
-def override_values(override) -> list:
-    """Every value an override gives, a sweep's each: `a,b`, `range(...)`, and `glob(...)`
-    over a group's options (which Hydra's parser can only list with a config loader at hand)."""
-    from hydra.core.override_parser.types import ValueType
-
-    if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
-        return override.value().filter(group_options(override.key_or_group))
-    return list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
 
 
 def _override_key(override) -> str:
@@ -138,7 +31,7 @@ def _override_key(override) -> str:
 def check_override_keys(overrides: Sequence[str]) -> None:
     """Reject unknown keys and unknown group options before Hydra sees them."""
     known = set(all_keys(RunConfig)) - {"run_dir"}
-    for override in _parse(overrides):
+    for override in parse_overrides(overrides):
         key = _override_key(override)
         if key.startswith("hydra") or key.startswith("+hydra"):
             continue
@@ -165,7 +58,7 @@ def check_override_keys(overrides: Sequence[str]) -> None:
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
     """The job overrides of a multirun: the cartesian product of every comma/range sweep."""
     choices: list[list[str]] = []
-    for override in _parse(overrides):
+    for override in parse_overrides(overrides):
         key = override.get_key_element()
         if override.is_sweep_override():
             choices.append([f"{key}={value}" for value in override_values(override)])
@@ -177,7 +70,7 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
 def explicit_keys(overrides: Iterable[str]) -> set[str]:
     """Keys the user set on the command line: scale caps never override them."""
     keys = set()
-    for override in _parse(list(overrides)):
+    for override in parse_overrides(list(overrides)):
         keys.add(_override_key(override).lstrip("+~"))
     return keys
 
@@ -221,7 +114,7 @@ def compose_each(jobs: Sequence[Sequence[str]]) -> Iterator[DictConfig]:
             if len(jobs) == 1:
                 yield composed(overrides)
                 continue
-            parsed = _parse(overrides)
+            parsed = parse_overrides(overrides)
             plain = [o for o in parsed if _is_plain_value(o)]
             structure = tuple(o.input_line for o in parsed if not _is_plain_value(o))
             if structure not in bases:
