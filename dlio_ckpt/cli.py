@@ -145,7 +145,7 @@ def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool)
         token = secrets.token_hex(4)
         try:
             if given is not None:
-                from dlio_ckpt.engine.failures import take_resume_note
+                from dlio_ckpt.engine.relaunch import take_resume_note
 
                 named = Path(given.strip().strip("'\"")).resolve()
                 resumed = take_resume_note(named) if given.strip() and not multirun else None

@@ -16,6 +16,7 @@ program's I/O: they go through the untraced backend.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -24,7 +25,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from dlio_ckpt.engine.relaunch import check_relaunch, give_back_note
 from dlio_ckpt.errors import RunFailure, UserError, storage_failure
+from dlio_ckpt.storage import make_backend
 
 RUN_MARKER = ".dlio_ckpt_run_id"  # in the run folder: {"run_id"}
 OWNER_MARKER = ".dlio_ckpt_owner"  # in each folder the run created under storage.root
@@ -220,10 +223,6 @@ def own_checkpoint_folders(config: Any, run_id: str) -> list[tuple[Any, str, str
     """(untraced backend, folder, what) for each checkpoint folder this run writes: its own under
     storage.root and its folder in each checkpoint level with a folder of its own. None in
     mode=restore (it reads an earlier run's) or without checkpoints."""
-    import dataclasses
-
-    from dlio_ckpt.storage import make_backend
-
     if config.mode not in ("train", "checkpoint") or config.workload == "replay" or not config.checkpoint.enabled:
         return []
     root = os.path.abspath(os.path.join(config.storage.root, config.checkpoint.folder, run_id))
@@ -240,8 +239,6 @@ def claim_run(config: Any, run_dir: Path, run_id: str, world_size: int, make_roo
     """Rank 0, first thing in a run: a relaunch is checked against the run it resumes, then
     `make_root` (storage.root made where missing, before anything is written under it), then the
     run folder's marker and this run's checkpoint folders, each marked as its own."""
-    from dlio_ckpt.engine.failures import check_relaunch, give_back_note
-
     try:
         check_relaunch(run_dir, config, world_size)
         if make_root is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from functools import partial
 from typing import Any, Callable
 
@@ -12,6 +11,7 @@ from dlio_ckpt.checkpoint.base import NoCheckpoints
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.generate import ensure_dataset, format_options
 from dlio_ckpt.engine.ownership import DatasetLease
+from dlio_ckpt.engine.page_cache import drop_page_cache
 from dlio_ckpt.engine.train import run_training
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats import get_format
@@ -34,17 +34,6 @@ def page_cache_warning(dataset_bytes: int, direct_io: bool, dropped: bool) -> st
         "reads may be served from the page cache; use storage.direct_io=true, storage.drop_caches=true (root), "
         "or a dataset larger than memory"
     )
-
-
-def drop_page_cache() -> str | None:
-    """Write back dirty pages and drop the page cache; returns why it failed, or None."""
-    try:
-        subprocess.run(["sync"], check=False)
-        with open("/proc/sys/vm/drop_caches", "w") as control:
-            control.write("3\n")
-    except OSError as exc:
-        return f"could not drop the page cache ({exc.strerror}; it needs root): reads may be served from memory"
-    return None
 
 
 def make_checkpoints(ctx: RunContext) -> Any:
