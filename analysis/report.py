@@ -13,7 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dlio_ckpt.analysis.model import GIB, MIB, JobAnalysis
+from dlio_ckpt.analysis.compare import cell, column_header
+from dlio_ckpt.analysis.latency import HEADERS, latency_rows
+from dlio_ckpt.analysis.model import MIB, JobAnalysis
+from dlio_ckpt.analysis.numbers import fmt, fmt_bytes, fmt_share, fmt_size
 
 Block = tuple  # ("h", level, text) | ("p", text) | ("ul", [text]) | ("table", headers, rows[, fold]) |
 #               ("img", src, alt, file) | ("figure", src, alt, file, title, caption) |
@@ -21,49 +24,6 @@ Block = tuple  # ("h", level, text) | ("p", text) | ("ul", [text]) | ("table", h
 
 _RANKS_SHOWN = 20
 _FILES_SHOWN = 20
-
-
-def fmt_bytes(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{int(value):,} ({int(value) / GIB:.3f} GiB)"
-
-
-def fmt_size(value: Any) -> str:
-    """Short binary size for narrow places (terminal columns): exact counts are in the report."""
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.2f} {unit}"
-        size /= 1024
-    return str(value)
-
-
-def fmt(value: Any) -> str:
-    """Numbers for people: thousands separated, about 4 significant digits, never exponents.
-
-    Shares as percentages are left to the caller.
-    """
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        magnitude = abs(value)
-        if magnitude >= 1000:
-            return f"{value:,.0f}"
-        if magnitude == 0 or magnitude >= 0.001:
-            return f"{value:.4g}"
-        return f"{value:.6f}".rstrip("0")
-    return str(value)
-
-
-def fmt_share(value: Any) -> str:
-    return "-" if value is None else f"{100 * value:.1f} %"
 
 
 def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Block]:
@@ -156,8 +116,6 @@ def _job_blocks(job: JobAnalysis, level: int, out_dir: Path | None) -> list[Bloc
 
     latency = job.extra.get("latency")
     if latency:
-        from dlio_ckpt.analysis.latency import HEADERS, latency_rows
-
         blocks += [("h", level + 1, "Latency and IOPS"),
                    ("p", f"Per phase and call kind, all ranks: percentiles of call durations "
                          f"({job.extra.get('latency_source', '')}); IOPS = calls / the slowest rank's busy time in them."),
@@ -322,8 +280,6 @@ def _relative(path: str, out_dir: Path | None) -> str:
 
 
 def comparison_blocks(table: dict[str, Any], figure: str | None, level: int, out_dir: Path | None) -> list[Block]:
-    from dlio_ckpt.analysis.compare import cell, column_header
-
     runs = table["runs"]
     head = ["metric"] + [column_header(table, run) for run in runs]
     body = [[row["label"]] + [cell(table, row, run) for run in runs] for row in table["rows"]]

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from dlio_ckpt.analysis.compare import cell
 from dlio_ckpt.analysis.model import JobAnalysis
-from dlio_ckpt.analysis.report import fmt, fmt_bytes, fmt_share, fmt_size
+from dlio_ckpt.analysis.numbers import fmt, fmt_bytes, fmt_share, fmt_size
 
 _RANKS_SHOWN = 8
 
