@@ -16,12 +16,34 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from dlio_ckpt.checkpoint.encoded import check_encoding
+from dlio_ckpt.checkpoint.registry import check_names
+from dlio_ckpt.config.accelerators import apply_accelerator
 from dlio_ckpt.config.groups import (GROUPS, conf_dir, group_options, override_values, parse_overrides,
                                      register_workloads, workloads_named)
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.config.limits import check_memory
+from dlio_ckpt.config.needs import check_storage_needs, writes_checkpoints
+from dlio_ckpt.config.paths import _file_in_the_way, check_paths
+from dlio_ckpt.config.schema import MAX_PLAN_RANKS, TENSOR_DTYPES, RunConfig
+from dlio_ckpt.config.space import FREE_BYTES_VARIABLE, check_free_space
 from dlio_ckpt.config.typed import all_keys, build
+from dlio_ckpt.config.workload_files import resolve
+from dlio_ckpt.engine.plan_mode import plan_world_size
+from dlio_ckpt.engine.workers import can_fork
 from dlio_ckpt.errors import ConfigError, close_match
+from dlio_ckpt.formats import DATASET_FORMATS
+from dlio_ckpt.formats.jpeg import JPEG_MIN_BYTES
+from dlio_ckpt.formats.parquet import parse_columns
+from dlio_ckpt.optional import available, check_installed
+from dlio_ckpt.plan.checkpoint_formats import format_spec
+from dlio_ckpt.plan.model import resolve_parallelism
+from dlio_ckpt.plan.read import last_training_step
+from dlio_ckpt.plan.replay import check_replay_space
+from dlio_ckpt.plan.replay_log import check_replay_log as check_log
 from dlio_ckpt.state.trajectory import trajectory_steps
+from dlio_ckpt.storage import BACKENDS, make_backend
+from dlio_ckpt.storage.base import CAPABILITY_MEANING
+from dlio_ckpt.storage.posix import nearest_existing, system_folder
 
 
 def _override_key(override) -> str:
@@ -163,7 +185,6 @@ def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = Non
         raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}") from None
     data.pop("hydra", None)
     data["run_dir"] = run_dir
-    from dlio_ckpt.config.accelerators import apply_accelerator
 
     apply_accelerator(data, explicit)
     config = build(RunConfig, data)
@@ -177,8 +198,6 @@ def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = Non
 def load_config(overrides: Sequence[str] = (), run_dir: str | None = None, world_size: int = 1) -> RunConfig:
     """The RunConfig for a list of command-line overrides, as the CLI would build it for a job of
     `world_size` ranks."""
-    from dlio_ckpt.config.workload_files import resolve
-
     overrides, _ = resolve(overrides)
     register_workloads(workloads_named(overrides))
     check_override_keys(overrides)
@@ -197,10 +216,6 @@ def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: 
 
 def check_job(config: RunConfig, world_size: int, free_space: bool = True) -> None:
     """Everything about one job that can be known before it runs, for this world size."""
-    from dlio_ckpt.config.limits import check_memory
-    from dlio_ckpt.config.paths import check_paths
-    from dlio_ckpt.config.space import check_free_space
-
     check_world_fit(config, world_size)
     check_failure_steps(config, world_size)
     check_model_fit(config, world_size)
@@ -238,12 +253,6 @@ def check_update_files(config: RunConfig) -> None:
 def check_registered_names(config: RunConfig) -> None:
     """Names the registries own, and the pairs of them that work together (the schema only
     holds types, so it does not import the registries)."""
-    from dlio_ckpt.checkpoint.encoded import check_encoding
-    from dlio_ckpt.checkpoint.registry import check_names
-    from dlio_ckpt.formats import DATASET_FORMATS
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-    from dlio_ckpt.storage import BACKENDS
-
     BACKENDS.canonical(config.storage.backend)
     ds = config.dataset
     offered = DATASET_FORMATS.load(ds.format).compressions
@@ -264,9 +273,6 @@ def check_registered_names(config: RunConfig) -> None:
 
 def check_dataset_format_fit(ds: Any) -> None:
     """What the jpeg and parquet formats ask of the dataset's keys (formats/jpeg.py, parquet.py)."""
-    from dlio_ckpt.formats.jpeg import JPEG_MIN_BYTES
-    from dlio_ckpt.formats.parquet import parse_columns
-
     if ds.parquet_columns or ds.parquet_row_group_size:
         if ds.format != "parquet":
             raise ConfigError(f"dataset.parquet_columns: applies to dataset.format=parquet (it is '{ds.format}'); "
@@ -316,9 +322,6 @@ def check_model_fit(config: RunConfig, world_size: int) -> None:
                 f"model.parallelism.pipeline: {par.pipeline} stages but only {model.num_layers} layers (model.num_layers); "
                 "use at most one stage per layer"
             )
-    from dlio_ckpt.config.schema import MAX_PLAN_RANKS
-    from dlio_ckpt.engine.plan_mode import plan_world_size
-    from dlio_ckpt.plan.model import resolve_parallelism
 
     ranks = plan_world_size(config) if config.mode == "plan" else world_size
     if ranks > MAX_PLAN_RANKS:
@@ -334,10 +337,6 @@ def check_replay_log(config: RunConfig, free_space: bool = True) -> None:
     what the replay writes fits storage.root's free space (before the run folder exists)."""
     if config.workload != "replay" or config.mode == "plan":
         return
-    from dlio_ckpt.config.space import FREE_BYTES_VARIABLE
-    from dlio_ckpt.plan.replay_log import check_replay_log as check_log
-    from dlio_ckpt.plan.replay import check_replay_space
-    from dlio_ckpt.storage import make_backend
 
     plan = check_log(config.replay.log)
     if free_space:
@@ -349,10 +348,6 @@ def check_replay_log(config: RunConfig, free_space: bool = True) -> None:
 
 def check_dependencies(config: RunConfig) -> None:
     """Optional libraries the chosen features need, checked before anything is written."""
-    from dlio_ckpt.formats import DATASET_FORMATS
-    from dlio_ckpt.optional import check_installed
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-
     if config.reader.name == "tensorflow":
         check_installed("tensorflow")
     dataset_needs = getattr(DATASET_FORMATS.load(config.dataset.format), "requires", "")
@@ -373,14 +368,10 @@ def check_loader(config: RunConfig) -> None:
                           f"{config.dataset.format} holds none (dlio_ckpt has no jpeg/png format); "
                           "set reader.decode=numpy or none")
     if reader.decode == "torch":
-        from dlio_ckpt.optional import available
-
         if not available("torch"):
             raise ConfigError("reader.decode: torch decodes and collates each sample with torch, which is not installed; "
                               "install it (pip install torch) or set reader.decode=numpy or none")
     if reader.name == "native" and reader.access == "sample" and reader.workers == "processes" and reader.read_threads > 0:
-        from dlio_ckpt.engine.workers import can_fork
-
         if not can_fork():
             raise ConfigError("reader.workers: processes forks worker processes, which this platform cannot do "
                               "(no fork start method); set reader.workers=threads or reader.read_threads=0")
@@ -391,8 +382,6 @@ def check_storage(config: RunConfig) -> None:
     (its capabilities), and is usable (storage.root writable, bucket reachable): all without writing."""
     if config.mode == "plan":
         return
-    from dlio_ckpt.config.needs import check_storage_needs
-    from dlio_ckpt.storage import make_backend
 
     backend = make_backend(config.storage, os.path.abspath(config.storage.root))
     check_storage_needs(config, config.storage.backend, backend.capabilities)
@@ -454,7 +443,6 @@ def check_failure_steps(config: RunConfig, world_size: int) -> None:
     steps = config.failures.at_steps
     if not steps or config.failures.mtbf_s > 0 or config.mode != "train" or config.workload == "replay":
         return
-    from dlio_ckpt.plan.read import last_training_step
 
     ds, reader, train = config.dataset, config.reader, config.train
     whole = config.reader.name == "tensorflow" or config.reader.access == "transfer"  # engine/train.py whole_files
@@ -569,8 +557,6 @@ def explicit_checkpoint_bytes(model: Any) -> int:
     if model.kind != "explicit":
         return 0
     if model.layer_dtypes:
-        from dlio_ckpt.config.schema import TENSOR_DTYPES
-
         layers = sum(n * TENSOR_DTYPES[d] for n, d in zip(model.layer_parameters, model.layer_dtypes))
     else:
         layers = sum(model.layer_parameters) * model.model_dtype_bytes
@@ -617,7 +603,6 @@ def check_levels(config: RunConfig) -> None:
     if levels[0].every != 1 or levels[0].write != "direct":
         raise ConfigError(f"{key}[0]: the first (fastest) level takes every checkpoint: set every: 1 and write: direct "
                           f"(got every: {levels[0].every}, write: {levels[0].write})")
-    from dlio_ckpt.storage import BACKENDS
 
     names: set[str] = set()
     folders: set[str] = set()
@@ -644,13 +629,6 @@ def check_level_paths(config: RunConfig) -> None:
     """Each level with a folder or backend of its own can serve the run's checkpoints: a local
     folder can be made and written, another backend is reachable and offers what the checkpoint
     format needs (nothing written)."""
-    from dlio_ckpt.config.needs import writes_checkpoints
-    from dlio_ckpt.config.paths import _file_in_the_way
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-    from dlio_ckpt.storage import make_backend
-    from dlio_ckpt.storage.base import CAPABILITY_MEANING
-    from dlio_ckpt.storage.posix import nearest_existing, system_folder
-
     for number, level in enumerate(config.checkpoint.levels if writes_checkpoints(config) else ()):
         key = f"checkpoint.levels[{number}]"
         name = level.backend or config.storage.backend
