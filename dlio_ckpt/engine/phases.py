@@ -7,7 +7,10 @@ from typing import Any, Callable
 
 import psutil
 
+from dlio_ckpt.checkpoint import make_checkpoint_engine
 from dlio_ckpt.checkpoint.base import NoCheckpoints
+from dlio_ckpt.checkpoint.levels_report import levels_summary
+from dlio_ckpt.checkpoint.report import checkpoint_summary
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.generate import ensure_dataset, format_options
 from dlio_ckpt.engine.ownership import DatasetLease
@@ -18,6 +21,7 @@ from dlio_ckpt.formats import get_format
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.goodput import FAILURE_SECTIONS, failure_section
 from dlio_ckpt.plan.dataset import plan_dataset
+from dlio_ckpt.plan.layouts import writing_ranks
 
 GIB = float(1 << 30)
 
@@ -39,7 +43,6 @@ def page_cache_warning(dataset_bytes: int, direct_io: bool, dropped: bool) -> st
 def make_checkpoints(ctx: RunContext) -> Any:
     if not ctx.config.checkpoint.enabled:
         return NoCheckpoints()
-    from dlio_ckpt.checkpoint import make_checkpoint_engine
 
     return make_checkpoint_engine(ctx)
 
@@ -53,7 +56,6 @@ def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
     plan = getattr(checkpoints, "plan", None)
     if plan is None or ctx.world.size < 2 or ctx.config.checkpoint.strategy == "single_writer":
         return None
-    from dlio_ckpt.plan.layouts import writing_ranks
 
     writers = int(writing_ranks(plan.model).sum())  # not every rank's file list: that is N^2 over the job
     if writers != 1:
@@ -178,13 +180,9 @@ def _checkpoint_section(config: Any) -> Callable[[list[dict[str, Any]]], dict[st
     the slowest rank's, from the gathered records)."""
 
     def build(everyone: list[dict[str, Any]]) -> dict[str, Any]:
-        from dlio_ckpt.checkpoint.report import checkpoint_summary
-
         wall = max(r["train_wall_s"] for r in everyone)
         summary = checkpoint_summary([r["checkpoints"] for r in everyone], [r["restore"] for r in everyone], wall, config)
         if config.checkpoint.levels:
-            from dlio_ckpt.checkpoint.levels_report import levels_summary
-
             summary["levels"] = levels_summary([r.get("levels") for r in everyone])
         summary["policy"] = everyone[0]["policy"]  # every rank derives the same interval from the same numbers
         return summary

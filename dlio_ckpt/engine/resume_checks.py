@@ -21,6 +21,7 @@ import numpy as np
 import xxhash
 
 from dlio_ckpt.plan.resume import batch_digest, order_digest
+from dlio_ckpt.state.rank_state import RankState
 
 
 def _state_holder(checkpoints: Any) -> Any:
@@ -55,7 +56,6 @@ def truth_state_factory(checkpoints: Any) -> tuple[Callable[[], Any] | None, tup
     holder = _state_holder(checkpoints)
     if holder is None:
         return None, ()
-    from dlio_ckpt.state.rank_state import RankState
 
     files = holder.plan.files_by_rank[holder.world.rank]
     return (lambda: RankState(files, holder.cfg, holder.config.seed, holder.source, layout=holder.plan.files_by_rank)), files
