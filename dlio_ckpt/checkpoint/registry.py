@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlio_ckpt.plan.checkpoint_formats import CHECKPOINT_FORMATS
+from dlio_ckpt.plan.layouts import LAYOUTS
 from dlio_ckpt.registry import Registry
 
 STRATEGIES = Registry(
@@ -29,9 +31,6 @@ def canonical_strategy(name: str) -> str:
 
 def check_names(config: Any) -> None:
     """`config` (a CheckpointConfig) names a known strategy, layout and format."""
-    from dlio_ckpt.plan.checkpoint_formats import CHECKPOINT_FORMATS
-    from dlio_ckpt.plan.layouts import LAYOUTS
-
     STRATEGIES.canonical(config.strategy)
     LAYOUTS.canonical(config.layout)
     CHECKPOINT_FORMATS.canonical(config.format)

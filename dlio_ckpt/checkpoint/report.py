@@ -20,6 +20,11 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any
 
+from dlio_ckpt.checkpoint.encoded import merge_stats
+from dlio_ckpt.plan.checkpoint_formats import format_spec
+from dlio_ckpt.plan.durability import data_fsync, resolve_durability
+from dlio_ckpt.plan.layouts import get_layout
+
 GIB = float(1 << 30)
 
 
@@ -37,8 +42,6 @@ def _codec_figures(rows: list[dict], data_bytes: int) -> dict:
     (`logical_bytes`), what reached storage (`bytes_written`: data files as the tracer counted them,
     plus manifest and metadata), the encoding time of the slowest rank, and the codec's figures
     (sizes added up, errors and chain length the worst rank's; docs/metrics.md)."""
-    from dlio_ckpt.checkpoint.encoded import merge_stats
-
     encoding = rows[0].get("encoding", "full")
     logical = sum(r.get("logical_bytes", 0) for r in rows)
     written = data_bytes + sum(r.get("metadata_bytes", 0) for r in rows)
@@ -83,10 +86,6 @@ def _serialization_figures(rows: list[dict]) -> dict:
 def _writer_figures(config: Any, per_checkpoint: list[dict]) -> dict:
     """Which protocol and writer ran (checkpoint.durability, the format's writer kind, whether data
     files were fsynced), and the serialization share over every save (docs/metrics.md)."""
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-    from dlio_ckpt.plan.durability import data_fsync, resolve_durability
-    from dlio_ckpt.plan.layouts import get_layout
-
     ck = config.checkpoint
     durability = resolve_durability(config)
     fmt = format_spec(ck.format, get_layout(ck.layout).name)
