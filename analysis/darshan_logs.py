@@ -34,6 +34,7 @@ from dlio_ckpt.analysis import darshan_summary as summary
 from dlio_ckpt.analysis.timeline import grid, spread
 from dlio_ckpt.errors import UserError
 from dlio_ckpt.optional import require
+from dlio_ckpt.trace.darshan_input import BadDarshanLog, open_report
 
 _PID = re.compile(r"_id\d+-(\d+)_")
 # get_heatmap_df builds a (segments x bins) dummy matrix; above this many segments the
@@ -75,8 +76,6 @@ def load_logs(paths: list[Path]) -> list[LoadedLog]:
     """Read every log once; a file that is not a complete Darshan log (empty, truncated, garbage)
     is a user error naming it, checked before PyDarshan reads it (a truncated log would read as
     zero bytes) and with libdarshan's own messages kept off the terminal."""
-    from dlio_ckpt.trace.darshan_input import BadDarshanLog, open_report
-
     require("darshan")
     require("pandas")
     loaded = []
