@@ -27,6 +27,7 @@ from typing import Any
 from dlio_ckpt.engine.ownership import (MARKER_MAX_BYTES, OWNER_MARKER, RUN_MARKER, owned_by, parse_owner,
                                         read_regular, read_run_marker, safe_name, try_exclusive)
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, UserError
+from dlio_ckpt.storage import make_backend
 
 DRY_RUN_FLAG = "--dry-run"
 SUMMARY_MAX_BYTES = 64 << 20  # the largest summaries (thousands of ranks, checkpoints) are a few MiB
@@ -127,8 +128,6 @@ def _base(root: str, local: bool) -> str:
 
 def targets(summary: dict[str, Any], run_dir: Path, run_id: str) -> tuple[list[Target], list[str]]:
     """The folders this run may have created (to be checked on disk), and notes on those refused outright."""
-    from dlio_ckpt.storage import make_backend
-
     storage = _field(summary, "config.storage", dict, run_dir)
     root = _field(summary, "config.storage.root", str, run_dir)
     _field(summary, "config.storage.backend", str, run_dir)
