@@ -45,12 +45,26 @@ SPLIT_UNITS = {"dlio_ckpt.config.schema": "config.schema", "dlio_ckpt.config.typ
 TOOLS = frozenset({"analysis", "advisor", "describe", "profile"})
 NOT_FOR_TOOLS = frozenset({"config", "engine", "checkpoint", "clean", "cli"})
 
-# Imports of dlio_ckpt modules allowed inside a function, with the reason. Optional third-party
-# libraries (torch, tensorflow, h5py, obstore, hydra ...) may always be imported where used.
-LAZY_ALLOWED: dict[str, str] = {}
+# Modules that may import dlio_ckpt modules inside a function, with the reason. Optional
+# third-party libraries (torch, tensorflow, h5py, obstore, hydra ...) and the optional compiled
+# extensions (a `.c` beside the module: codec/_lossy_c.c, storage/_trace_c.c) may always be
+# imported where they are used, inside a try.
+LAZY_ALLOWED: dict[str, str] = {
+    "dlio_ckpt.cli": "the command dispatcher imports only the command it runs, so `dlio_ckpt clean`, `--version` "
+                     "and a Slurm submission start without Hydra, numpy and the engine (0.27 s to import, not 1.0 s)",
+}
 
-# Edges another branch of issue 25 removes (storage/ and errors.py belong to that change).
-PENDING: dict[tuple[str, str], str] = {}
+# Modules whose imports inside functions another branch of issue 25 rewrites (the checkpoint engine
+# split; the codec registry; the storage protocol, which removes errors.py's import of a backend).
+# Their imports inside functions are left out of every check here; their imports at the top are
+# checked. Once a branch has moved its imports, its entries fail test_left_to_other_branches_is_current.
+LEFT_TO_OTHER_BRANCHES: dict[str, str] = {
+    "dlio_ckpt.checkpoint": "arch-engine",
+    "dlio_ckpt.checkpoint.engine": "arch-engine",
+    "dlio_ckpt.checkpoint.encoded": "arch-registry",
+    "dlio_ckpt.errors": "arch-storage",
+    "dlio_ckpt.storage.posix": "arch-storage",
+}
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,12 @@ def _named_module(name: str, modules: dict[str, Path]) -> str:
     return name
 
 
+def _compiled_extension(name: str) -> bool:
+    """An optional C extension (built where a compiler is), imported as an optional library is."""
+    parts = name.split(".")
+    return parts[-1].startswith("_") and (REPO.joinpath(*parts[:-1]) / f"{parts[-1]}.c").is_file()
+
+
 def _function_nodes(tree: ast.AST) -> set[int]:
     inside = set()
     for node in ast.walk(tree):
@@ -109,7 +129,7 @@ def import_edges(modules: dict[str, Path]) -> list[Edge]:
             else:
                 continue
             for target in targets:
-                if target == "dlio_ckpt" or target.startswith("dlio_ckpt."):
+                if (target == "dlio_ckpt" or target.startswith("dlio_ckpt.")) and not _compiled_extension(target):
                     imported = _named_module(target, modules)
                     if imported != name:
                         edges.add(Edge(name, imported, node.lineno, id(node) in inside))
@@ -171,7 +191,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 @pytest.fixture(scope="module")
 def edges() -> list[Edge]:
-    return [e for e in import_edges(module_files()) if (unit(e.importer), unit(e.imported)) not in PENDING]
+    return [e for e in import_edges(module_files()) if not (e.in_function and e.importer in LEFT_TO_OTHER_BRANCHES)]
 
 
 def test_every_unit_has_a_layer():
@@ -211,6 +231,14 @@ def test_no_package_import_inside_a_function(edges):
     assert not hidden, f"{len(hidden)} imports of dlio_ckpt modules inside functions:\n" + "\n".join(hidden)
 
 
+def test_left_to_other_branches_is_current():
+    """Each exception still exists and still imports inside a function: a stale one goes."""
+    hidden = {e.importer for e in import_edges(module_files()) if e.in_function}
+    stale = sorted(set(LEFT_TO_OTHER_BRANCHES) - hidden)
+    assert not stale, f"no imports inside functions left in {stale}: remove them from LEFT_TO_OTHER_BRANCHES"
+    assert set(LAZY_ALLOWED) <= hidden
+
+
 def test_the_checker_sees_each_kind_of_violation():
     """The checks above can fail: a cycle, an upward edge and a hidden import are each found."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
@@ -223,3 +251,4 @@ def test_the_checker_sees_each_kind_of_violation():
     assert layers[unit("dlio_ckpt.storage.posix")] > layers[unit("dlio_ckpt.engine.run")]
     assert unit("dlio_ckpt.config.schema") == "config.schema" and unit("dlio_ckpt.config.load") == "config"
     assert unit("dlio_ckpt.analysis.report") == "analysis" and unit("dlio_ckpt.cli") == "cli"
+    assert _compiled_extension("dlio_ckpt.codec._lossy_c") and not _compiled_extension("dlio_ckpt.codec.lossy")
