@@ -22,6 +22,7 @@ from dlio_ckpt.analysis.compare import compare, plotted_rows
 from dlio_ckpt.analysis.darshan_logs import analyse_logs
 from dlio_ckpt.analysis.inputs import ACCEPTED, Source, detect_all
 from dlio_ckpt.analysis.model import JobAnalysis, plain
+from dlio_ckpt.analysis.render import render
 from dlio_ckpt.analysis.run_folders import analyse_run
 from dlio_ckpt.analysis.scaling import format_table, weak_scaling
 from dlio_ckpt.analysis.sweeps import analyse_sweep, analyse_sweep_job
@@ -129,7 +130,7 @@ def write_outputs(jobs: list[JobAnalysis], table: dict[str, Any] | None, report_
                 if drawn is not None:
                     job.figures[name] = str(drawn)
             written += list(job.figures.values())
-    text = report.render(report.build(jobs, table, compare_figure, out_dir), fmt_name)
+    text = render(report.build(jobs, table, compare_figure, out_dir), fmt_name)
     report_path.write_text(text, encoding="utf-8")
     written.append(str(report_path))
     return written, compare_figure
