@@ -103,6 +103,40 @@ def _writer_figures(config: Any, per_checkpoint: list[dict]) -> dict:
 def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list[dict | None],
                        train_wall_s: float, config: Any) -> dict:
     ck = config.checkpoint
+    per_checkpoint = _per_checkpoint(records_by_rank)
+    writes = len(per_checkpoint)
+    summary: dict[str, Any] = {
+        "strategy": ck.strategy,
+        "layout": ck.layout,
+        "format": ck.format,
+        **_writer_figures(config, per_checkpoint),
+        "writes": writes,
+        "bytes": 0,
+        "total_bytes_written": sum(c["bytes"] for c in per_checkpoint),
+        "files": 0,
+        "write_s_max": 0.0,
+        "write_gib_per_s": 0.0,
+        "write_gib_per_s_min_rank": 0.0,
+        "verify_s_max": 0.0,
+        "blocking_s_max": 0.0,
+        "blocking_s_mean": 0.0,
+        "persist_s_max": 0.0,
+        "training_time_lost_fraction": 0.0,
+    }
+    if writes:
+        summary.update(_checkpoint_means(records_by_rank, per_checkpoint, train_wall_s))
+
+    restores = [r for r in restores_by_rank if r]
+    summary.update(_restore_figures(restores))
+    rss = [r.get("peak_rss_bytes", 0) for records in records_by_rank for r in records or []]
+    rss += [r.get("peak_rss_bytes", 0) for r in restores]
+    summary["peak_rss_bytes_max"] = max(rss) if rss else 0
+    summary["per_checkpoint"] = per_checkpoint
+    return summary
+
+
+def _per_checkpoint(records_by_rank: list[list[dict]]) -> list[dict]:
+    """One row per checkpoint: all its ranks' bytes, files and times (the slowest rank's, where a duration)."""
     by_index: dict[int, dict[int, dict]] = {}
     for rank, records in enumerate(records_by_rank):
         for r in records or []:
@@ -136,74 +170,54 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
             **_serialization_figures(rows),
             **_codec_figures(rows, nbytes),
         })
+    return per_checkpoint
 
-    writes = len(per_checkpoint)
-    summary: dict[str, Any] = {
-        "strategy": ck.strategy,
-        "layout": ck.layout,
-        "format": ck.format,
-        **_writer_figures(config, per_checkpoint),
-        "writes": writes,
-        "bytes": 0,
-        "total_bytes_written": sum(c["bytes"] for c in per_checkpoint),
-        "files": 0,
-        "write_s_max": 0.0,
-        "write_gib_per_s": 0.0,
-        "write_gib_per_s_min_rank": 0.0,
-        "verify_s_max": 0.0,
-        "blocking_s_max": 0.0,
-        "blocking_s_mean": 0.0,
-        "persist_s_max": 0.0,
-        "training_time_lost_fraction": 0.0,
+
+def _checkpoint_means(records_by_rank: list[list[dict]], per_checkpoint: list[dict], train_wall_s: float) -> dict:
+    """Means over the checkpoints (of bytes and times; rates derived from them), per-rank rows, lost time."""
+    avg_bytes = mean(c["bytes"] for c in per_checkpoint)
+    avg_write = mean(c["write_s_max"] for c in per_checkpoint)
+    per_rank: dict[int, tuple[float, float]] = {}
+    rank_rows = []
+    lost = []
+    for rank, records in enumerate(records_by_rank):
+        if records:
+            per_rank[rank] = (mean(r["bytes"] for r in records), mean(r["write_s"] for r in records))
+            lost.append(sum(r["blocking_s"] for r in records))
+            rank_rows.append({"rank": rank, "bytes": per_rank[rank][0], "write_s": per_rank[rank][1],
+                              "verify_s": mean(r.get("verify_s", 0.0) for r in records),
+                              "blocking_s": mean(r["blocking_s"] for r in records)})
+    return {
+        "bytes": int(round(avg_bytes)),
+        "files": int(round(mean(c["files"] for c in per_checkpoint))),
+        "write_s_max": avg_write,
+        "write_gib_per_s": _rate(avg_bytes, avg_write),
+        "write_gib_per_s_min_rank": _min_rank_rate(per_rank),
+        "verify_s_max": mean(c["verify_s_max"] for c in per_checkpoint),
+        "blocking_s_max": mean(c["blocking_s_max"] for c in per_checkpoint),
+        "blocking_s_mean": mean(c["blocking_s_mean"] for c in per_checkpoint),
+        "persist_s_max": mean(c["persist_s_max"] for c in per_checkpoint),
+        "blocking_s_total_max_rank": max(lost) if lost else 0.0,
+        "training_time_lost_fraction": (max(lost) / train_wall_s) if lost and train_wall_s > 0 else 0.0,
+        "per_rank": rank_rows,  # means over checkpoints, one row per rank that took part
     }
-    if writes:
-        avg_bytes = mean(c["bytes"] for c in per_checkpoint)
-        avg_write = mean(c["write_s_max"] for c in per_checkpoint)
-        per_rank: dict[int, tuple[float, float]] = {}
-        rank_rows = []
-        lost = []
-        for rank, records in enumerate(records_by_rank):
-            if records:
-                per_rank[rank] = (mean(r["bytes"] for r in records), mean(r["write_s"] for r in records))
-                lost.append(sum(r["blocking_s"] for r in records))
-                rank_rows.append({"rank": rank, "bytes": per_rank[rank][0], "write_s": per_rank[rank][1],
-                                  "verify_s": mean(r.get("verify_s", 0.0) for r in records),
-                                  "blocking_s": mean(r["blocking_s"] for r in records)})
-        summary.update({
-            "bytes": int(round(avg_bytes)),
-            "files": int(round(mean(c["files"] for c in per_checkpoint))),
-            "write_s_max": avg_write,
-            "write_gib_per_s": _rate(avg_bytes, avg_write),
-            "write_gib_per_s_min_rank": _min_rank_rate(per_rank),
-            "verify_s_max": mean(c["verify_s_max"] for c in per_checkpoint),
-            "blocking_s_max": mean(c["blocking_s_max"] for c in per_checkpoint),
-            "blocking_s_mean": mean(c["blocking_s_mean"] for c in per_checkpoint),
-            "persist_s_max": mean(c["persist_s_max"] for c in per_checkpoint),
-            "blocking_s_total_max_rank": max(lost) if lost else 0.0,
-            "training_time_lost_fraction": (max(lost) / train_wall_s) if lost and train_wall_s > 0 else 0.0,
-            "per_rank": rank_rows,  # means over checkpoints, one row per rank that took part
-        })
 
-    restores = [r for r in restores_by_rank if r]
-    if restores:
-        nbytes = sum(r["bytes"] for r in restores)
-        read_max = max(r["read_s"] for r in restores)
-        summary.update({
-            "restore_bytes": nbytes,
-            "restore_files": sum(r["files"] for r in restores),
-            "restore_s_max": read_max,
-            "restore_gib_per_s": _rate(nbytes, read_max),
-            "restore_gib_per_s_min_rank": _min_rank_rate({i: (r["bytes"], r["read_s"]) for i, r in enumerate(restores)}),
-            "restore_verified": all(r["verified"] for r in restores),
-            "restore_step": restores[0].get("checkpoint_step", -1),
-            "restore_message": restores[0].get("message", ""),
-            "restore_skipped": restores[0].get("skipped", []),
-            "restore_chain_length": max(r.get("chain_length", 0) for r in restores),
-        })
-    else:
-        summary.update({"restore_s_max": 0.0, "restore_gib_per_s": 0.0, "restore_verified": None})
-    rss = [r.get("peak_rss_bytes", 0) for records in records_by_rank for r in records or []]
-    rss += [r.get("peak_rss_bytes", 0) for r in restores]
-    summary["peak_rss_bytes_max"] = max(rss) if rss else 0
-    summary["per_checkpoint"] = per_checkpoint
-    return summary
+
+def _restore_figures(restores: list[dict]) -> dict:
+    """The restore's bytes, files, slowest read and rates, all ranks; zeros and None when nothing was restored."""
+    if not restores:
+        return {"restore_s_max": 0.0, "restore_gib_per_s": 0.0, "restore_verified": None}
+    nbytes = sum(r["bytes"] for r in restores)
+    read_max = max(r["read_s"] for r in restores)
+    return {
+        "restore_bytes": nbytes,
+        "restore_files": sum(r["files"] for r in restores),
+        "restore_s_max": read_max,
+        "restore_gib_per_s": _rate(nbytes, read_max),
+        "restore_gib_per_s_min_rank": _min_rank_rate({i: (r["bytes"], r["read_s"]) for i, r in enumerate(restores)}),
+        "restore_verified": all(r["verified"] for r in restores),
+        "restore_step": restores[0].get("checkpoint_step", -1),
+        "restore_message": restores[0].get("message", ""),
+        "restore_skipped": restores[0].get("skipped", []),
+        "restore_chain_length": max(r.get("chain_length", 0) for r in restores),
+    }
