@@ -7,7 +7,8 @@ that a run has the dataset shape, reads, compute time and checkpoint bytes DLIO 
 Where a DLIO file leaves a key out, DLIO's own default applies (not dlio_ckpt's): a DLIO file
 means what DLIO would do with it. Keys DLIO reads that change no I/O are reported as unused,
 with the reason; keys DLIO does not read at all are reported as unknown. Nothing is dropped
-silently. The key-by-key table is docs/dlio-compat.md.
+silently (dlio_keys.py: DLIO's defaults and the keys it reads that change no I/O). The key-by-key
+table is docs/dlio-compat.md.
 """
 
 from __future__ import annotations
@@ -17,96 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from dlio_ckpt.config.dlio_keys import DLIO_DEFAULTS, DTYPE_BYTES, FORMATS, UNUSED
 from dlio_ckpt.config.yaml_files import dotted_leaves, file_name, parse_yaml, read_yaml_text
 from dlio_ckpt.errors import ConfigError
-
-# DLIO 2.0.0's defaults (utils/config.py, ConfigArguments) for the keys that shape I/O.
-DLIO_DEFAULTS: dict[str, Any] = {
-    "framework": "tensorflow",
-    "dataset.format": "tfrecord",
-    "dataset.num_files_train": 8,
-    "dataset.num_files_eval": 0,
-    "dataset.num_samples_per_file": 1,
-    "dataset.record_length": 64 * 1024,
-    "dataset.record_length_stdev": 0,
-    "dataset.num_subfolders_train": 0,
-    "dataset.num_subfolders_eval": 0,
-    "dataset.file_prefix": "img",
-    "dataset.compression": "none",
-    "dataset.compression_level": 4,
-    "dataset.enable_chunking": False,
-    "dataset.chunk_size": 0,
-    "reader.data_loader": "tensorflow",
-    "reader.batch_size": 1,
-    "reader.batch_size_eval": 1,
-    "reader.read_threads": 1,
-    "reader.prefetch_size": 2,
-    "reader.file_shuffle": "off",
-    "reader.sample_shuffle": "off",
-    "reader.shuffle_size": 1024,
-    "reader.transfer_size": None,
-    "train.epochs": 1,
-    "train.computation_time": 0.0,
-    "train.computation_time_stdev": 0.0,
-    "train.total_training_steps": -1,
-    "train.seed": 123,
-    "evaluation.eval_time": 0.0,
-    "evaluation.epochs_between_evals": 1,
-    "checkpoint.checkpoint_after_epoch": 1,
-    "checkpoint.epochs_between_checkpoints": 1,
-    "checkpoint.steps_between_checkpoints": -1,
-    "checkpoint.type": "rank_zero",
-    "checkpoint.model_size": 10240,
-    "checkpoint.optimization_groups": [],
-    "checkpoint.num_layers": 1,
-    "checkpoint.layer_parameters": [17371, 24740228],
-    "checkpoint.tensor_parallelism": 1,
-    "checkpoint.pipeline_parallelism": 1,
-    "metric.au": 0.90,
-}
-
-# DLIO keys that DLIO reads but that change nothing dlio_ckpt emulates, and why.
-UNUSED: dict[str, str] = {
-    "workflow.generate_data": "dlio_ckpt generates the dataset whenever it is missing or its shape changed",
-    "workflow.debug": "logging only",
-    "workflow.profiling": "DLIO's own profilers; use trace.darshan=true",
-    "profiling.profiler": "DLIO's own profilers; use trace.darshan=true",
-    "profiling.iostat_devices": "DLIO's own profilers",
-    "output.folder": "the run folder is hydra.run.dir",
-    "output.log_file": "logging only",
-    "output.metric.exclude_start_steps": "dlio_ckpt leaves out the first step of each block, as DLIO 2.0.0 does",
-    "output.metric.exclude_end_steps": "as above",
-    "dataset.keep_files": "dlio_ckpt keeps the generated dataset for reuse",
-    "dataset.generation_buffer_size": "generation streams in generate.write_chunk_bytes pieces",
-    "dataset.record_length_resize": "an in-memory resize after reading: no I/O",
-    "dataset.record_length_bytes_resize": "an in-memory resize after reading: no I/O",
-    "reader.computation_threads": "threads that parse records in memory: no I/O",
-    "reader.multiprocessing_context": "how DLIO starts PyTorch workers (dlio_ckpt forks them: reader.workers=processes)",
-    "reader.read_type": "on-demand reads are what dlio_ckpt does",
-    "reader.file_access": "every rank opens its files itself (multi), as DLIO's default",
-    "reader.dont_use_mmap": "dlio_ckpt reads with pread, not mmap (docs/workloads.md)",
-    "reader.pin_memory": "host memory pinning: no I/O",
-    "reader.preprocess_time": "per-sample preprocessing in the reader threads; fold it into train.computation_time if it matters",
-    "reader.preprocess_time_stdev": "as reader.preprocess_time",
-    "train.seed_change_epoch": "dlio_ckpt reshuffles every epoch (seeded by shuffle_seed + epoch)",
-    "evaluation.eval_time_stdev": "evaluation compute is fixed per step in dlio_ckpt",
-    "evaluation.eval_after_epoch": "evaluation runs every evaluation.epochs_between_evals epochs from the first",
-    "checkpoint.checkpoint_mechanism_classname": "custom DLIO checkpoint classes: dlio_ckpt writes its own files",
-    "checkpoint.randomize_tensor": "checkpoint contents are always random (checkpoint.content=random)",
-    "checkpoint.rank_sync": "dlio_ckpt commits each checkpoint collectively",
-    "checkpoint.recovery_rank_shift": "restore reads each rank's own files",
-    "checkpoint.ksm": "kernel same-page merging of DLIO's in-memory tensors: no I/O",
-    "checkpoint.mode": "mode=checkpoint runs the checkpoint-only procedure",
-    "storage.storage_type": "local_fs is storage.backend=posix; use storage.backend=s3 for s3",
-    "storage.storage_options": "S3 options are storage.s3.*",
-    "model.type": "the model is explicit (sizes given) or a transformer (model.transformer given)",
-}
-
-FORMATS = {"npz": "npz", "npy": "npy", "hdf5": "hdf5", "tfrecord": "tfrecord",
-           "indexed_binary": "indexed_binary", "mmap_indexed_binary": "indexed_binary",
-           "jpeg": "jpeg", "parquet": "parquet"}  # the last two: MLPerf Storage v3.0's DLIO (retinanet, flux)
-DTYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "float16": 2, "bfloat16": 2,
-               "fp32": 4, "float32": 4, "fp64": 8, "float64": 8}
 
 
 @dataclass(frozen=True)
