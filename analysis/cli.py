@@ -17,10 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from dlio_ckpt import __version__
+from dlio_ckpt.analysis import plots as figures, report
 from dlio_ckpt.analysis.compare import compare, plotted_rows
+from dlio_ckpt.analysis.darshan_logs import analyse_logs
 from dlio_ckpt.analysis.inputs import ACCEPTED, Source, detect_all
 from dlio_ckpt.analysis.model import JobAnalysis, plain
+from dlio_ckpt.analysis.render import render
+from dlio_ckpt.analysis.run_folders import analyse_run
+from dlio_ckpt.analysis.scaling import format_table, weak_scaling
+from dlio_ckpt.analysis.sweeps import analyse_sweep, analyse_sweep_job
+from dlio_ckpt.analysis.terminal import show
 from dlio_ckpt.errors import USAGE_EXIT_CODE, UserError
+from dlio_ckpt.optional import require
 
 PROG = "dlio_ckpt-analyze"
 DEFAULT_OUT_DIR = "dlio_ckpt-analysis"
@@ -55,9 +63,6 @@ def parser() -> argparse.ArgumentParser:
 
 def load(sources: list[Source], timeline: bool) -> list[JobAnalysis]:
     """Every source to jobs; all Darshan logs together, so a job's logs given apart still group."""
-    from dlio_ckpt.analysis.run_folders import analyse_run
-    from dlio_ckpt.analysis.sweeps import analyse_sweep, analyse_sweep_job
-
     jobs: list[JobAnalysis] = []
     logs: list[Path] = []
     seen: set[Path] = set()
@@ -74,8 +79,6 @@ def load(sources: list[Source], timeline: bool) -> list[JobAnalysis]:
         else:
             jobs.extend(analyse_sweep(source.path, timeline=timeline))
     if logs:
-        from dlio_ckpt.analysis.darshan_logs import analyse_logs
-
         jobs[darshan_at:darshan_at] = analyse_logs(logs, timeline=timeline)
     return jobs
 
@@ -100,15 +103,11 @@ def _destination(args: argparse.Namespace) -> tuple[Path | None, str]:
 
 def write_outputs(jobs: list[JobAnalysis], table: dict[str, Any] | None, report_path: Path, fmt_name: str,
                   plots: bool, job_figures: bool) -> tuple[list[str], str | None]:
-    from dlio_ckpt.analysis import report
-
     out_dir = report_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
     compare_figure = None
     if plots:
-        from dlio_ckpt.analysis import plots as figures
-
         if table is not None:
             rows = plotted_rows(table)
             if rows:
@@ -131,7 +130,7 @@ def write_outputs(jobs: list[JobAnalysis], table: dict[str, Any] | None, report_
                 if drawn is not None:
                     job.figures[name] = str(drawn)
             written += list(job.figures.values())
-    text = report.render(report.build(jobs, table, compare_figure, out_dir), fmt_name)
+    text = render(report.build(jobs, table, compare_figure, out_dir), fmt_name)
     report_path.write_text(text, encoding="utf-8")
     written.append(str(report_path))
     return written, compare_figure
@@ -164,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
     report_path, fmt_name = _destination(args)
     plots = not args.no_plots and report_path is not None
     if plots:
-        from dlio_ckpt.optional import require
-
         require("matplotlib")  # fail before the work, not after it
     jobs = load(sources, timeline=plots)
     if not jobs:
@@ -182,16 +179,12 @@ def run(args: argparse.Namespace) -> int:
         json.dump(document(args, jobs, table, report_path, compare_figure), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        from dlio_ckpt.analysis.terminal import show
-
         show(jobs, table, written, compare_only=args.compare)
     return 0
 
 
 def show_scaling(args: argparse.Namespace) -> int:
     """--scaling: the weak-scaling table on stdout (or JSON); nothing is written to disk."""
-    from dlio_ckpt.analysis.scaling import format_table, weak_scaling
-
     rows = weak_scaling(args.paths)
     if args.json:
         json.dump({"tool": PROG, "tool_version": __version__, "mode": "scaling", "rows": rows}, sys.stdout, indent=2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from dlio_ckpt.analysis.model import GIB, JobAnalysis, plain
-from dlio_ckpt.analysis.report import fmt
+from dlio_ckpt.analysis.numbers import fmt
 from dlio_ckpt.errors import UserError
 
 _IDENTITY: Callable[[Any], Any] = lambda v: v

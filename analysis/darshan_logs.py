@@ -34,6 +34,7 @@ from dlio_ckpt.analysis import darshan_summary as summary
 from dlio_ckpt.analysis.timeline import grid, spread
 from dlio_ckpt.errors import UserError
 from dlio_ckpt.optional import require
+from dlio_ckpt.trace.darshan_input import BadDarshanLog, open_report
 
 _PID = re.compile(r"_id\d+-(\d+)_")
 # get_heatmap_df builds a (segments x bins) dummy matrix; above this many segments the
@@ -75,8 +76,6 @@ def load_logs(paths: list[Path]) -> list[LoadedLog]:
     """Read every log once; a file that is not a complete Darshan log (empty, truncated, garbage)
     is a user error naming it, checked before PyDarshan reads it (a truncated log would read as
     zero bytes) and with libdarshan's own messages kept off the terminal."""
-    from dlio_ckpt.trace.darshan_input import BadDarshanLog, open_report
-
     require("darshan")
     require("pandas")
     loaded = []
@@ -415,20 +414,7 @@ def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
     span = max(t_end - t0, 0.0)
     c, f = _posix_frames(logs, rows)
     warnings: list[str] = []
-    first = logs[0]
-    job = {
-        "jobid": int(first.job["jobid"]),
-        "uid": int(first.job["uid"]),
-        "logs": len(logs),
-        "nprocs": [int(log.job["nprocs"]) for log in logs] if len(logs) > 1 else int(first.job["nprocs"]),
-        "processes": rows.count,
-        "start": datetime.fromtimestamp(t0, tz=timezone.utc).isoformat(),
-        "run_time_s": span,
-        "exe": first.report.metadata.get("exe", ""),
-        "darshan_lib_ver": first.job.get("metadata", {}).get("lib_ver"),
-        "log_ver": first.job.get("log_ver"),
-        "modules": sorted({m for log in logs for m in log.report.modules}),
-    }
+    job = _job_record(logs, rows, t0, span)
     stdio = _module_bytes(logs, "STDIO", "STDIO")
     mpiio = _module_bytes(logs, "MPI-IO", "MPIIO")
     extra: dict[str, Any] = {"stdio": stdio, "mpiio": mpiio}
@@ -448,34 +434,14 @@ def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
     per_rank = _per_rank(c, f, rows)
     per_phase = _per_phase(_per_rank(c_io, f_io, rows), c_io, rows.count)
     offsets = _record_offsets(c, rows, logs, t0)
-    for phase, op, nbytes in (("read", "READ", "BYTES_READ"), ("write", "WRITE", "BYTES_WRITTEN")):
-        moved = (~console) & (c[f"POSIX_{nbytes}"].to_numpy() > 0)
-        per_phase[phase].update(summary.wall_clock_figures(
-            int(c[f"POSIX_{nbytes}"][moved].sum()), per_phase[phase][f"{phase}_s_sum"],
-            f[f"POSIX_F_{op}_START_TIMESTAMP"].to_numpy()[moved] + offsets[moved],
-            f[f"POSIX_F_{op}_END_TIMESTAMP"].to_numpy()[moved] + offsets[moved]))
+    _add_wall_clock(per_phase, c, f, console, offsets)
     console_io = summary.console_totals(c, f, console)
     if console_io:
         per_phase["console"] = _console_phase(c[console], f[console])
     bytes_read = int(c["POSIX_BYTES_READ"].sum())
     bytes_written = int(c["POSIX_BYTES_WRITTEN"].sum())
-    ranked = [r for r in per_rank if r["rank"] >= 0] or per_rank
-    slow = max(ranked, key=lambda r: r["io_s"])
-    slowest = {"rank": slow["rank"], "label": slow["label"], "io_s": slow["io_s"],
-               "bytes": slow["bytes_read"] + slow["bytes_written"],
-               "basis": "POSIX read + write + metadata time of the rank's own records",
-               "pydarshan_unique_io_slowest_rank": int(derived.unique_io_slowest_rank),
-               "pydarshan_unique_io_total_time_s": float(derived.unique_io_total_time_by_slowest)}
-    read_s = float(f_io["POSIX_F_READ_TIME"].sum())
-    write_s = float(f_io["POSIX_F_WRITE_TIME"].sum())
-    meta_s = float(f["POSIX_F_META_TIME"].sum())
-    console_s = (console_io["read_s"] + console_io["write_s"]) if console_io else 0.0
-    other_s = meta_s + console_s
-    total_s = read_s + write_s + other_s
-    io_share = {"read": share(read_s, total_s), "checkpoint": share(write_s, total_s), "other": share(other_s, total_s),
-                "read_s": read_s, "checkpoint_s": write_s, "other_s": other_s, "console_s": console_s,
-                "basis": "POSIX_F_READ_TIME vs POSIX_F_WRITE_TIME (writes to files taken as checkpoint) vs "
-                         "POSIX_F_META_TIME plus console (<STDIN>/<STDOUT>/<STDERR>) time, summed over records"}
+    slowest = _slowest_rank(per_rank, derived)
+    io_share = _io_time_share(f, f_io, console_io)
     extra["console"] = console_io
     extra["common_access_sizes"] = summary.common_access_sizes(c_io)
     extra["operations"] = summary.operation_counts(c_io)
@@ -485,26 +451,8 @@ def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
     if partial:
         warnings.append(partial)
     warnings += _estimate_warnings(per_phase, rows.count, per_process=len(logs) > 1)
-    extra["darshan"] = {
-        "total_bytes": int(derived.total_bytes),
-        "agg_perf_by_slowest_mib_per_s": float(derived.agg_perf_by_slowest),
-        "agg_time_by_slowest_s": float(derived.agg_time_by_slowest),
-        "shared_io_total_time_by_slowest_s": float(derived.shared_io_total_time_by_slowest),
-        "posix_records": int(len(c)),
-        "note": "from PyDarshan's accumulator over all logs, each process counted as one rank",
-    }
-    headline = {
-        "bytes_read": bytes_read, "bytes_written": bytes_written,
-        "read_mib_per_s": per_phase["read"]["read_mib_per_s"],
-        "write_mib_per_s": per_phase["write"]["write_mib_per_s"],
-        "read_mib_per_s_wall": per_phase["read"]["wall_mib_per_s"],
-        "write_mib_per_s_wall": per_phase["write"]["wall_mib_per_s"],
-        "read_s": per_phase["read"]["read_s"], "write_s": per_phase["write"]["write_s"],
-        "slowest_rank_io_s": slowest["io_s"], "read_share": io_share["read"],
-        "checkpoint_share": io_share["checkpoint"], "files": int(c["id"].nunique()),
-        "ranks": rows.count, "wall_s": span,
-        "pydarshan_agg_perf_mib_per_s": float(derived.agg_perf_by_slowest),
-    }
+    extra["darshan"] = _pydarshan_figures(derived, c)
+    headline = _headline(per_phase, slowest, io_share, bytes_read, bytes_written, c, rows.count, span, derived)
     analysis = JobAnalysis(
         label=label, kind="darshan", inputs=[str(log.path) for log in logs],
         bytes_read=bytes_read, bytes_written=bytes_written, per_phase=per_phase, per_rank=per_rank,
@@ -518,6 +466,88 @@ def analyse_job(logs: list[LoadedLog], timeline: bool = True) -> JobAnalysis:
             warnings.append("no DXT or HEATMAP data: timeline spreads each record's bytes evenly between its "
                             "first and last access (approximate)")
     return analysis
+
+
+def _job_record(logs: list[LoadedLog], rows: "_Rows", t0: float, span: float) -> dict[str, Any]:
+    """The job as its logs describe it: id, user, processes, start, run time, executable, versions, modules."""
+    first = logs[0]
+    return {
+        "jobid": int(first.job["jobid"]),
+        "uid": int(first.job["uid"]),
+        "logs": len(logs),
+        "nprocs": [int(log.job["nprocs"]) for log in logs] if len(logs) > 1 else int(first.job["nprocs"]),
+        "processes": rows.count,
+        "start": datetime.fromtimestamp(t0, tz=timezone.utc).isoformat(),
+        "run_time_s": span,
+        "exe": first.report.metadata.get("exe", ""),
+        "darshan_lib_ver": first.job.get("metadata", {}).get("lib_ver"),
+        "log_ver": first.job.get("log_ver"),
+        "modules": sorted({m for log in logs for m in log.report.modules}),
+    }
+
+
+def _add_wall_clock(per_phase: dict[str, Any], c: Any, f: Any, console: Any, offsets: Any) -> None:
+    """Each data phase's wall-clock figures: the union of its records' first-to-last access times."""
+    for phase, op, nbytes in (("read", "READ", "BYTES_READ"), ("write", "WRITE", "BYTES_WRITTEN")):
+        moved = (~console) & (c[f"POSIX_{nbytes}"].to_numpy() > 0)
+        per_phase[phase].update(summary.wall_clock_figures(
+            int(c[f"POSIX_{nbytes}"][moved].sum()), per_phase[phase][f"{phase}_s_sum"],
+            f[f"POSIX_F_{op}_START_TIMESTAMP"].to_numpy()[moved] + offsets[moved],
+            f[f"POSIX_F_{op}_END_TIMESTAMP"].to_numpy()[moved] + offsets[moved]))
+
+
+def _slowest_rank(per_rank: list[dict[str, Any]], derived: Any) -> dict[str, Any]:
+    """The rank with the most POSIX I/O time of its own records, beside PyDarshan's slowest rank."""
+    ranked = [r for r in per_rank if r["rank"] >= 0] or per_rank
+    slow = max(ranked, key=lambda r: r["io_s"])
+    return {"rank": slow["rank"], "label": slow["label"], "io_s": slow["io_s"],
+            "bytes": slow["bytes_read"] + slow["bytes_written"],
+            "basis": "POSIX read + write + metadata time of the rank's own records",
+            "pydarshan_unique_io_slowest_rank": int(derived.unique_io_slowest_rank),
+            "pydarshan_unique_io_total_time_s": float(derived.unique_io_total_time_by_slowest)}
+
+
+def _io_time_share(f: Any, f_io: Any, console_io: dict[str, Any] | None) -> dict[str, Any]:
+    """Read vs checkpoint (writes) vs other (metadata, console) shares of the summed I/O time."""
+    read_s = float(f_io["POSIX_F_READ_TIME"].sum())
+    write_s = float(f_io["POSIX_F_WRITE_TIME"].sum())
+    meta_s = float(f["POSIX_F_META_TIME"].sum())
+    console_s = (console_io["read_s"] + console_io["write_s"]) if console_io else 0.0
+    other_s = meta_s + console_s
+    total_s = read_s + write_s + other_s
+    return {"read": share(read_s, total_s), "checkpoint": share(write_s, total_s), "other": share(other_s, total_s),
+            "read_s": read_s, "checkpoint_s": write_s, "other_s": other_s, "console_s": console_s,
+            "basis": "POSIX_F_READ_TIME vs POSIX_F_WRITE_TIME (writes to files taken as checkpoint) vs "
+                     "POSIX_F_META_TIME plus console (<STDIN>/<STDOUT>/<STDERR>) time, summed over records"}
+
+
+def _pydarshan_figures(derived: Any, c: Any) -> dict[str, Any]:
+    """PyDarshan's accumulator figures over all logs."""
+    return {
+        "total_bytes": int(derived.total_bytes),
+        "agg_perf_by_slowest_mib_per_s": float(derived.agg_perf_by_slowest),
+        "agg_time_by_slowest_s": float(derived.agg_time_by_slowest),
+        "shared_io_total_time_by_slowest_s": float(derived.shared_io_total_time_by_slowest),
+        "posix_records": int(len(c)),
+        "note": "from PyDarshan's accumulator over all logs, each process counted as one rank",
+    }
+
+
+def _headline(per_phase: dict[str, Any], slowest: dict[str, Any], io_share: dict[str, Any], bytes_read: int,
+              bytes_written: int, c: Any, ranks: int, span: float, derived: Any) -> dict[str, Any]:
+    """The figures a comparison of runs and logs puts side by side."""
+    return {
+        "bytes_read": bytes_read, "bytes_written": bytes_written,
+        "read_mib_per_s": per_phase["read"]["read_mib_per_s"],
+        "write_mib_per_s": per_phase["write"]["write_mib_per_s"],
+        "read_mib_per_s_wall": per_phase["read"]["wall_mib_per_s"],
+        "write_mib_per_s_wall": per_phase["write"]["wall_mib_per_s"],
+        "read_s": per_phase["read"]["read_s"], "write_s": per_phase["write"]["write_s"],
+        "slowest_rank_io_s": slowest["io_s"], "read_share": io_share["read"],
+        "checkpoint_share": io_share["checkpoint"], "files": int(c["id"].nunique()),
+        "ranks": ranks, "wall_s": span,
+        "pydarshan_agg_perf_mib_per_s": float(derived.agg_perf_by_slowest),
+    }
 
 
 def analyse_logs(paths: list[Path], timeline: bool = True) -> list[JobAnalysis]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from dlio_ckpt.analysis.darshan_logs import load_logs
 from dlio_ckpt.analysis.latency import event_latency
 from dlio_ckpt.analysis.model import (
     SIZE_BUCKETS,
@@ -249,8 +250,6 @@ def _crosscheck(run_dir: Path, summary: dict[str, Any], analysis: JobAnalysis) -
         analysis.warnings.append(f"summary.json names a Darshan log {rel} that is not in the run folder")
         return
     try:
-        from dlio_ckpt.analysis.darshan_logs import load_logs  # PyDarshan is optional for run folders
-
         log = load_logs([path])[0]
         c = log.report.records["POSIX"].to_df()["counters"] if "POSIX" in log.report.records else None
         br = int(c["POSIX_BYTES_READ"].sum()) if c is not None else 0

@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 
 from dlio_ckpt.analysis.inputs import is_run_folder, is_sweep_folder
+from dlio_ckpt.analysis.run_folders import read_summary
+from dlio_ckpt.analysis.run_inputs import checked_summary
 from dlio_ckpt.errors import UserError
 
 MIB = 1 << 20
@@ -58,9 +60,6 @@ def _rate(bytes_moved: Any, seconds: Any, unit: int) -> float | None:
 
 def scaling_point(folder: Path) -> dict[str, Any]:
     """One run's ranks and bandwidths, from its summary.json."""
-    from dlio_ckpt.analysis.run_folders import read_summary
-    from dlio_ckpt.analysis.run_inputs import checked_summary
-
     summary = checked_summary(read_summary(folder), folder / "summary.json")
     ranks = int(summary.get("world_size") or 1)
     train = summary.get("train") or {}

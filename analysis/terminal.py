@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from dlio_ckpt.analysis.compare import cell
+from dlio_ckpt.analysis.latency import HEADERS, latency_rows
 from dlio_ckpt.analysis.model import JobAnalysis
-from dlio_ckpt.analysis.report import fmt, fmt_bytes, fmt_share, fmt_size
+from dlio_ckpt.analysis.numbers import fmt, fmt_bytes, fmt_share, fmt_size
 
 _RANKS_SHOWN = 8
 
@@ -64,8 +65,6 @@ def _job(console: Console, job: JobAnalysis) -> None:
             phases.add_row(*row + ([fmt(p.get("active_s")), fmt(p.get("wall_mib_per_s"))] if wall else []))
         console.print(phases)
     if job.extra.get("latency"):
-        from dlio_ckpt.analysis.latency import HEADERS, latency_rows
-
         latency = Table(title="latency and IOPS (calls / slowest rank's busy time)")
         for col in HEADERS:
             latency.add_column(col, justify="right")

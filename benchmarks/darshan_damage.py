@@ -71,7 +71,7 @@ def analysis(path: str) -> int:
 
 def plan(path: str) -> int:
     from dlio_ckpt.errors import ConfigError
-    from dlio_ckpt.plan.replay import load_replay_plan
+    from dlio_ckpt.plan.replay_log import load_replay_plan
 
     try:
         loaded = load_replay_plan(path)

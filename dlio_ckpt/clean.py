@@ -27,27 +27,11 @@ from typing import Any
 from dlio_ckpt.engine.ownership import (MARKER_MAX_BYTES, OWNER_MARKER, RUN_MARKER, owned_by, parse_owner,
                                         read_regular, read_run_marker, safe_name, try_exclusive)
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, UserError
+from dlio_ckpt.storage import make_backend
 
 DRY_RUN_FLAG = "--dry-run"
 SUMMARY_MAX_BYTES = 64 << 20  # the largest summaries (thousands of ranks, checkpoints) are a few MiB
 SWEEP_MARKERS = ("multirun.yaml", "sweep_summary.csv")  # what Hydra and dlio_ckpt leave in a sweep folder
-
-
-def created_paths(config: Any, checkpoint_root: str | None, dataset: dict[str, Any] | None) -> dict[str, Any]:
-    """summary.json `created`: what this run created (a record for people and tools; clean itself
-    decides from the markers on disk). Its checkpoint folder (not in mode=restore, which reads an
-    earlier run's), the dataset folder when it generated rather than reused it, and its folder in
-    each checkpoint level that has a folder of its own."""
-    ours = checkpoint_root if checkpoint_root and config.mode != "restore" else None
-    return {
-        "storage_root": os.path.abspath(config.storage.root),
-        "checkpoints": ours,
-        "dataset": dataset["folder"] if dataset and not dataset.get("reused") else None,
-        "checkpoint_levels": [{"folder": os.path.abspath(level.path),
-                               "checkpoints": os.path.join(os.path.abspath(level.path), os.path.basename(ours)),
-                               "backend": level.backend or config.storage.backend}
-                              for level in config.checkpoint.levels if level.path] if ours else [],
-    }
 
 
 # the command line -------------------------------------------------------------------------------
@@ -143,8 +127,6 @@ def _base(root: str, local: bool) -> str:
 
 def targets(summary: dict[str, Any], run_dir: Path, run_id: str) -> tuple[list[Target], list[str]]:
     """The folders this run may have created (to be checked on disk), and notes on those refused outright."""
-    from dlio_ckpt.storage import make_backend
-
     storage = _field(summary, "config.storage", dict, run_dir)
     root = _field(summary, "config.storage.root", str, run_dir)
     _field(summary, "config.storage.backend", str, run_dir)

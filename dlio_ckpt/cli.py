@@ -145,7 +145,7 @@ def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool)
         token = secrets.token_hex(4)
         try:
             if given is not None:
-                from dlio_ckpt.engine.failures import take_resume_note
+                from dlio_ckpt.engine.relaunch import take_resume_note
 
                 named = Path(given.strip().strip("'\"")).resolve()
                 resumed = take_resume_note(named) if given.strip() and not multirun else None
@@ -166,7 +166,7 @@ def choose_output_folder(world: World, overrides: Sequence[str], multirun: bool)
 def list_workloads() -> None:
     """`--list-workloads`: print one line per shipped workload (name, description, source); no run folder."""
     from dlio_ckpt.config.catalogue import format_catalogue, workload_catalogue
-    from dlio_ckpt.config.load import workloads_dir
+    from dlio_ckpt.config.groups import workloads_dir
 
     try:
         print(format_catalogue(workload_catalogue(workloads_dir())), flush=True)
@@ -177,7 +177,7 @@ def list_workloads() -> None:
 
 def print_datasize(overrides: Sequence[str], multirun: bool) -> bool:
     """mode=datasize: print the dataset size the MLPerf rule asks for (rank 0 only); no MPI, no run folder."""
-    from dlio_ckpt.engine.datasize_mode import datasize_requested, run_datasize_mode
+    from dlio_ckpt.datasize import datasize_requested, run_datasize_mode
 
     root = launcher_rank() == 0
     try:
@@ -252,26 +252,52 @@ def end_interrupted(world: World, line: str, code: int = INTERRUPTED_EXIT_CODE) 
 
 def _main(argv: Sequence[str] | None) -> None:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments[:1] == [CLEAN_COMMAND]:
-        from dlio_ckpt.clean import main as clean_main
-
-        clean_main(arguments[1:])
-        return
-    if LIST_WORKLOADS_FLAG in arguments:
-        list_workloads()
-        return
-    if VERSION_FLAG in arguments:  # dlio_ckpt's version, not Hydra's (which Hydra's own --version prints)
-        from dlio_ckpt import __version__
-
-        print(f"dlio_ckpt {__version__}", flush=True)
+    if _ran_plain_command(arguments):
         return
     from dlio_ckpt.slurm import DRY_RUN_FLAG
 
     dry_run = DRY_RUN_FLAG in arguments
     arguments = [a for a in arguments if a != DRY_RUN_FLAG]
     flags, overrides, multirun, info = split_command_line(arguments)
-    from dlio_ckpt.config.load import register_workloads, workloads_named
+    flags, overrides = _with_workload_files(flags, overrides, info)
+    if SCALED_FLAG in flags:
+        print_scaled_config(flags, overrides)
+        return
+    if info:
+        _show_config(flags, overrides, multirun)
+        return
+    if print_datasize(overrides, multirun):
+        return
+    world, darshan_preloaded = _start_world()
+    fault_point("start", world.rank)
+    if not (multirun or dry_run or _sets_hydra_mode(overrides)):
+        run_single(world, flags, overrides, darshan_preloaded)
+        return
+    _run_checked(world, flags, overrides, multirun, dry_run, darshan_preloaded)
 
+
+def _ran_plain_command(arguments: list[str]) -> bool:
+    """`dlio_ckpt clean`, --list-workloads and --version: commands that compose no config."""
+    if arguments[:1] == [CLEAN_COMMAND]:
+        from dlio_ckpt.clean import main as clean_main
+
+        clean_main(arguments[1:])
+        return True
+    if LIST_WORKLOADS_FLAG in arguments:
+        list_workloads()
+        return True
+    if VERSION_FLAG in arguments:  # dlio_ckpt's version, not Hydra's (which Hydra's own --version prints)
+        from dlio_ckpt import __version__
+
+        print(f"dlio_ckpt {__version__}", flush=True)
+        return True
+    return False
+
+
+def _with_workload_files(flags: list[str], overrides: list[str], info: bool) -> tuple[list[str], list[str]]:
+    """The user's workload files (workload=PATH, --config-dir DIR, dlio_config=PATH) joined to the
+    workload group, with the workloads the command line names; one line and exit 2 on a bad file."""
+    from dlio_ckpt.config.groups import register_workloads, workloads_named
     from dlio_ckpt.config.workload_files import config_dirs_in, resolve
 
     try:
@@ -288,22 +314,25 @@ def _main(argv: Sequence[str] | None) -> None:
     if launcher_rank() == 0:
         for warning in warnings:
             print(f"dlio_ckpt: warning: {warning}", file=sys.stderr, flush=True)
-    if SCALED_FLAG in flags:
-        print_scaled_config(flags, overrides)
-        return
-    if info:
-        if _SHOWS_CONFIG & set(flags):
-            from dlio_ckpt.config.load import validate_for_display
+    return flags, overrides
 
-            try:
-                validate_for_display(overrides, multirun)
-            except UserError as exc:
-                print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
-                raise SystemExit(USAGE_EXIT_CODE) from None
-        _run_hydra(flags + overrides, task=lambda cfg: None)
-        return
-    if print_datasize(overrides, multirun):
-        return
+
+def _show_config(flags: list[str], overrides: list[str], multirun: bool) -> None:
+    """--help, --info, --cfg: Hydra shows them, after the values are checked as for a run."""
+    if _SHOWS_CONFIG & set(flags):
+        from dlio_ckpt.config.load import validate_for_display
+
+        try:
+            validate_for_display(overrides, multirun)
+        except UserError as exc:
+            print(f"dlio_ckpt: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(USAGE_EXIT_CODE) from None
+    _run_hydra(flags + overrides, task=lambda cfg: None)
+
+
+def _start_world() -> tuple[World, bool]:
+    """The World (after Darshan's preload is prepared, before MPI starts); a Slurm allocation that
+    does not start mpi4py's MPI is refused, every task, before anything is written."""
     from dlio_ckpt.trace.runtime import prepare_darshan_init
 
     darshan_preloaded = prepare_darshan_init(os.environ, job_name="dlio_ckpt")
@@ -315,10 +344,13 @@ def _main(argv: Sequence[str] | None) -> None:
         if launcher_rank() == 0:
             print(f"dlio_ckpt: error: {refusal}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_EXIT_CODE)
-    fault_point("start", world.rank)
-    if not (multirun or dry_run or _sets_hydra_mode(overrides)):
-        run_single(world, flags, overrides, darshan_preloaded)
-        return
+    return world, darshan_preloaded
+
+
+def _run_checked(world: World, flags: list[str], overrides: list[str], multirun: bool, dry_run: bool,
+                 darshan_preloaded: bool) -> None:
+    """A sweep, a Slurm submission or a dry run: every job checked for the world size, all ranks
+    agreeing, before the output folder is chosen and Hydra runs (or the submission is printed)."""
     try:
         from dlio_ckpt.config.load import validate_command_line
 
@@ -546,7 +578,7 @@ def _run_hydra(arguments: list[str], task, admit=None) -> None:
     """Hydra's main with `arguments` as its command line; `admit`: see _checked_when_composed."""
     import hydra
 
-    from dlio_ckpt.config.load import conf_dir
+    from dlio_ckpt.config.groups import conf_dir
 
     saved = sys.argv
     sys.argv = [saved[0] if saved else "dlio_ckpt"] + arguments

@@ -9,6 +9,7 @@ speed, and the same item always gets the same bytes (so a reader can verify them
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -16,6 +17,14 @@ import numpy as np
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _LAP_SHIFT = 4097  # odd, and not a multiple of any block size
+_STEP_MIX = 0x9E3779B1
+
+
+def tensor_key(owner: int, name: str, step: int) -> int:
+    """A ByteSource key per (rank, tensor, step): contents differ between ranks, tensors and
+    checkpoints, so the storage can neither deduplicate nor skip unchanged blocks. Here, below
+    both the checkpoint writers and the model states, because both key their bytes by it."""
+    return (zlib.crc32(name.encode()) << 20) ^ (owner * 1_000_003) ^ (step * _STEP_MIX)
 
 
 def random_bytes(seed: int, nbytes: int) -> np.ndarray:

@@ -13,8 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from dlio_ckpt.config.dlio_import import import_file, to_yaml
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
 from dlio_ckpt.local_output import write_text_whole
+from dlio_ckpt.local_fs import system_folder
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -23,7 +25,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("path", help="the DLIO workload YAML (e.g. dlio_benchmark/configs/workload/unet3d_h100.yaml)")
     parser.add_argument("-o", "--output", help="where to write the dlio_ckpt workload (default: standard output)")
     args = parser.parse_args(argv)
-    from dlio_ckpt.config.dlio_import import import_file, to_yaml
 
     try:
         result = import_file(args.path)
@@ -53,8 +54,6 @@ def _output_refusal(out: Path) -> str:
     folder must exist and take a new file (probed: root ignores permission bits, a read-only
     mount does not), and the name must be new or a regular file, outside the kernel's folders,
     since the file is renamed over it (a device such as /dev/null would be replaced)."""
-    from dlio_ckpt.local_fs import system_folder
-
     target = os.path.realpath(os.path.abspath(out))
     if not out.parent.is_dir():
         return f"{out.parent} is not a folder; create it first or choose another path"

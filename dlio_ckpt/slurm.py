@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from dlio_ckpt.config.groups import conf_dir, register_workloads
 from dlio_ckpt.errors import ConfigError
 
 SLURM_LAUNCHER_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
@@ -48,8 +49,6 @@ def launcher_config(overrides: Sequence[str]) -> Any | None:
         return None
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
-    from dlio_ckpt.config.load import conf_dir, register_workloads
 
     register_workloads()
     if GlobalHydra.instance().is_initialized():

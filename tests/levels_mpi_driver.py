@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ckpt_util import make_ctx  # noqa: E402
 
-from dlio_ckpt.checkpoint import make_checkpoint_engine  # noqa: E402
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine  # noqa: E402
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME  # noqa: E402
 from dlio_ckpt.world import World  # noqa: E402
 

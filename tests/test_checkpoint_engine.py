@@ -14,8 +14,8 @@ import pytest
 import xxhash
 
 from ckpt_util import data_files, make_ctx
-from dlio_ckpt.checkpoint import make_checkpoint_engine
-from dlio_ckpt.checkpoint.fileio import tensor_key
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
+from dlio_ckpt.content import tensor_key
 from dlio_ckpt.checkpoint.report import checkpoint_summary
 from dlio_ckpt.engine.checkpoint_mode import run_checkpoint_mode
 from dlio_ckpt.config.load import load_config

@@ -20,8 +20,8 @@ import xxhash
 
 from ckpt_util import make_ctx
 from conftest import BIN, REPO, cli_env
-from dlio_ckpt.checkpoint import make_checkpoint_engine
-from dlio_ckpt.checkpoint.fileio import tensor_key
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
+from dlio_ckpt.content import tensor_key
 from dlio_ckpt.checkpoint.formats import TensorflowFormat
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.content import ByteSource

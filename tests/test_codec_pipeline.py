@@ -16,7 +16,7 @@ import xxhash
 import zstandard
 
 from ckpt_util import data_files, make_ctx
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.codec.base import ChainLink
 from dlio_ckpt.codec.pipeline import make_decoder
 from dlio_ckpt.config.load import load_config

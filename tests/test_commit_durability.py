@@ -21,7 +21,7 @@ from ckpt_util import make_ctx
 from conftest import BIN, cli_env
 from syscall_order import check_commits, record_calls, strace_calls
 
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME
 from dlio_ckpt.engine.ownership import OWNER_MARKER
 

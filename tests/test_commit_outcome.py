@@ -14,7 +14,7 @@ import pytest
 from ckpt_util import make_ctx
 from test_encoded_checkpoints import INCREMENTAL, LOSSY, expected_digests, manifest
 
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.codec.incremental import IncrementalEncoder
 from dlio_ckpt.errors import RunFailure
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME

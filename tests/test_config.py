@@ -6,7 +6,8 @@ import pytest
 
 import dataclasses
 
-from dlio_ckpt.config.load import compose, compose_each, expand_sweep, explicit_keys, load_config, to_run_config, validate_command_line, workload_names
+from dlio_ckpt.config.groups import workload_names
+from dlio_ckpt.config.load import compose, compose_each, expand_sweep, explicit_keys, load_config, to_run_config, validate_command_line
 from dlio_ckpt.errors import ConfigError
 
 
@@ -120,7 +121,7 @@ def test_a_sweep_composes_each_job_as_hydra_would():
 
 
 def test_a_command_line_registers_only_the_workloads_it_composes_and_the_default():
-    from dlio_ckpt.config.load import default_workload, workloads_named
+    from dlio_ckpt.config.groups import default_workload, workloads_named
 
     assert workloads_named(["scale=tiny"]) == [default_workload()]
     assert workloads_named(["workload=bert,unet3d", "reader.batch_size=2,4"]) == sorted({"bert", "unet3d", default_workload()})
@@ -133,7 +134,7 @@ def test_a_command_line_registers_only_the_workloads_it_composes_and_the_default
     import sys
 
     script = ("from dlio_ckpt.config.load import validate_for_display; "
-              "from dlio_ckpt.config.workload_files import registered_names; "
+              "from dlio_ckpt.config.groups import registered_names; "
               "validate_for_display(['workload=bert,unet3d', 'scale=tiny'], multirun=True); "
               "print(','.join(registered_names()))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

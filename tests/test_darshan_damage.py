@@ -30,7 +30,7 @@ darshan = pytest.importorskip("darshan")
 from conftest import run_cli  # noqa: E402
 from dlio_ckpt.analysis.cli import main as analyze  # noqa: E402
 from dlio_ckpt.errors import ConfigError  # noqa: E402
-from dlio_ckpt.plan.replay import load_replay_plan  # noqa: E402
+from dlio_ckpt.plan.replay_log import load_replay_plan  # noqa: E402
 from dlio_ckpt.trace.darshan_writer import JobInfo, write_darshan_log  # noqa: E402
 from trace_events import JOB_START, two_rank_job  # noqa: E402
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_cli
 from dlio_ckpt.config.load import load_config
-from dlio_ckpt.engine.datasize_mode import size_dataset
+from dlio_ckpt.datasize import size_dataset
 
 GIB = 1 << 30
 

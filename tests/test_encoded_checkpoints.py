@@ -16,7 +16,7 @@ import xxhash
 
 from ckpt_util import data_files, make_ctx
 from conftest import load_summary, run_cli
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.report import checkpoint_summary
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME

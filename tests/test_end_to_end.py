@@ -318,7 +318,7 @@ def test_every_workload_runs_at_tiny_scale(workdir):
     """One sweep over the library: every job runs in the one process (its start-up, a second a
     run, paid once), each with its own run folder and summary. The seed workloads run in their
     own sweep (test_workloads_new.py), which also checks their checkpoints' bytes."""
-    from dlio_ckpt.config.load import workload_names
+    from dlio_ckpt.config.groups import workload_names
     from test_workloads_new import SEED_WORKLOADS
 
     # flux at scale=tiny still writes 8 files of 8 rows of 2 MiB (132 MiB, ~4 s here): it runs on

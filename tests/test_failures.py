@@ -16,7 +16,7 @@ import pytest
 from ckpt_util import SMALL_MODEL, make_ctx
 from cli_fork import run_forked
 from conftest import BIN, cli_env, run_cli
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.errors import RunFailure
 from dlio_ckpt.faults import VARIABLE
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME

@@ -12,7 +12,7 @@ import pytest
 
 from ckpt_util import data_files, make_ctx
 from conftest import load_summary, run_cli
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.report import checkpoint_summary
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.metrics import report

@@ -21,7 +21,7 @@ import xxhash
 
 from ckpt_util import make_ctx
 from conftest import BIN, cli_env, load_summary
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.fileio import write_file
 from dlio_ckpt.checkpoint.formats import get_format
 from dlio_ckpt.config.load import load_config

@@ -16,7 +16,7 @@ import pytest
 from ckpt_util import data_files, make_ctx
 from conftest import BIN, REPO, cli_env, load_summary, run_cli
 
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.flush import copy_entries
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.errors import ConfigError, RunFailure

@@ -14,7 +14,8 @@ from dlio_ckpt.config.load import load_config  # noqa: E402
 from dlio_ckpt.engine.context import RunContext  # noqa: E402
 from dlio_ckpt.engine.replay import run_replay  # noqa: E402
 from dlio_ckpt.errors import ConfigError  # noqa: E402
-from dlio_ckpt.plan.replay import READ, WRITE, load_replay_plan  # noqa: E402
+from dlio_ckpt.plan.replay import READ, WRITE  # noqa: E402
+from dlio_ckpt.plan.replay_log import load_replay_plan  # noqa: E402
 from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, EventRecorder, JobClock, RankEvents  # noqa: E402
 from dlio_ckpt.storage.posix import PosixStorage  # noqa: E402
 from dlio_ckpt.storage.traced import TracedStorage  # noqa: E402

@@ -17,8 +17,9 @@ darshan = pytest.importorskip("darshan")
 
 from conftest import load_summary, run_cli  # noqa: E402
 from dlio_ckpt.errors import ConfigError  # noqa: E402
-from dlio_ckpt.plan.replay import READ, load_replay_plan  # noqa: E402
+from dlio_ckpt.plan.replay import READ  # noqa: E402
 from dlio_ckpt.plan.replay_approx import SIZE_BUCKETS, call_offsets, call_sizes  # noqa: E402
+from dlio_ckpt.plan.replay_log import load_replay_plan  # noqa: E402
 from dlio_ckpt.trace.darshan_writer import JobInfo, build_log_contents, encode_log  # noqa: E402
 from trace_events import JOB_START, two_rank_job  # noqa: E402
 

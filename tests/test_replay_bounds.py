@@ -18,7 +18,8 @@ darshan = pytest.importorskip("darshan")
 from dlio_ckpt.config.load import validate_command_line  # noqa: E402
 from dlio_ckpt.config.space import FREE_BYTES_VARIABLE  # noqa: E402
 from dlio_ckpt.errors import ConfigError  # noqa: E402
-from dlio_ckpt.plan.replay import MAX_CALLS, disk_bytes, load_replay_plan  # noqa: E402
+from dlio_ckpt.plan.replay import MAX_CALLS, disk_bytes  # noqa: E402
+from dlio_ckpt.plan.replay_log import load_replay_plan  # noqa: E402
 from dlio_ckpt.trace.darshan_posix import C  # noqa: E402
 from dlio_ckpt.trace.darshan_writer import JobInfo, build_log_contents, encode_log, write_darshan_log  # noqa: E402
 from trace_events import JOB_START, two_rank_job  # noqa: E402

@@ -12,9 +12,10 @@ import pytest
 from conftest import load_summary
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.content import ByteSource
-from dlio_ckpt.engine.resume_checks import ResumeChecks, UninterruptedRun, rank_state_digest, resume_section
+from dlio_ckpt.engine.resume_checks import ResumeChecks, UninterruptedRun, rank_state_digest
 from dlio_ckpt.formats.base import FileSpec
 from dlio_ckpt.metrics.goodput import Ledger
+from dlio_ckpt.metrics.resume import resume_section
 from dlio_ckpt.plan.checkpoint import PlannedFile
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.plan.read import plan_epoch

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ckpt_util import data_files, make_ctx
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.report import checkpoint_summary
 from dlio_ckpt.codec.incremental import choose_leaf_bytes
 from dlio_ckpt.config.load import load_config

@@ -15,8 +15,8 @@ import pytest
 import xxhash
 
 from ckpt_util import make_ctx
-from dlio_ckpt.checkpoint import make_checkpoint_engine
-from dlio_ckpt.checkpoint.fileio import tensor_key
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
+from dlio_ckpt.content import tensor_key
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.config.schema import CheckpointConfig
 from dlio_ckpt.content import ByteSource

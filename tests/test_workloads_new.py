@@ -78,7 +78,7 @@ def test_seed_workloads_run_at_tiny_scale_and_write_the_planned_checkpoints(work
 
 
 def test_every_workload_file_names_its_description_and_source():
-    from dlio_ckpt.config.load import workloads_dir
+    from dlio_ckpt.config.groups import workloads_dir
 
     for path in sorted(workloads_dir().glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
@@ -87,7 +87,7 @@ def test_every_workload_file_names_its_description_and_source():
 
 
 def test_list_workloads_prints_one_line_per_file_and_writes_nothing(workdir):
-    from dlio_ckpt.config.load import workloads_dir
+    from dlio_ckpt.config.groups import workloads_dir
 
     done = run_cli(["--list-workloads"], workdir / "cwd")
     assert done.returncode == 0, done.stderr

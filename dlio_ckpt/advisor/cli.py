@@ -25,11 +25,15 @@ import numpy as np
 
 from dlio_ckpt import __version__
 from dlio_ckpt.advisor.calibrate import Calibration, calibrate
+from dlio_ckpt.advisor.plot import write_png
 from dlio_ckpt.advisor.search import Candidate, Settings, candidates, exhaustive, feature_matrix, score, young_daly
 from dlio_ckpt.advisor.simulate import Outcome
 from dlio_ckpt.advisor.surrogate import near, samples, search, train
 from dlio_ckpt.analysis.model import plain
+from dlio_ckpt.config.schema import MAX_PLAN_RANKS
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
+from dlio_ckpt.optional import check_installed, require
+from dlio_ckpt.local_fs import nearest_existing, system_folder
 
 PROG = "dlio_ckpt-advise"
 DEFAULT_PLOT = "dlio_ckpt-advice.png"
@@ -79,8 +83,6 @@ GOODPUT_DEFINITION = ("goodput = useful compute / training wall time, as the run
 
 def _check(args: argparse.Namespace) -> None:
     """Every option within its bounds (one line, exit 2), before a run folder is read."""
-    from dlio_ckpt.config.schema import MAX_PLAN_RANKS
-
     if args.mtbf_s is not None and not (math.isfinite(args.mtbf_s) and 0 < args.mtbf_s <= MAX_MTBF_S):
         raise UserError(f"--mtbf-s: a finite positive number of seconds, at most {MAX_MTBF_S:g} (got {args.mtbf_s})")
     if args.world_size is not None and not 1 <= args.world_size <= MAX_PLAN_RANKS:
@@ -289,8 +291,6 @@ def check_plot_path(path: Path) -> None:
     folder, a device or other non-file at the name, a kernel folder (/proc, /sys, /dev), or a
     folder where no file can be made (probed with a temporary file, removed at once: permission
     bits alone do not say, for root or on a read-only mount)."""
-    from dlio_ckpt.local_fs import nearest_existing, system_folder
-
     target = os.path.realpath(os.path.abspath(path))
     if os.path.lexists(path) and not os.path.isfile(target):
         raise UserError(f"--plot: {path} exists and is not a file; give a new or regular file name, such as ./{DEFAULT_PLOT}")
@@ -310,19 +310,14 @@ def check_plot_path(path: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    from dlio_ckpt.optional import check_installed
 
     check_installed("sklearn")  # the surrogate's models: pip install 'dlio_ckpt[advisor]'
     plot_path = None if args.no_plot else (args.plot or (None if args.json else Path(DEFAULT_PLOT)))
     if plot_path is not None:
-        from dlio_ckpt.optional import require
-
         require("matplotlib")  # fail before the work, not after it
         check_plot_path(plot_path)
     doc, best, settings = advise(args)
     if plot_path is not None:
-        from dlio_ckpt.advisor.plot import write_png
-
         doc["plot"] = write_png(best, settings, plot_path)
     if args.json:
         json.dump(plain(doc), sys.stdout, indent=2)

@@ -18,6 +18,7 @@ import numpy as np
 
 from dlio_ckpt.advisor.search import EVERY_CHOICES, Candidate, Settings, interval_grid, score
 from dlio_ckpt.advisor.simulate import Plan
+from dlio_ckpt.optional import require
 
 _MTBF_FACTORS = (0.25, 0.4, 0.63, 1.0, 1.6, 2.5, 4.0)
 
@@ -72,8 +73,6 @@ def goodput_map(best: Candidate, settings: Settings, x: Axis, y: Axis) -> np.nda
 
 def write_png(best: Candidate, settings: Settings, path: Path) -> dict:
     """The map as a PNG at `path`; returns what was plotted (axes, importance)."""
-    from dlio_ckpt.optional import require
-
     require("matplotlib")
     import matplotlib
 

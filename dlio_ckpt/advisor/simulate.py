@@ -257,6 +257,13 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         n0 = np.where(active, np.where(from_scratch, 0, best), n0)
         t = np.where(active, fail_at + cost, t)
         j += 1
+    return _outcome(system, used, line, work_steps, last_checkpoint, wall, restart, failures, restored, censored)
+
+
+def _outcome(system: System, used: list[int], line: Timeline, work_steps: int, last_checkpoint: int, wall: np.ndarray,
+             restart: np.ndarray, failures: np.ndarray, restored: np.ndarray, censored: np.ndarray) -> Outcome:
+    """Means over the replicates: goodput (total useful / total wall), where the time went, restores per level."""
+    r = len(wall)
     useful = work_steps * system.step_s
     stalls = last_checkpoint * (line.span / line.period - line.tau)  # kept checkpoints x mean stall
     total_wall = float(wall.sum())

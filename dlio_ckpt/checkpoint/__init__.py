@@ -1,25 +1,5 @@
-"""Checkpoint engine: `make_checkpoint_engine(ctx)` is what the training loop and the modes call.
+"""Checkpoints: strategies, formats, the commit, retention and restore (docs/architecture.md).
 
-Imports stay inside the function so that importing this package (for the layout and format
-names the config checks) pulls in neither numpy-heavy strategies nor optional dependencies.
+The engine a run uses comes from factory.make_checkpoint_engine; this package's __init__ imports
+nothing, so a module read for names (registry.py, encoded.py) costs only itself.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def make_checkpoint_engine(ctx: Any):
-    """The CheckpointEngine of `ctx.config.checkpoint` for this rank (see base.CheckpointEngine)."""
-    from dlio_ckpt.checkpoint.engine import CheckpointEngineImpl
-    from dlio_ckpt.checkpoint.registry import STRATEGIES
-
-    strategy = STRATEGIES.load(ctx.config.checkpoint.strategy)
-    if ctx.config.checkpoint.levels:
-        from dlio_ckpt.checkpoint.levels import MultiLevelEngine
-
-        return MultiLevelEngine(ctx, strategy)
-    return CheckpointEngineImpl(ctx, strategy)
-
-
-__all__ = ["make_checkpoint_engine"]

@@ -41,6 +41,7 @@ from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.checkpoint import CheckpointPlan, PlannedFile, build_checkpoint_plan
 from dlio_ckpt.plan.durability import data_fsync, resolve_durability
+from dlio_ckpt.state.rank_state import RankState
 from dlio_ckpt.storage.durable import backend_root
 
 
@@ -117,8 +118,6 @@ class CheckpointEngineImpl:
     def state(self) -> Any:
         """This rank's evolving model state (checkpoint.update), over the files it owns."""
         if self._state is None:
-            from dlio_ckpt.state.rank_state import RankState
-
             self._state = RankState(self.plan.files_by_rank[self.world.rank], self.cfg, self.config.seed, self.source,
                                     layout=self.plan.files_by_rank)
         return self._state

@@ -10,14 +10,11 @@ from __future__ import annotations
 import io
 import os
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from dlio_ckpt.content import tensor_key  # noqa: F401 (the checkpoint engine imports it from here)
 from dlio_ckpt.plan.model import TensorSpec
-
-_STEP_MIX = 0x9E3779B1
-
 
 def new_hasher(name: str):
     """A streaming checksum; xxh3_128 by default (fast, 16 bytes), blake3 when asked."""
@@ -30,12 +27,6 @@ def new_hasher(name: str):
 
         return blake3.blake3()
     return None
-
-
-def tensor_key(owner: int, name: str, step: int) -> int:
-    """A ByteSource key per (rank, tensor, step): contents differ between ranks, tensors and
-    checkpoints, so the storage can neither deduplicate nor skip unchanged blocks."""
-    return (zlib.crc32(name.encode()) << 20) ^ (owner * 1_000_003) ^ (step * _STEP_MIX)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from dlio_ckpt.checkpoint.filebuf import FilebufStream
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.optional import require
 from dlio_ckpt.plan.checkpoint_formats import CheckpointFormatSpec, format_spec, npy_header
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.registry import import_target
@@ -158,8 +160,6 @@ class TorchFormat(CheckpointFormatSpec):
 
     def write_prepared(self, handle: Any, state: dict) -> None:
         import torch
-
-        from dlio_ckpt.checkpoint.filebuf import FilebufStream
 
         stream = FilebufStream(handle)
         torch.save(state, stream)  # ends with stream.flush(): the ofstream's close
@@ -316,8 +316,6 @@ class TensorflowFormat(CheckpointFormatSpec):
 
     def write_paths(self, data_path: str, owner: int, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> StagedFiles:
         """SaveV2 this file's tensors under the staging prefix; the merge gives them `data_path`."""
-        from dlio_ckpt.optional import require
-
         tf = require("tensorflow")
         prefix = self.staging_prefix(data_path)
         values = []
@@ -332,8 +330,6 @@ class TensorflowFormat(CheckpointFormatSpec):
 
     def merge(self, data_paths: list[str]) -> MergedFiles:
         """MergeV2Checkpoints the staged shards into `<prefix>.index` + `<prefix>.data-*` files."""
-        from dlio_ckpt.optional import require
-
         tf = require("tensorflow")
         parsed = sorted((self._parse(p) for p in data_paths), key=lambda m: int(m["shard"]))
         prefixes = {m["prefix"] for m in parsed}
@@ -353,8 +349,6 @@ def get_format(name: str, layout: str | None = None):
     spec = format_spec(name, layout)
     fmt = import_target(spec.writer)(**{field.name: getattr(spec, field.name) for field in fields(spec)})
     if fmt.requires:
-        from dlio_ckpt.optional import require
-
         require(fmt.requires)
     preload = getattr(fmt, "preload", None)
     if preload is not None:  # the framework's modules its program imports at start (not timed in a save)

@@ -28,12 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlio_ckpt.checkpoint.base import CheckpointRecord, RestoreRecord
+from dlio_ckpt.checkpoint.engine import CheckpointEngineImpl
 from dlio_ckpt.checkpoint.fileio import now
 from dlio_ckpt.checkpoint.flush import copy_entries
 from dlio_ckpt.checkpoint.manifest import parse_manifest
 from dlio_ckpt.errors import RunFailure, failure_text
 from dlio_ckpt.plan.checkpoint import MANIFEST_NAME, build_checkpoint_plan
 from dlio_ckpt.plan.levels import host_indices, node_count, node_of, placement, ranks_on_node, to_copy
+from dlio_ckpt.storage import make_backend
+from dlio_ckpt.storage.traced import TracedStorage
 
 FAILURE_KINDS = ("process", "node")
 NUMBER_KEY = "checkpoint_number"  # in the resume point a checkpoint stores: its number, for SCR's rule after a restart
@@ -87,8 +90,6 @@ class MultiLevelEngine:
     """One rank's checkpoint engine over `checkpoint.levels` (see the module docstring)."""
 
     def __init__(self, ctx: Any, strategy_cls: type) -> None:
-        from dlio_ckpt.checkpoint.engine import CheckpointEngineImpl
-
         self.ctx = ctx
         self.config = ctx.config
         self.cfg = ctx.config.checkpoint
@@ -126,8 +127,6 @@ class MultiLevelEngine:
         """The level's checkpoint root (this run's folder in it) and its traced storage."""
         if not level.path:
             return self.ctx.checkpoint_root(), self.ctx.storage
-        from dlio_ckpt.storage import make_backend
-        from dlio_ckpt.storage.traced import TracedStorage
 
         folder = os.path.abspath(level.path)
         options = dataclasses.replace(self.config.storage, backend=level.backend or self.config.storage.backend,

@@ -20,11 +20,13 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any
 
+from dlio_ckpt.checkpoint.encoded import merge_stats
 from dlio_ckpt.codec.registry import ratio_name
-from dlio_ckpt.metrics.report import plural
+from dlio_ckpt.plan.checkpoint_formats import format_spec
+from dlio_ckpt.plan.durability import data_fsync, resolve_durability
+from dlio_ckpt.plan.layouts import get_layout
 
 GIB = float(1 << 30)
-MIB = float(1 << 20)
 
 
 def _rate(nbytes: float, seconds: float) -> float:
@@ -41,8 +43,6 @@ def _codec_figures(rows: list[dict], data_bytes: int) -> dict:
     (`logical_bytes`), what reached storage (`bytes_written`: data files as the tracer counted them,
     plus manifest and metadata), the encoding time of the slowest rank, and the codec's figures
     (sizes added up, errors and chain length the worst rank's; docs/metrics.md)."""
-    from dlio_ckpt.checkpoint.encoded import merge_stats
-
     encoding = rows[0].get("encoding", "full")
     logical = sum(r.get("logical_bytes", 0) for r in rows)
     written = data_bytes + sum(r.get("metadata_bytes", 0) for r in rows)
@@ -87,10 +87,6 @@ def _serialization_figures(rows: list[dict]) -> dict:
 def _writer_figures(config: Any, per_checkpoint: list[dict]) -> dict:
     """Which protocol and writer ran (checkpoint.durability, the format's writer kind, whether data
     files were fsynced), and the serialization share over every save (docs/metrics.md)."""
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-    from dlio_ckpt.plan.durability import data_fsync, resolve_durability
-    from dlio_ckpt.plan.layouts import get_layout
-
     ck = config.checkpoint
     durability = resolve_durability(config)
     fmt = format_spec(ck.format, get_layout(ck.layout).name)
@@ -105,29 +101,43 @@ def _writer_figures(config: Any, per_checkpoint: list[dict]) -> dict:
     }
 
 
-def writer_rows(ckpt: dict) -> list[tuple[str, str]]:
-    """The printed table's line naming the protocol and writer that ran, and how the write time
-    split between building the container and the write calls."""
-    if "durability" not in ckpt:
-        return []
-    text = f"{ckpt['durability']}"
-    if ckpt.get("durability_reason"):
-        text += f" ({ckpt['durability_reason']})"
-    text += f"; writer: {ckpt['writer']}, data files {'fsynced' if ckpt['data_fsync'] else 'not fsynced'}"
-    rows = ckpt.get("per_checkpoint") or []
-    if ckpt.get("serialization_share") is not None and rows:
-        per_save = {key: sum(r[key] for r in rows) / len(rows) for key in ("write_calls_s", "fsync_s", "serialize_s")}
-        text += (f"; serialization {100 * ckpt['serialization_share']:.0f} % of the write time "
-                 f"(write calls {per_save['write_calls_s']:.3f} s, fsync {per_save['fsync_s']:.3f} s, "
-                 f"serialization {per_save['serialize_s']:.3f} s per save, all ranks)")
-    elif rows:
-        text += "; serialization share unknown (the framework makes its own write calls)"
-    return [("durability", text)]
-
-
 def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list[dict | None],
                        train_wall_s: float, config: Any) -> dict:
     ck = config.checkpoint
+    per_checkpoint = _per_checkpoint(records_by_rank)
+    writes = len(per_checkpoint)
+    summary: dict[str, Any] = {
+        "strategy": ck.strategy,
+        "layout": ck.layout,
+        "format": ck.format,
+        **_writer_figures(config, per_checkpoint),
+        "writes": writes,
+        "bytes": 0,
+        "total_bytes_written": sum(c["bytes"] for c in per_checkpoint),
+        "files": 0,
+        "write_s_max": 0.0,
+        "write_gib_per_s": 0.0,
+        "write_gib_per_s_min_rank": 0.0,
+        "verify_s_max": 0.0,
+        "blocking_s_max": 0.0,
+        "blocking_s_mean": 0.0,
+        "persist_s_max": 0.0,
+        "training_time_lost_fraction": 0.0,
+    }
+    if writes:
+        summary.update(_checkpoint_means(records_by_rank, per_checkpoint, train_wall_s))
+
+    restores = [r for r in restores_by_rank if r]
+    summary.update(_restore_figures(restores))
+    rss = [r.get("peak_rss_bytes", 0) for records in records_by_rank for r in records or []]
+    rss += [r.get("peak_rss_bytes", 0) for r in restores]
+    summary["peak_rss_bytes_max"] = max(rss) if rss else 0
+    summary["per_checkpoint"] = per_checkpoint
+    return summary
+
+
+def _per_checkpoint(records_by_rank: list[list[dict]]) -> list[dict]:
+    """One row per checkpoint: all its ranks' bytes, files and times (the slowest rank's, where a duration)."""
     by_index: dict[int, dict[int, dict]] = {}
     for rank, records in enumerate(records_by_rank):
         for r in records or []:
@@ -161,97 +171,54 @@ def checkpoint_summary(records_by_rank: list[list[dict]], restores_by_rank: list
             **_serialization_figures(rows),
             **_codec_figures(rows, nbytes),
         })
+    return per_checkpoint
 
-    writes = len(per_checkpoint)
-    summary: dict[str, Any] = {
-        "strategy": ck.strategy,
-        "layout": ck.layout,
-        "format": ck.format,
-        **_writer_figures(config, per_checkpoint),
-        "writes": writes,
-        "bytes": 0,
-        "total_bytes_written": sum(c["bytes"] for c in per_checkpoint),
-        "files": 0,
-        "write_s_max": 0.0,
-        "write_gib_per_s": 0.0,
-        "write_gib_per_s_min_rank": 0.0,
-        "verify_s_max": 0.0,
-        "blocking_s_max": 0.0,
-        "blocking_s_mean": 0.0,
-        "persist_s_max": 0.0,
-        "training_time_lost_fraction": 0.0,
+
+def _checkpoint_means(records_by_rank: list[list[dict]], per_checkpoint: list[dict], train_wall_s: float) -> dict:
+    """Means over the checkpoints (of bytes and times; rates derived from them), per-rank rows, lost time."""
+    avg_bytes = mean(c["bytes"] for c in per_checkpoint)
+    avg_write = mean(c["write_s_max"] for c in per_checkpoint)
+    per_rank: dict[int, tuple[float, float]] = {}
+    rank_rows = []
+    lost = []
+    for rank, records in enumerate(records_by_rank):
+        if records:
+            per_rank[rank] = (mean(r["bytes"] for r in records), mean(r["write_s"] for r in records))
+            lost.append(sum(r["blocking_s"] for r in records))
+            rank_rows.append({"rank": rank, "bytes": per_rank[rank][0], "write_s": per_rank[rank][1],
+                              "verify_s": mean(r.get("verify_s", 0.0) for r in records),
+                              "blocking_s": mean(r["blocking_s"] for r in records)})
+    return {
+        "bytes": int(round(avg_bytes)),
+        "files": int(round(mean(c["files"] for c in per_checkpoint))),
+        "write_s_max": avg_write,
+        "write_gib_per_s": _rate(avg_bytes, avg_write),
+        "write_gib_per_s_min_rank": _min_rank_rate(per_rank),
+        "verify_s_max": mean(c["verify_s_max"] for c in per_checkpoint),
+        "blocking_s_max": mean(c["blocking_s_max"] for c in per_checkpoint),
+        "blocking_s_mean": mean(c["blocking_s_mean"] for c in per_checkpoint),
+        "persist_s_max": mean(c["persist_s_max"] for c in per_checkpoint),
+        "blocking_s_total_max_rank": max(lost) if lost else 0.0,
+        "training_time_lost_fraction": (max(lost) / train_wall_s) if lost and train_wall_s > 0 else 0.0,
+        "per_rank": rank_rows,  # means over checkpoints, one row per rank that took part
     }
-    if writes:
-        avg_bytes = mean(c["bytes"] for c in per_checkpoint)
-        avg_write = mean(c["write_s_max"] for c in per_checkpoint)
-        per_rank: dict[int, tuple[float, float]] = {}
-        rank_rows = []
-        lost = []
-        for rank, records in enumerate(records_by_rank):
-            if records:
-                per_rank[rank] = (mean(r["bytes"] for r in records), mean(r["write_s"] for r in records))
-                lost.append(sum(r["blocking_s"] for r in records))
-                rank_rows.append({"rank": rank, "bytes": per_rank[rank][0], "write_s": per_rank[rank][1],
-                                  "verify_s": mean(r.get("verify_s", 0.0) for r in records),
-                                  "blocking_s": mean(r["blocking_s"] for r in records)})
-        summary.update({
-            "bytes": int(round(avg_bytes)),
-            "files": int(round(mean(c["files"] for c in per_checkpoint))),
-            "write_s_max": avg_write,
-            "write_gib_per_s": _rate(avg_bytes, avg_write),
-            "write_gib_per_s_min_rank": _min_rank_rate(per_rank),
-            "verify_s_max": mean(c["verify_s_max"] for c in per_checkpoint),
-            "blocking_s_max": mean(c["blocking_s_max"] for c in per_checkpoint),
-            "blocking_s_mean": mean(c["blocking_s_mean"] for c in per_checkpoint),
-            "persist_s_max": mean(c["persist_s_max"] for c in per_checkpoint),
-            "blocking_s_total_max_rank": max(lost) if lost else 0.0,
-            "training_time_lost_fraction": (max(lost) / train_wall_s) if lost and train_wall_s > 0 else 0.0,
-            "per_rank": rank_rows,  # means over checkpoints, one row per rank that took part
-        })
-
-    restores = [r for r in restores_by_rank if r]
-    if restores:
-        nbytes = sum(r["bytes"] for r in restores)
-        read_max = max(r["read_s"] for r in restores)
-        summary.update({
-            "restore_bytes": nbytes,
-            "restore_files": sum(r["files"] for r in restores),
-            "restore_s_max": read_max,
-            "restore_gib_per_s": _rate(nbytes, read_max),
-            "restore_gib_per_s_min_rank": _min_rank_rate({i: (r["bytes"], r["read_s"]) for i, r in enumerate(restores)}),
-            "restore_verified": all(r["verified"] for r in restores),
-            "restore_step": restores[0].get("checkpoint_step", -1),
-            "restore_message": restores[0].get("message", ""),
-            "restore_skipped": restores[0].get("skipped", []),
-            "restore_chain_length": max(r.get("chain_length", 0) for r in restores),
-        })
-    else:
-        summary.update({"restore_s_max": 0.0, "restore_gib_per_s": 0.0, "restore_verified": None})
-    rss = [r.get("peak_rss_bytes", 0) for records in records_by_rank for r in records or []]
-    rss += [r.get("peak_rss_bytes", 0) for r in restores]
-    summary["peak_rss_bytes_max"] = max(rss) if rss else 0
-    summary["per_checkpoint"] = per_checkpoint
-    return summary
 
 
-def encoding_rows(ckpt: dict) -> list[tuple[str, str]]:
-    """The printed table's line on an encoded run: what the state was, what reached storage, and
-    what it cost (lossy: the error)."""
-    rows = ckpt.get("per_checkpoint") or []
-    if not rows or rows[0].get("encoding", "full") == "full":
-        return []
-    logical = sum(r["logical_bytes"] for r in rows)
-    written = sum(r["bytes_written"] for r in rows)
-    later = rows[1:] or rows
-    text = (f"{rows[0]['encoding']}: {plural(len(rows), 'checkpoint')} of a {rows[0]['logical_bytes'] / MIB:.1f} MiB "
-            f"state wrote {written / MIB:.1f} MiB ({logical / written:.2f}x less than full)" if written else "")
-    key = ratio_name(rows[0]["encoding"])
-    later = [r for r in later if key in r] or [{key: 0.0}]  # a checkpoint abandoned by a failure has no codec figures
-    text += f"; after the first: {mean(r[key] for r in later):.1f}x, longest chain {max(r.get('chain_length', 1) for r in rows)}"
-    if key == "compression_ratio" and any("max_rel_error" in r for r in rows):  # a lossy codec
-        worst = max(r.get("max_rel_error", 0.0) for r in rows)
-        text += f", max relative error {worst:.2e}"
-        if any("elem_rel_error_p99" in r for r in rows):  # |x - xr| / |x| per element, not per file's max|x|
-            text += f" (per element: p99 {max(r.get('elem_rel_error_p99', 0.0) for r in rows):.2e})"
-    text += f", encoding {max(r['encode_s_max'] for r in rows):.3f} s at most"
-    return [("encoding", text)]
+def _restore_figures(restores: list[dict]) -> dict:
+    """The restore's bytes, files, slowest read and rates, all ranks; zeros and None when nothing was restored."""
+    if not restores:
+        return {"restore_s_max": 0.0, "restore_gib_per_s": 0.0, "restore_verified": None}
+    nbytes = sum(r["bytes"] for r in restores)
+    read_max = max(r["read_s"] for r in restores)
+    return {
+        "restore_bytes": nbytes,
+        "restore_files": sum(r["files"] for r in restores),
+        "restore_s_max": read_max,
+        "restore_gib_per_s": _rate(nbytes, read_max),
+        "restore_gib_per_s_min_rank": _min_rank_rate({i: (r["bytes"], r["read_s"]) for i, r in enumerate(restores)}),
+        "restore_verified": all(r["verified"] for r in restores),
+        "restore_step": restores[0].get("checkpoint_step", -1),
+        "restore_message": restores[0].get("message", ""),
+        "restore_skipped": restores[0].get("skipped", []),
+        "restore_chain_length": max(r.get("chain_length", 0) for r in restores),
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dlio_ckpt.config.workload_files import dotted_leaves
+from dlio_ckpt.config.yaml_files import dotted_leaves
 from dlio_ckpt.errors import ConfigError
 
 

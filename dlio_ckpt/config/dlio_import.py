@@ -7,7 +7,8 @@ that a run has the dataset shape, reads, compute time and checkpoint bytes DLIO 
 Where a DLIO file leaves a key out, DLIO's own default applies (not dlio_ckpt's): a DLIO file
 means what DLIO would do with it. Keys DLIO reads that change no I/O are reported as unused,
 with the reason; keys DLIO does not read at all are reported as unknown. Nothing is dropped
-silently. The key-by-key table is docs/dlio-compat.md.
+silently (dlio_keys.py: DLIO's defaults and the keys it reads that change no I/O). The key-by-key
+table is docs/dlio-compat.md.
 """
 
 from __future__ import annotations
@@ -17,96 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from dlio_ckpt.config.workload_files import dotted_leaves, file_name, parse_yaml, read_yaml_text
+from dlio_ckpt.config.dlio_keys import DLIO_DEFAULTS, DTYPE_BYTES, FORMATS, UNUSED
+from dlio_ckpt.config.yaml_files import dotted_leaves, file_name, parse_yaml, read_yaml_text
 from dlio_ckpt.errors import ConfigError
-
-# DLIO 2.0.0's defaults (utils/config.py, ConfigArguments) for the keys that shape I/O.
-DLIO_DEFAULTS: dict[str, Any] = {
-    "framework": "tensorflow",
-    "dataset.format": "tfrecord",
-    "dataset.num_files_train": 8,
-    "dataset.num_files_eval": 0,
-    "dataset.num_samples_per_file": 1,
-    "dataset.record_length": 64 * 1024,
-    "dataset.record_length_stdev": 0,
-    "dataset.num_subfolders_train": 0,
-    "dataset.num_subfolders_eval": 0,
-    "dataset.file_prefix": "img",
-    "dataset.compression": "none",
-    "dataset.compression_level": 4,
-    "dataset.enable_chunking": False,
-    "dataset.chunk_size": 0,
-    "reader.data_loader": "tensorflow",
-    "reader.batch_size": 1,
-    "reader.batch_size_eval": 1,
-    "reader.read_threads": 1,
-    "reader.prefetch_size": 2,
-    "reader.file_shuffle": "off",
-    "reader.sample_shuffle": "off",
-    "reader.shuffle_size": 1024,
-    "reader.transfer_size": None,
-    "train.epochs": 1,
-    "train.computation_time": 0.0,
-    "train.computation_time_stdev": 0.0,
-    "train.total_training_steps": -1,
-    "train.seed": 123,
-    "evaluation.eval_time": 0.0,
-    "evaluation.epochs_between_evals": 1,
-    "checkpoint.checkpoint_after_epoch": 1,
-    "checkpoint.epochs_between_checkpoints": 1,
-    "checkpoint.steps_between_checkpoints": -1,
-    "checkpoint.type": "rank_zero",
-    "checkpoint.model_size": 10240,
-    "checkpoint.optimization_groups": [],
-    "checkpoint.num_layers": 1,
-    "checkpoint.layer_parameters": [17371, 24740228],
-    "checkpoint.tensor_parallelism": 1,
-    "checkpoint.pipeline_parallelism": 1,
-    "metric.au": 0.90,
-}
-
-# DLIO keys that DLIO reads but that change nothing dlio_ckpt emulates, and why.
-UNUSED: dict[str, str] = {
-    "workflow.generate_data": "dlio_ckpt generates the dataset whenever it is missing or its shape changed",
-    "workflow.debug": "logging only",
-    "workflow.profiling": "DLIO's own profilers; use trace.darshan=true",
-    "profiling.profiler": "DLIO's own profilers; use trace.darshan=true",
-    "profiling.iostat_devices": "DLIO's own profilers",
-    "output.folder": "the run folder is hydra.run.dir",
-    "output.log_file": "logging only",
-    "output.metric.exclude_start_steps": "dlio_ckpt leaves out the first step of each block, as DLIO 2.0.0 does",
-    "output.metric.exclude_end_steps": "as above",
-    "dataset.keep_files": "dlio_ckpt keeps the generated dataset for reuse",
-    "dataset.generation_buffer_size": "generation streams in generate.write_chunk_bytes pieces",
-    "dataset.record_length_resize": "an in-memory resize after reading: no I/O",
-    "dataset.record_length_bytes_resize": "an in-memory resize after reading: no I/O",
-    "reader.computation_threads": "threads that parse records in memory: no I/O",
-    "reader.multiprocessing_context": "how DLIO starts PyTorch workers (dlio_ckpt forks them: reader.workers=processes)",
-    "reader.read_type": "on-demand reads are what dlio_ckpt does",
-    "reader.file_access": "every rank opens its files itself (multi), as DLIO's default",
-    "reader.dont_use_mmap": "dlio_ckpt reads with pread, not mmap (docs/workloads.md)",
-    "reader.pin_memory": "host memory pinning: no I/O",
-    "reader.preprocess_time": "per-sample preprocessing in the reader threads; fold it into train.computation_time if it matters",
-    "reader.preprocess_time_stdev": "as reader.preprocess_time",
-    "train.seed_change_epoch": "dlio_ckpt reshuffles every epoch (seeded by shuffle_seed + epoch)",
-    "evaluation.eval_time_stdev": "evaluation compute is fixed per step in dlio_ckpt",
-    "evaluation.eval_after_epoch": "evaluation runs every evaluation.epochs_between_evals epochs from the first",
-    "checkpoint.checkpoint_mechanism_classname": "custom DLIO checkpoint classes: dlio_ckpt writes its own files",
-    "checkpoint.randomize_tensor": "checkpoint contents are always random (checkpoint.content=random)",
-    "checkpoint.rank_sync": "dlio_ckpt commits each checkpoint collectively",
-    "checkpoint.recovery_rank_shift": "restore reads each rank's own files",
-    "checkpoint.ksm": "kernel same-page merging of DLIO's in-memory tensors: no I/O",
-    "checkpoint.mode": "mode=checkpoint runs the checkpoint-only procedure",
-    "storage.storage_type": "local_fs is storage.backend=posix; use storage.backend=s3 for s3",
-    "storage.storage_options": "S3 options are storage.s3.*",
-    "model.type": "the model is explicit (sizes given) or a transformer (model.transformer given)",
-}
-
-FORMATS = {"npz": "npz", "npy": "npy", "hdf5": "hdf5", "tfrecord": "tfrecord",
-           "indexed_binary": "indexed_binary", "mmap_indexed_binary": "indexed_binary",
-           "jpeg": "jpeg", "parquet": "parquet"}  # the last two: MLPerf Storage v3.0's DLIO (retinanet, flux)
-DTYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "float16": 2, "bfloat16": 2,
-               "fp32": 4, "float32": 4, "fp64": 8, "float64": 8}
 
 
 @dataclass(frozen=True)
@@ -276,7 +190,19 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
         put(target, convert_value(value), where)
         return value
 
-    # Identity ---------------------------------------------------------------------------------
+    model_name, framework = _identity(r, data, name, origin, put)
+    ckpt_on, eval_on = _workflow(r, put, origin)
+    fmt = _dataset(r, put, take, origin, not_mapped)
+    _reader(r, put, take, origin, fmt)
+    _train(r, put, take, data, origin, eval_on)
+    _checkpoint(r, put, take, ckpt_on, model_name, framework, origin, not_mapped)
+    unused, unknown = _unread_keys(data, r)
+    return DlioImport(name=name, source=origin, mapped=tuple(out), unused=tuple(unused), unknown=tuple(unknown),
+                      not_mapped=tuple(not_mapped))
+
+
+def _identity(r: _Reader, data: Mapping[str, Any], name: str, origin: str, put: Callable) -> tuple[str, str]:
+    """The workload's name, description and source; returns (DLIO's model name, framework)."""
     model_name = name
     if r.has("model"):
         model_node = data["model"]
@@ -291,8 +217,11 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
     put("workload", name, "the file name")
     put("description", f"DLIO workload {model_name} ({framework}), imported from {Path(origin).name}", "model, framework")
     put("source", f"DLIO workload YAML {origin}", "the file")
+    return model_name, framework
 
-    # Workflow -----------------------------------------------------------------------------------
+
+def _workflow(r: _Reader, put: Callable, origin: str) -> tuple[bool, bool]:
+    """The mode DLIO's workflow flags amount to; returns (checkpointing on, evaluation on)."""
     train_on = _bool(f"{origin}: workflow.train", r.raw("workflow.train")) if r.has("workflow.train") else True
     generate = _bool(f"{origin}: workflow.generate_data", r.raw("workflow.generate_data")) if r.has("workflow.generate_data") else False
     ckpt_on = _bool(f"{origin}: workflow.checkpoint", r.raw("workflow.checkpoint")) if r.has("workflow.checkpoint") else False
@@ -302,8 +231,11 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
                           "leaves nothing to run; set workflow.train: true")
     mode = "train" if train_on else ("checkpoint" if ckpt_on else "generate")
     put("mode", mode, "workflow.train, workflow.generate_data, workflow.checkpoint")
+    return ckpt_on, eval_on
 
-    # Dataset ------------------------------------------------------------------------------------
+
+def _dataset(r: _Reader, put: Callable, take: Callable, origin: str, not_mapped: list[str]) -> str:
+    """The dataset's shape and files; returns DLIO's format name."""
     fmt, fmt_origin = r.get("dataset.format", _str)
     if fmt not in FORMATS:
         raise ConfigError(f"{origin}: dataset.format: '{fmt}' has no dlio_ckpt equivalent; "
@@ -344,8 +276,11 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
     if r.has("dataset.record_element_type"):
         r.raw("dataset.record_element_type")
     _parquet(r, put, origin)
+    return fmt
 
-    # Reader -------------------------------------------------------------------------------------
+
+def _reader(r: _Reader, put: Callable, take: Callable, origin: str, fmt: str) -> None:
+    """How the data loader reads (its access pattern follows DLIO's loader and format), and storage."""
     loader, loader_origin = r.get("reader.data_loader", _str)
     loader = loader.lower()
     if loader not in ("tensorflow", "pytorch", "dali", "native_dali"):
@@ -374,7 +309,9 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
     if r.has("storage.storage_root"):
         put("storage.root", _str(f"{origin}: storage.storage_root", r.raw("storage.storage_root")), "storage.storage_root")
 
-    # Train and evaluation --------------------------------------------------------------------------
+
+def _train(r: _Reader, put: Callable, take: Callable, data: Mapping[str, Any], origin: str, eval_on: bool) -> None:
+    """Epochs, compute time, steps, the seed, evaluation and the AU target."""
     take("train.epochs", "train.epochs", _count, convert_value=lambda v: max(1, v))
     compute, compute_origin = r.get("train.computation_time", _float)
     put("train.computation_time", compute, compute_origin)
@@ -395,9 +332,9 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
     take("evaluation.epochs_between_evals", "evaluation.epochs_between_evals", _count, convert_value=lambda v: max(1, v))
     take("metric.au", "metric.au", lambda w, v: _float(w, v))
 
-    # Checkpoint and model ---------------------------------------------------------------------------
-    _checkpoint(r, put, take, ckpt_on, model_name, framework, origin, not_mapped)
 
+def _unread_keys(data: Mapping[str, Any], r: _Reader) -> tuple[list[tuple[str, str]], list[str]]:
+    """(unused: DLIO keys that change no I/O, with why; unknown: keys DLIO itself does not read)."""
     known = set(DLIO_DEFAULTS) | set(UNUSED) | {"model", "model.name", "workflow.train", "workflow.checkpoint",
                                                "workflow.evaluation", "dataset.data_folder", "reader.odirect",
                                                "storage.storage_root", "dataset.record_length_bytes",
@@ -414,8 +351,7 @@ def convert(data: Any, name: str, origin: str = "<dlio>") -> DlioImport:
             unused.append((key, "Hydra settings of DLIO's own run"))
         elif key not in known:
             unknown.append(key)
-    return DlioImport(name=name, source=origin, mapped=tuple(out), unused=tuple(unused), unknown=tuple(unknown),
-                      not_mapped=tuple(not_mapped))
+    return unused, unknown
 
 
 def _outside_root_note(key: str, value: Any, target: str) -> str:
@@ -442,15 +378,7 @@ def _parquet(r: Any, put: Any, origin: str) -> None:
 
 def _checkpoint(r: _Reader, put: Callable, take: Callable, enabled: bool, model_name: str, framework: str, origin: str,
                 not_mapped: list[str]) -> None:
-    """Checkpoint triggers and the model whose bytes DLIO writes.
-
-    DLIO 2.0.0 fabricates a `model` tensor of model_size bytes, optimizer groups (two tensors per
-    group plus one of their sum: 3 x sum bytes) and num_layers copies of the layer tensors
-    (num_layers + tensor_parallelism of them when TP > 1), as int8 (one byte per element).
-    dlio_ckpt's explicit model writes the same bytes: one-byte elements, three optimizer states
-    per group, one layer tensor per DLIO layer. Newer DLIO files describe a transformer instead
-    (model.transformer, model.parallelism), which dlio_ckpt sizes with DLIO's formula.
-    """
+    """Checkpoint triggers, the folder, and the model whose bytes DLIO writes (_model)."""
     put("checkpoint.enabled", enabled, "workflow.checkpoint")
     put("checkpoint.strategy", "sharded", "every rank writes the state it owns (DLIO rank_zero: rank 0 owns it all)")
     put("checkpoint.layout", "raw", "DLIO names files model-/optimizer-/layer-<epoch>-<step>-<rank>")
@@ -483,37 +411,60 @@ def _checkpoint(r: _Reader, put: Callable, take: Callable, enabled: bool, model_
     for key in ("num_checkpoints_write", "num_checkpoints_read"):
         if r.has(f"checkpoint.{key}"):
             put(f"checkpoint.{key}", _count(f"{origin}: checkpoint.{key}", r.raw(f"checkpoint.{key}")), f"checkpoint.{key}")
+    _model(r, put, model_name, origin)
 
+
+def _model(r: _Reader, put: Callable, model_name: str, origin: str) -> None:
+    """The model whose bytes DLIO writes.
+
+    DLIO 2.0.0 fabricates a `model` tensor of model_size bytes, optimizer groups (two tensors per
+    group plus one of their sum: 3 x sum bytes) and num_layers copies of the layer tensors
+    (num_layers + tensor_parallelism of them when TP > 1), as int8 (one byte per element).
+    dlio_ckpt's explicit model writes the same bytes: one-byte elements, three optimizer states
+    per group, one layer tensor per DLIO layer. Newer DLIO files describe a transformer instead
+    (model.transformer, model.parallelism), which dlio_ckpt sizes with DLIO's formula.
+    """
     put("model.name", model_name, "model")
-    transformer = r.has("model.transformer")
     tp, tp_origin = r.get("checkpoint.tensor_parallelism", _count, "model.parallelism.tensor")
     pp, pp_origin = r.get("checkpoint.pipeline_parallelism", _count, "model.parallelism.pipeline")
     layers, layers_origin = r.get("checkpoint.num_layers", _count, "model.num_layers")
-    if transformer:
-        put("model.kind", "transformer", "model.transformer")
-        put("model.num_layers", layers, layers_origin)
-        for key in ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size"):
-            if r.has(f"model.transformer.{key}"):
-                put(f"model.{key}", _count(f"{origin}: model.transformer.{key}", r.raw(f"model.transformer.{key}")),
-                    f"model.transformer.{key}")
-        if not r.has("model.transformer.num_kv_heads") and r.has("model.transformer.num_attention_heads"):
-            put("model.num_kv_heads", data_value(r, "model.transformer.num_attention_heads"), "model.transformer.num_attention_heads")
-        for key, target in (("model.model_datatype", "model.model_dtype_bytes"), ("model.optimizer_datatype", "model.optimizer_dtype_bytes")):
-            if r.has(key):
-                dtype = _str(f"{origin}: {key}", r.raw(key)).lower()
-                if dtype not in DTYPE_BYTES:
-                    raise ConfigError(f"{origin}: {key}: unknown data type {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
-                put(target, DTYPE_BYTES[dtype], key)
-        put("model.parallelism.tensor", max(1, tp), tp_origin)
-        put("model.parallelism.pipeline", max(1, pp), pp_origin)
-        if r.has("model.parallelism.data"):
-            put("model.parallelism.data", _count(f"{origin}: model.parallelism.data", r.raw("model.parallelism.data")),
-                "model.parallelism.data")
-        if r.has("model.parallelism.zero_stage"):
-            put("model.parallelism.zero_stage",
-                _count(f"{origin}: model.parallelism.zero_stage", r.raw("model.parallelism.zero_stage")),
-                "model.parallelism.zero_stage")
-        return
+    if r.has("model.transformer"):
+        _transformer_model(r, put, origin, tp, tp_origin, pp, pp_origin, layers, layers_origin)
+    else:
+        _explicit_model(r, put, origin, tp, tp_origin, pp, pp_origin, layers, layers_origin)
+
+
+def _transformer_model(r: _Reader, put: Callable, origin: str, tp: int, tp_origin: str, pp: int, pp_origin: str,
+                       layers: int, layers_origin: str) -> None:
+    """A newer DLIO file's transformer (model.transformer, model.parallelism), sized by DLIO's formula."""
+    put("model.kind", "transformer", "model.transformer")
+    put("model.num_layers", layers, layers_origin)
+    for key in ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size"):
+        if r.has(f"model.transformer.{key}"):
+            put(f"model.{key}", _count(f"{origin}: model.transformer.{key}", r.raw(f"model.transformer.{key}")),
+                f"model.transformer.{key}")
+    if not r.has("model.transformer.num_kv_heads") and r.has("model.transformer.num_attention_heads"):
+        put("model.num_kv_heads", data_value(r, "model.transformer.num_attention_heads"), "model.transformer.num_attention_heads")
+    for key, target in (("model.model_datatype", "model.model_dtype_bytes"), ("model.optimizer_datatype", "model.optimizer_dtype_bytes")):
+        if r.has(key):
+            dtype = _str(f"{origin}: {key}", r.raw(key)).lower()
+            if dtype not in DTYPE_BYTES:
+                raise ConfigError(f"{origin}: {key}: unknown data type {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+            put(target, DTYPE_BYTES[dtype], key)
+    put("model.parallelism.tensor", max(1, tp), tp_origin)
+    put("model.parallelism.pipeline", max(1, pp), pp_origin)
+    if r.has("model.parallelism.data"):
+        put("model.parallelism.data", _count(f"{origin}: model.parallelism.data", r.raw("model.parallelism.data")),
+            "model.parallelism.data")
+    if r.has("model.parallelism.zero_stage"):
+        put("model.parallelism.zero_stage",
+            _count(f"{origin}: model.parallelism.zero_stage", r.raw("model.parallelism.zero_stage")),
+            "model.parallelism.zero_stage")
+
+
+def _explicit_model(r: _Reader, put: Callable, origin: str, tp: int, tp_origin: str, pp: int, pp_origin: str,
+                    layers: int, layers_origin: str) -> None:
+    """DLIO 2.0.0's fabricated tensors: model_size bytes, optimizer groups, layer copies, int8."""
     size, size_origin = r.get("checkpoint.model_size", _count, "model.model_size_bytes", "model.model_size")
     groups, groups_origin = r.get("checkpoint.optimization_groups", _ints, "model.optimization_groups")
     layer_sizes, layer_origin = r.get("checkpoint.layer_parameters", _ints, "model.layer_parameters")
@@ -551,7 +502,7 @@ def load_dlio_file(path: str) -> Any:
     if not file.is_file():
         raise ConfigError(f"dlio_config: {path} is not a file; give the path of a DLIO workload YAML "
                           "(DLIO's own are in its source tree, dlio_benchmark/configs/workload/; dlio_ckpt ships none)")
-    return parse_yaml(read_yaml_text(file), path)  # bounded in size, depth and values (workload_files.py)
+    return parse_yaml(read_yaml_text(file), path)  # bounded in size, depth and values (yaml_files.py)
 
 
 def import_file(path: str) -> DlioImport:

@@ -10,124 +10,41 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import importlib
 import itertools
 import os
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.checkpoint.encoded import check_encoding
+from dlio_ckpt.checkpoint.registry import check_names
+from dlio_ckpt.config.accelerators import apply_accelerator
+from dlio_ckpt.config.groups import (GROUPS, conf_dir, group_options, override_values, parse_overrides,
+                                     register_workloads, workloads_named)
+from dlio_ckpt.config.limits import check_memory
+from dlio_ckpt.config.needs import check_storage_needs, writes_checkpoints
+from dlio_ckpt.config.paths import _file_in_the_way, check_paths
+from dlio_ckpt.config.scale import apply_scale
+from dlio_ckpt.config.schema import MAX_PLAN_RANKS, RunConfig
+from dlio_ckpt.config.space import FREE_BYTES_VARIABLE, check_free_space
 from dlio_ckpt.config.typed import all_keys, build
+from dlio_ckpt.config.workload_files import resolve
+from dlio_ckpt.engine.plan_mode import plan_world_size
+from dlio_ckpt.engine.workers import can_fork
 from dlio_ckpt.errors import ConfigError, close_match
-
-GROUPS = ("workload", "scale")
-
-
-def _data_dir(name: str) -> Path:
-    """A data folder shipped as `dlio_ckpt.<name>`: from the wheel, else from the source tree.
-
-    In a source checkout (editable install, or running from the repository root) the folders
-    stay at the top level (conf/, workloads/, analysis/) beside the package.
-    """
-    source = Path(__file__).resolve().parents[2] / name
-    if source.is_dir():
-        return source
-    # A data-only folder installs as a namespace package: its __path__ holds the real folder.
-    package = importlib.import_module(f"dlio_ckpt.{name}")
-    return Path(list(package.__path__)[0])
-
-
-def conf_dir() -> Path:
-    return _data_dir("conf")
-
-
-def workloads_dir() -> Path:
-    return _data_dir("workloads")
-
-
-def workload_names() -> list[str]:
-    return sorted(p.stem for p in workloads_dir().glob("*.yaml"))
-
-
-def group_options(group: str) -> list[str]:
-    if group == "workload":
-        from dlio_ckpt.config.workload_files import registered_names
-
-        return sorted(set(workload_names()) | set(registered_names()))  # with the user's files (workload_files.py)
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
-
-
-def register_workloads(names: Iterable[str] | None = None) -> None:
-    """Make workloads/*.yaml the Hydra group `workload` (package _global_): all of them, or only
-    `names` (a run composes one workload, and parsing a file costs ~6 ms: the whole library was
-    ~0.1 s of every process's start, on every rank).
-
-    The library lives in its own top-level folder rather than under conf/, so it is registered
-    through Hydra's ConfigStore instead of the folder search; repeated calls are harmless and
-    cheap: a file already registered in this process is not parsed again. A name that is not a
-    shipped file is left alone (a user's file registers itself; an unknown name is refused by
-    check_override_keys with the list of choices).
-    """
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    registered = store.repo.get("workload", {})
-    folder = workloads_dir()
-    paths = sorted(folder.glob("*.yaml")) if names is None else [folder / f"{name}.yaml" for name in sorted(set(names))]
-    for path in paths:
-        if f"{path.stem}.yaml" in registered or not path.is_file():
-            continue
-        try:
-            node = OmegaConf.load(path)
-        except Exception as exc:
-            raise ConfigError(f"workload file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
-        store.store(group="workload", name=path.stem, node=node, package="_global_")
-
-
-def default_workload() -> str:
-    """The workload conf/config.yaml's defaults list picks when the command line names none."""
-    import re
-
-    found = re.search(r"^\s*-\s*workload:\s*([A-Za-z0-9_]+)\s*$", (conf_dir() / "config.yaml").read_text(), re.MULTILINE)
-    if found is None:
-        raise ConfigError(f"{conf_dir() / 'config.yaml'}: its defaults list names no workload")
-    return found.group(1)
-
-
-def workloads_named(overrides: Sequence[str]) -> list[str] | None:
-    """The workloads a command line composes: those its `workload=` overrides name (every value of
-    a sweep, a glob's matches) and the default (Hydra composes the defaults once before a sweep's
-    jobs); None (all of them) when a value is not a plain name."""
-    names = {default_workload()}
-    for override in _parse(overrides):
-        if override.key_or_group != "workload":
-            continue
-        values = override_values(override)
-        if not all(isinstance(value, str) for value in values):
-            return None
-        names.update(values)
-    return sorted(names)
-
-
-def _parse(overrides: Sequence[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_overrides(list(overrides))
-    except Exception as exc:  # Hydra's grammar errors are several lines; keep the first
-        raise ConfigError(f"cannot parse command-line override: {str(exc).splitlines()[0]}") from None
-
-
-def override_values(override) -> list:
-    """Every value an override gives, a sweep's each: `a,b`, `range(...)`, and `glob(...)`
-    over a group's options (which Hydra's parser can only list with a config loader at hand)."""
-    from hydra.core.override_parser.types import ValueType
-
-    if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
-        return override.value().filter(group_options(override.key_or_group))
-    return list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+from dlio_ckpt.formats import DATASET_FORMATS
+from dlio_ckpt.formats.jpeg import JPEG_MIN_BYTES
+from dlio_ckpt.formats.parquet import parse_columns
+from dlio_ckpt.optional import available, check_installed
+from dlio_ckpt.plan.checkpoint_formats import format_spec
+from dlio_ckpt.plan.model import resolve_parallelism
+from dlio_ckpt.plan.read import last_training_step
+from dlio_ckpt.plan.replay import check_replay_space
+from dlio_ckpt.plan.replay_log import check_replay_log as check_log
+from dlio_ckpt.state.trajectory import trajectory_steps
+from dlio_ckpt.storage import BACKENDS, make_backend
+from dlio_ckpt.storage.base import CAPABILITY_MEANING
+from dlio_ckpt.local_fs import nearest_existing, system_folder
 
 
 def _override_key(override) -> str:
@@ -137,7 +54,7 @@ def _override_key(override) -> str:
 def check_override_keys(overrides: Sequence[str]) -> None:
     """Reject unknown keys and unknown group options before Hydra sees them."""
     known = set(all_keys(RunConfig)) - {"run_dir"}
-    for override in _parse(overrides):
+    for override in parse_overrides(overrides):
         key = _override_key(override)
         if key.startswith("hydra") or key.startswith("+hydra"):
             continue
@@ -164,7 +81,7 @@ def check_override_keys(overrides: Sequence[str]) -> None:
 def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
     """The job overrides of a multirun: the cartesian product of every comma/range sweep."""
     choices: list[list[str]] = []
-    for override in _parse(overrides):
+    for override in parse_overrides(overrides):
         key = override.get_key_element()
         if override.is_sweep_override():
             choices.append([f"{key}={value}" for value in override_values(override)])
@@ -176,7 +93,7 @@ def expand_sweep(overrides: Sequence[str]) -> list[list[str]]:
 def explicit_keys(overrides: Iterable[str]) -> set[str]:
     """Keys the user set on the command line: scale caps never override them."""
     keys = set()
-    for override in _parse(list(overrides)):
+    for override in parse_overrides(list(overrides)):
         keys.add(_override_key(override).lstrip("+~"))
     return keys
 
@@ -220,7 +137,7 @@ def compose_each(jobs: Sequence[Sequence[str]]) -> Iterator[DictConfig]:
             if len(jobs) == 1:
                 yield composed(overrides)
                 continue
-            parsed = _parse(overrides)
+            parsed = parse_overrides(overrides)
             plain = [o for o in parsed if _is_plain_value(o)]
             structure = tuple(o.input_line for o in parsed if not _is_plain_value(o))
             if structure not in bases:
@@ -269,10 +186,10 @@ def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = Non
         raise ConfigError(f"invalid configuration: {' '.join(str(exc).split())}") from None
     data.pop("hydra", None)
     data["run_dir"] = run_dir
-    from dlio_ckpt.config.accelerators import apply_accelerator
 
     apply_accelerator(data, explicit)
     config = build(RunConfig, data)
+    check_update_files(config)
     check_registered_names(config)
     config = apply_scale(config, explicit, world_size)
     check_consistency(config)
@@ -282,8 +199,6 @@ def to_run_config(cfg: DictConfig, explicit: set[str], run_dir: str | None = Non
 def load_config(overrides: Sequence[str] = (), run_dir: str | None = None, world_size: int = 1) -> RunConfig:
     """The RunConfig for a list of command-line overrides, as the CLI would build it for a job of
     `world_size` ranks."""
-    from dlio_ckpt.config.workload_files import resolve
-
     overrides, _ = resolve(overrides)
     register_workloads(workloads_named(overrides))
     check_override_keys(overrides)
@@ -302,10 +217,6 @@ def validate_command_line(overrides: Sequence[str], multirun: bool, world_size: 
 
 def check_job(config: RunConfig, world_size: int, free_space: bool = True) -> None:
     """Everything about one job that can be known before it runs, for this world size."""
-    from dlio_ckpt.config.limits import check_memory
-    from dlio_ckpt.config.paths import check_paths
-    from dlio_ckpt.config.space import check_free_space
-
     check_world_fit(config, world_size)
     check_failure_steps(config, world_size)
     check_model_fit(config, world_size)
@@ -329,15 +240,20 @@ def validate_for_display(overrides: Sequence[str], multirun: bool) -> None:
             to_run_config(composed, explicit_keys(job))
 
 
+def check_update_files(config: RunConfig) -> None:
+    """checkpoint.update=files: the folder holds a training run's saved states, one per step. Here,
+    not in the schema: the schema holds types and reads no folder."""
+    if config.checkpoint.update != "files":
+        return
+    try:
+        trajectory_steps(config.checkpoint.update_files)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None  # names checkpoint.update_files and what to do
+
+
 def check_registered_names(config: RunConfig) -> None:
     """Names the registries own, and the pairs of them that work together (the schema only
     holds types, so it does not import the registries)."""
-    from dlio_ckpt.checkpoint.encoded import check_encoding
-    from dlio_ckpt.checkpoint.registry import check_names
-    from dlio_ckpt.formats import DATASET_FORMATS
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-    from dlio_ckpt.storage import BACKENDS
-
     BACKENDS.canonical(config.storage.backend)
     ds = config.dataset
     offered = DATASET_FORMATS.load(ds.format).compressions
@@ -358,9 +274,6 @@ def check_registered_names(config: RunConfig) -> None:
 
 def check_dataset_format_fit(ds: Any) -> None:
     """What the jpeg and parquet formats ask of the dataset's keys (formats/jpeg.py, parquet.py)."""
-    from dlio_ckpt.formats.jpeg import JPEG_MIN_BYTES
-    from dlio_ckpt.formats.parquet import parse_columns
-
     if ds.parquet_columns or ds.parquet_row_group_size:
         if ds.format != "parquet":
             raise ConfigError(f"dataset.parquet_columns: applies to dataset.format=parquet (it is '{ds.format}'); "
@@ -410,9 +323,6 @@ def check_model_fit(config: RunConfig, world_size: int) -> None:
                 f"model.parallelism.pipeline: {par.pipeline} stages but only {model.num_layers} layers (model.num_layers); "
                 "use at most one stage per layer"
             )
-    from dlio_ckpt.config.schema import MAX_PLAN_RANKS
-    from dlio_ckpt.engine.plan_mode import plan_world_size
-    from dlio_ckpt.plan.model import resolve_parallelism
 
     ranks = plan_world_size(config) if config.mode == "plan" else world_size
     if ranks > MAX_PLAN_RANKS:
@@ -428,10 +338,6 @@ def check_replay_log(config: RunConfig, free_space: bool = True) -> None:
     what the replay writes fits storage.root's free space (before the run folder exists)."""
     if config.workload != "replay" or config.mode == "plan":
         return
-    from dlio_ckpt.config.space import FREE_BYTES_VARIABLE
-    from dlio_ckpt.plan.replay import check_replay_log as check_log
-    from dlio_ckpt.plan.replay import check_replay_space
-    from dlio_ckpt.storage import make_backend
 
     plan = check_log(config.replay.log)
     if free_space:
@@ -443,10 +349,6 @@ def check_replay_log(config: RunConfig, free_space: bool = True) -> None:
 
 def check_dependencies(config: RunConfig) -> None:
     """Optional libraries the chosen features need, checked before anything is written."""
-    from dlio_ckpt.formats import DATASET_FORMATS
-    from dlio_ckpt.optional import check_installed
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-
     if config.reader.name == "tensorflow":
         check_installed("tensorflow")
     dataset_needs = getattr(DATASET_FORMATS.load(config.dataset.format), "requires", "")
@@ -467,14 +369,10 @@ def check_loader(config: RunConfig) -> None:
                           f"{config.dataset.format} holds none (dlio_ckpt has no jpeg/png format); "
                           "set reader.decode=numpy or none")
     if reader.decode == "torch":
-        from dlio_ckpt.optional import available
-
         if not available("torch"):
             raise ConfigError("reader.decode: torch decodes and collates each sample with torch, which is not installed; "
                               "install it (pip install torch) or set reader.decode=numpy or none")
     if reader.name == "native" and reader.access == "sample" and reader.workers == "processes" and reader.read_threads > 0:
-        from dlio_ckpt.engine.workers import can_fork
-
         if not can_fork():
             raise ConfigError("reader.workers: processes forks worker processes, which this platform cannot do "
                               "(no fork start method); set reader.workers=threads or reader.read_threads=0")
@@ -485,8 +383,6 @@ def check_storage(config: RunConfig) -> None:
     (its capabilities), and is usable (storage.root writable, bucket reachable): all without writing."""
     if config.mode == "plan":
         return
-    from dlio_ckpt.config.needs import check_storage_needs
-    from dlio_ckpt.storage import make_backend
 
     backend = make_backend(config.storage, os.path.abspath(config.storage.root))
     check_storage_needs(config, config.storage.backend, backend.capabilities)
@@ -548,7 +444,6 @@ def check_failure_steps(config: RunConfig, world_size: int) -> None:
     steps = config.failures.at_steps
     if not steps or config.failures.mtbf_s > 0 or config.mode != "train" or config.workload == "replay":
         return
-    from dlio_ckpt.plan.read import last_training_step
 
     ds, reader, train = config.dataset, config.reader, config.train
     whole = config.reader.name == "tensorflow" or config.reader.access == "transfer"  # engine/train.py whole_files
@@ -560,116 +455,6 @@ def check_failure_steps(config: RunConfig, world_size: int) -> None:
         raise ConfigError(f"failures.at_steps: step {beyond[0]} is after the run's last step ({last:,} with {ranks}, "
                           f"after the scale's caps), so no failure would be injected there; give steps from 1 to {last:,} "
                           "or lengthen the run (train.epochs, train.total_steps)")
-
-
-def _capped(value: int | float, cap: int | float) -> int | float:
-    return min(value, cap) if cap else value
-
-
-def apply_scale(config: RunConfig, explicit: set[str], world_size: int = 1) -> RunConfig:
-    """Shrink counts and sizes to the scale's caps, keeping the access pattern; the file cap grows
-    with the world size where the ranks would otherwise get fewer than the scale's steps an epoch."""
-    scale = config.scale
-    if scale.name == "full":
-        return config
-
-    def cap(section: Any, prefix: str, **caps: int | float) -> dict[str, Any]:
-        changes = {}
-        for name, limit in caps.items():
-            if f"{prefix}.{name}" in explicit or not limit:
-                continue
-            current = getattr(section, name)
-            new = _capped(current, limit)
-            if new != current:
-                changes[name] = new
-        return changes
-
-    ds = config.dataset
-    # A dataset of fewer files than the cap (one big indexed file, say) may keep more samples per
-    # file: the scale's budget is max_files x max_samples_per_file samples in all.
-    samples_cap = scale.max_samples_per_file
-    if samples_cap and scale.max_files:
-        samples_cap = max(samples_cap, scale.max_files * scale.max_samples_per_file // max(1, min(ds.num_files_train, scale.max_files)))
-    ds_changes = cap(ds, "dataset", num_files_train=scale.max_files, num_files_eval=scale.max_eval_files,
-                     num_samples_per_file=samples_cap, record_length_bytes=scale.max_sample_bytes)
-    needed = files_for_steps(scale, ds, config.reader, explicit, world_size, samples_cap) if config.workload != "replay" else 0
-    if "dataset.num_files_train" not in explicit and needed > ds_changes.get("num_files_train", ds.num_files_train):
-        ds_changes["num_files_train"] = needed
-    if "record_length_bytes" in ds_changes and "dataset.record_length_bytes_stdev" not in explicit:
-        ratio = ds_changes["record_length_bytes"] / ds.record_length_bytes
-        ds_changes["record_length_bytes_stdev"] = int(ds.record_length_bytes_stdev * ratio)
-        ds_changes["record_length_bytes_min"] = min(ds.record_length_bytes_min, ds_changes["record_length_bytes"])
-    dataset = dataclasses.replace(ds, **ds_changes)
-
-    tr = config.train
-    tr_changes = cap(tr, "train", epochs=scale.max_epochs, computation_time=scale.max_computation_time)
-    if tr.total_steps and "train.total_steps" not in explicit and scale.max_steps:
-        tr_changes["total_steps"] = min(tr.total_steps, scale.max_steps)
-    if "computation_time" in tr_changes and "train.computation_time_stdev" not in explicit:
-        tr_changes["computation_time_stdev"] = tr.computation_time_stdev * tr_changes["computation_time"] / tr.computation_time
-    train = dataclasses.replace(tr, **tr_changes)
-
-    reader = dataclasses.replace(config.reader, **cap(config.reader, "reader", batch_size=scale.max_batch_size,
-                                                        batch_size_eval=scale.max_batch_size))
-    evaluation = dataclasses.replace(config.evaluation, **cap(config.evaluation, "evaluation",
-                                                                computation_time=scale.max_computation_time))
-
-    model = config.model
-    explicit_bytes = explicit_checkpoint_bytes(model)
-    if scale.max_model_bytes and "model.model_size_bytes" not in explicit and explicit_bytes > scale.max_model_bytes:
-        # The whole checkpoint (blob, layers, optimizer state) shrinks by one factor, as a
-        # transformer's does in its model plan, so a layered model is capped too.
-        ratio = scale.max_model_bytes / explicit_bytes
-        model = dataclasses.replace(
-            model,
-            model_size_bytes=round(model.model_size_bytes * ratio),
-            optimization_groups=[int(v * ratio) for v in model.optimization_groups],
-            layer_parameters=[int(v * ratio) for v in model.layer_parameters],
-        )
-
-    ck = config.checkpoint
-    ck_changes = cap(ck, "checkpoint", checkpoint_after_epoch=scale.max_epochs, epochs_between_checkpoints=scale.max_epochs,
-                     num_checkpoints_write=scale.max_checkpoints, num_checkpoints_read=scale.max_checkpoints,
-                     sleep_between_s=scale.max_checkpoint_sleep_s)
-    if ck.steps_between_checkpoints and scale.max_steps and "checkpoint.steps_between_checkpoints" not in explicit:
-        every = max(1, scale.max_steps // max(scale.max_checkpoints, 1))
-        ck_changes["steps_between_checkpoints"] = min(ck.steps_between_checkpoints, every)
-    checkpoint = dataclasses.replace(ck, **ck_changes)
-    # A tiny run's dataset and checkpoints are a few MiB: a 64 MiB pool of random bytes (filled at
-    # start-up, twice, by the dataset and the checkpoint engine) cost more than the run itself.
-    generate = dataclasses.replace(config.generate, **cap(config.generate, "generate", pool_bytes=scale.max_pool_bytes))
-
-    return dataclasses.replace(config, dataset=dataset, train=train, reader=reader, evaluation=evaluation,
-                               model=model, checkpoint=checkpoint, generate=generate)
-
-
-def files_for_steps(scale: Any, ds: Any, reader: Any, explicit: set[str], world_size: int, samples_cap: int) -> int:
-    """The training files `world_size` ranks need for the scale's min_steps_per_epoch each (0: no
-    minimum). scale=tiny's 8 files gave 8 ranks nothing to read, and small's 64 gave 32 ranks no
-    step; a scaled run is no longer the profiled dataset, so it may grow past the workload's
-    own count (unet3d's 168 files give 32 ranks 5 samples each), as mode=datasize would."""
-    if not scale.min_steps_per_epoch or "reader.batch_size" in explicit:
-        return 0  # a batch the user chose is theirs to fit: the dataset is not grown for it
-    samples_per_file = ds.num_samples_per_file
-    if samples_cap and "dataset.num_samples_per_file" not in explicit:
-        samples_per_file = min(samples_per_file, samples_cap)
-    batch = min(reader.batch_size, scale.max_batch_size) if scale.max_batch_size else reader.batch_size
-    samples_needed = scale.min_steps_per_epoch * max(batch, 1) * max(world_size, 1)
-    return -(-samples_needed // max(samples_per_file, 1))
-
-
-def explicit_checkpoint_bytes(model: Any) -> int:
-    """Bytes an explicit model's checkpoint holds: the blob, the layer tensors, the optimizer state."""
-    if model.kind != "explicit":
-        return 0
-    if model.layer_dtypes:
-        from dlio_ckpt.config.schema import TENSOR_DTYPES
-
-        layers = sum(n * TENSOR_DTYPES[d] for n, d in zip(model.layer_parameters, model.layer_dtypes))
-    else:
-        layers = sum(model.layer_parameters) * model.model_dtype_bytes
-    optimizer = sum(model.optimization_groups) * model.optimizer_states * model.optimizer_dtype_bytes
-    return model.model_size_bytes + layers + optimizer
 
 
 def check_consistency(config: RunConfig) -> None:
@@ -711,7 +496,6 @@ def check_levels(config: RunConfig) -> None:
     if levels[0].every != 1 or levels[0].write != "direct":
         raise ConfigError(f"{key}[0]: the first (fastest) level takes every checkpoint: set every: 1 and write: direct "
                           f"(got every: {levels[0].every}, write: {levels[0].write})")
-    from dlio_ckpt.storage import BACKENDS
 
     names: set[str] = set()
     folders: set[str] = set()
@@ -738,13 +522,6 @@ def check_level_paths(config: RunConfig) -> None:
     """Each level with a folder or backend of its own can serve the run's checkpoints: a local
     folder can be made and written, another backend is reachable and offers what the checkpoint
     format needs (nothing written)."""
-    from dlio_ckpt.config.needs import writes_checkpoints
-    from dlio_ckpt.config.paths import _file_in_the_way
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-    from dlio_ckpt.storage import make_backend
-    from dlio_ckpt.storage.base import CAPABILITY_MEANING
-    from dlio_ckpt.local_fs import nearest_existing, system_folder
-
     for number, level in enumerate(config.checkpoint.levels if writes_checkpoints(config) else ()):
         key = f"checkpoint.levels[{number}]"
         name = level.backend or config.storage.backend

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.formats import DATASET_FORMATS
+from dlio_ckpt.plan.checkpoint_formats import format_spec
 from dlio_ckpt.storage.base import CAPABILITY_MEANING, Capabilities
 
 
@@ -28,9 +30,6 @@ def writes_checkpoints(config: Any) -> bool:
 
 def storage_needs(config: Any) -> list[tuple[str, frozenset[str]]]:
     """(the setting that needs it, capabilities) for every storage-dependent part of the run."""
-    from dlio_ckpt.formats import DATASET_FORMATS
-    from dlio_ckpt.plan.checkpoint_formats import format_spec
-
     needs: list[tuple[str, frozenset[str]]] = []
     dataset_format = DATASET_FORMATS.load(config.dataset.format)
     if writes_dataset(config):

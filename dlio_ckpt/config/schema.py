@@ -304,13 +304,6 @@ class CheckpointConfig:
         require(self.update_chunk_bytes >= 8 and self.update_chunk_bytes % 8 == 0,
                 f"{key}update_chunk_bytes: must be a multiple of 8 bytes (got {self.update_chunk_bytes})")
         require(self.learning_rate > 0, f"{key}learning_rate: must be positive (got {self.learning_rate})")
-        if self.update == "files":
-            from dlio_ckpt.state.trajectory import trajectory_steps
-
-            try:
-                trajectory_steps(self.update_files)
-            except ValueError as exc:
-                require(False, str(exc))  # names checkpoint.update_files and what to do
         require(0 < self.overhead_bound < 1, f"{key}overhead_bound: a fraction of training time, between 0 and 1 (got {self.overhead_bound})")
         require(self.profile_steps >= 2, f"{key}profile_steps: the probe needs at least one timed step before it (got {self.profile_steps})")
         for name in ("steps_between_checkpoints", "epochs_between_checkpoints", "checkpoint_after_epoch",

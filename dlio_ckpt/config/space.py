@@ -18,8 +18,14 @@ import json
 import math
 import os
 
+from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.formats import get_format
+from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
+from dlio_ckpt.plan.dataset import plan_dataset
+from dlio_ckpt.plan.levels import placement
+from dlio_ckpt.storage import make_backend
 from dlio_ckpt.storage.base import StorageBackend
 
 # Tests stand for a small disk with this (bytes); unset, the file system is asked.
@@ -35,8 +41,6 @@ def dataset_bytes_to_write(config: RunConfig, storage: StorageBackend) -> int:
     manifest read through `storage`, where generation would have written it) or none is needed."""
     if config.mode not in ("train", "generate") or config.workload == "replay" or not config.generate.enabled:
         return 0
-    from dlio_ckpt.formats import get_format
-    from dlio_ckpt.plan.dataset import plan_dataset
 
     plan = plan_dataset(config, get_format(config.dataset.format).extension)
     try:
@@ -64,8 +68,6 @@ def checkpoints_written(config: RunConfig, world_size: int) -> int:
     elif not ck.enabled:
         return 0
     else:
-        from dlio_ckpt.checkpoint.triggers import Triggers
-
         ds, reader = config.dataset, config.reader
         share = ds.num_files_train * ds.num_samples_per_file // max(world_size, 1)
         per_epoch = share // reader.batch_size if reader.drop_last else math.ceil(share / reader.batch_size)
@@ -86,8 +88,6 @@ LEVEL_COUNT_LIMIT = 100_000
 def kept_per_level(config: RunConfig, world_size: int) -> list[int]:
     """checkpoint.levels: how many checkpoints each level holds at once, at most: those SCR's rule
     sends to it (a flushed level's also on the first level), up to the level's keep_last."""
-    from dlio_ckpt.plan.levels import placement
-
     levels = config.checkpoint.levels
     counts = [0] * len(levels)
     intervals, flushed = [lv.every for lv in levels], [lv.write == "flush" for lv in levels]
@@ -102,8 +102,6 @@ def kept_per_level(config: RunConfig, world_size: int) -> list[int]:
 
 def _check_level_space(config: RunConfig, kept: list[int], each: int) -> None:
     """Each level with a folder of its own (a RAM disk, a local SSD) holds its checkpoints there."""
-    from dlio_ckpt.storage import make_backend
-
     for number, (level, count) in enumerate(zip(config.checkpoint.levels, kept)):
         if not level.path or not count:
             continue
@@ -120,8 +118,6 @@ def _check_level_space(config: RunConfig, kept: list[int], each: int) -> None:
 
 
 def checkpoint_bytes(config: RunConfig, world_size: int) -> int:
-    from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
-
     plan = build_checkpoint_plan(config, world_size)
     return plan.encoded_bytes() or plan.total_bytes
 
@@ -137,8 +133,6 @@ def check_free_space(config: RunConfig, world_size: int, free_bytes: int | None 
         return
     root = os.path.abspath(config.storage.root)
     if storage is None:
-        from dlio_ckpt.storage import make_backend
-
         storage = make_backend(config.storage, root)
     kept = checkpoints_kept(config, world_size)
     if config.checkpoint.levels and kept:  # levels with folders of their own are checked there

@@ -1,6 +1,6 @@
 """Workloads from the user's own files: `workload=PATH`, `--config-dir DIR`, `dlio_config=PATH`.
 
-The shipped library is registered as the Hydra group `workload` (config/load.py). A user's file
+The shipped library is registered as the Hydra group `workload` (config/groups.py). A user's file
 joins the same group under its file name, so it composes, scales and takes overrides exactly as
 a shipped workload does; the command line is rewritten to name it (`workload=NAME`). A DLIO
 benchmark YAML is converted first (config/dlio_import.py). Every file is checked here, before
@@ -10,89 +10,21 @@ Hydra sees it, so that a bad file gives one line naming the file and the key, ex
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from dlio_ckpt.config.dlio_import import import_file
+from dlio_ckpt.config.groups import override_values, parse_overrides, workload_names
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.config.typed import all_keys, convert
+from dlio_ckpt.config.yaml_files import dotted_leaves, file_name, parse_yaml, read_yaml_text
 from dlio_ckpt.errors import ConfigError, close_match
 
 GROUP = "workload"
 DLIO_KEY = "dlio_config"
 # Keys a workload file may hold besides RunConfig's: the per-accelerator table (config/accelerators.py).
 EXTRA_TOP_KEYS = ("accelerators",)
-
-
-# A workload file is a few levels deep (model.parallelism.tensor), a few hundred values and a few
-# KiB. These bounds refuse a file nested past any workload (5,000 levels was a RecursionError in the
-# YAML parser) or one whose YAML aliases multiply a few lines into billions of values (each alias
-# is the same object until something copies or walks it), before anything walks it recursively.
-MAX_YAML_DEPTH = 32
-MAX_YAML_VALUES = 100_000
-MAX_YAML_BYTES = 16 << 20
-
-
-def read_yaml_text(path: Path) -> str:
-    """The text of a user's YAML file, refused (one line) past MAX_YAML_BYTES or when not text."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_YAML_BYTES:
-            raise ConfigError(f"{path}: {size:,} bytes; a workload file is a few KiB (at most {MAX_YAML_BYTES >> 20} MiB here)")
-        return path.read_text()
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file; give a workload YAML") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror}); give a readable workload YAML") from None
-
-
-def parse_yaml(text: str, path: Path | str) -> Any:
-    """yaml.safe_load of a user's file, then check_yaml_shape; one line on any YAML error."""
-    import yaml
-
-    try:
-        node = yaml.safe_load(text)
-    except RecursionError:
-        raise ConfigError(f"{path}: nested more than Python can parse; a workload file is a few levels deep "
-                          f"(at most {MAX_YAML_DEPTH} here)") from None
-    except yaml.YAMLError as exc:
-        first = " ".join(str(exc).split())[:200]
-        raise ConfigError(f"{path}: not valid YAML ({first}); give a workload YAML") from None
-    check_yaml_shape(node, path)
-    return node
-
-
-def check_yaml_shape(node: Any, path: Path | str) -> None:
-    """ConfigError when a parsed YAML document is nested deeper than MAX_YAML_DEPTH or holds more
-    than MAX_YAML_VALUES values, aliases counted each time they are used (so a "billion laughs"
-    file stops here after MAX_YAML_VALUES steps). Walked with a stack, not recursion."""
-    stack = [(node, 0)]
-    values = 0
-    while stack:
-        value, depth = stack.pop()
-        values += 1
-        if values > MAX_YAML_VALUES:
-            raise ConfigError(f"{path}: more than {MAX_YAML_VALUES:,} values (YAML aliases counted where used); "
-                              "a workload file holds a few hundred")
-        if isinstance(value, dict):
-            children: Iterable[Any] = (*value.keys(), *value.values())
-        elif isinstance(value, (list, tuple)):
-            children = value
-        else:
-            continue
-        if depth >= MAX_YAML_DEPTH:
-            raise ConfigError(f"{path}: nested more than {MAX_YAML_DEPTH} levels deep; a workload file is a few "
-                              "levels deep (model.parallelism.tensor)")
-        stack.extend((child, depth + 1) for child in children)
-
-
-def registered_names() -> list[str]:
-    """Names of the workload group in Hydra's ConfigStore (shipped and user files)."""
-    from hydra.core.config_store import ConfigStore
-
-    group = ConfigStore.instance().repo.get(GROUP, {})
-    return sorted(name.removesuffix(".yaml") for name in group)
 
 
 def _field_type(key: str) -> Any:
@@ -105,19 +37,6 @@ def _field_type(key: str) -> Any:
         hint = typing.get_type_hints(cls)[part]
         cls = hint
     return None if dataclasses.is_dataclass(hint) else hint
-
-
-def dotted_leaves(node: Mapping[str, Any], prefix: str = "", opaque: Iterable[str] = ()) -> list[tuple[str, Any]]:
-    """(dotted key, value) of every leaf; a mapping named in `opaque` (or an empty one) is a leaf."""
-    opaque = set(opaque)
-    leaves = []
-    for key, value in node.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and name not in opaque:
-            leaves.extend(dotted_leaves(value, name + ".", opaque))
-        else:
-            leaves.append((name, value))
-    return leaves
 
 
 def check_workload_node(node: Any, path: str) -> None:
@@ -150,10 +69,6 @@ def _load_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
-def file_name(path: str | Path) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "_", Path(path).stem) or "workload"
-
-
 def register_node(name: str, node: Mapping[str, Any]) -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
@@ -169,8 +84,6 @@ def register_file(path: str | Path) -> str:
     node = _load_yaml(file)
     check_workload_node(node, str(path))
     name = file_name(file)
-    from dlio_ckpt.config.load import workload_names
-
     if name in workload_names():  # the shipped library is registered again at each compose
         name = f"{name}_user"
     node = dict(node)
@@ -193,10 +106,6 @@ def register_config_dirs(folders: Sequence[str]) -> None:
 
 def register_dlio(path: str) -> tuple[str, str]:
     """Convert a DLIO workload YAML and add it to the workload group: (name, warning line or "")."""
-    from dlio_ckpt.config.dlio_import import import_file
-
-    from dlio_ckpt.config.load import workload_names
-
     result = import_file(path)
     node = result.workload()
     name = result.name if result.name not in workload_names() else f"{result.name}_dlio"
@@ -211,10 +120,8 @@ def _is_path(value: str) -> bool:
 
 def resolve(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """Register the files the command line names and return (overrides naming them, warning lines)."""
-    from dlio_ckpt.config.load import _parse, override_values
-
     register_config_dirs(config_dirs)
-    parsed = _parse(overrides)
+    parsed = parse_overrides(overrides)
     out: list[str] = []
     warnings: list[str] = []
     dlio_names: list[str] = []

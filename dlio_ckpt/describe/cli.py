@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from dlio_ckpt.describe.readers import read_tensors
+from dlio_ckpt.describe.section import model_section, to_yaml
 from dlio_ckpt.errors import USAGE_EXIT_CODE, UserError
 from dlio_ckpt.local_output import write_text_whole
 
@@ -23,8 +25,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--name", default="", help="model.name (default: the checkpoint's file name)")
     parser.add_argument("-o", "--output", help="write the section here (default: standard output)")
     args = parser.parse_args(argv)
-    from dlio_ckpt.describe.readers import read_tensors
-    from dlio_ckpt.describe.section import model_section, to_yaml
 
     path = Path(args.checkpoint)
     out = Path(args.output) if args.output else None

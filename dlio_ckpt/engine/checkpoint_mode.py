@@ -14,7 +14,7 @@ import time
 from statistics import mean
 from typing import Any
 
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.report import GIB, checkpoint_summary
 from dlio_ckpt.errors import RunFailure
 from dlio_ckpt.metrics.mlperf import RULE, mlperf_figures

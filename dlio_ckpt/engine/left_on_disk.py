@@ -18,6 +18,7 @@ from typing import Any
 from dlio_ckpt.engine.dataset_claim import CLAIM_NAME
 from dlio_ckpt.engine.ownership import LEASE, OWNER_MARKER
 from dlio_ckpt.plan.dataset import MANIFEST_NAME
+from dlio_ckpt.storage import make_backend
 
 # the small files beside a dataset's data: its manifest and the runs' own markers (ownership, lease, claim)
 DATASET_SIDE_FILES = (MANIFEST_NAME, OWNER_MARKER, LEASE, CLAIM_NAME)
@@ -40,8 +41,6 @@ def tree_bytes(backend: Any, folder: str) -> int:
 def left_on_disk(config: Any, created: dict[str, Any], dataset: dict[str, Any] | None, run_dir: Path) -> dict[str, Any]:
     """summary.json's `left_on_disk`: the dataset (its size on disk, and whether this run made it),
     each checkpoint folder this run wrote and its bytes, the total this run left, and the clean command."""
-    from dlio_ckpt.storage import make_backend
-
     folders = []
     if created.get("checkpoints"):
         folders.append((created["checkpoints"], config.storage))

@@ -16,6 +16,7 @@ program's I/O: they go through the untraced backend.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -24,12 +25,31 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from dlio_ckpt.engine.relaunch import check_relaunch, give_back_note
 from dlio_ckpt.errors import RunFailure, UserError, storage_failure
+from dlio_ckpt.storage import make_backend
 
 RUN_MARKER = ".dlio_ckpt_run_id"  # in the run folder: {"run_id"}
 OWNER_MARKER = ".dlio_ckpt_owner"  # in each folder the run created under storage.root
 LEASE = ".dlio_ckpt_lease"  # in a dataset folder: shared flock while a run uses it
 MARKER_MAX_BYTES = 4096
+
+
+def created_paths(config: Any, checkpoint_root: str | None, dataset: dict[str, Any] | None) -> dict[str, Any]:
+    """summary.json `created`: what this run created (a record for people and tools; clean itself
+    decides from the markers on disk). Its checkpoint folder (not in mode=restore, which reads an
+    earlier run's), the dataset folder when it generated rather than reused it, and its folder in
+    each checkpoint level that has a folder of its own."""
+    ours = checkpoint_root if checkpoint_root and config.mode != "restore" else None
+    return {
+        "storage_root": os.path.abspath(config.storage.root),
+        "checkpoints": ours,
+        "dataset": dataset["folder"] if dataset and not dataset.get("reused") else None,
+        "checkpoint_levels": [{"folder": os.path.abspath(level.path),
+                               "checkpoints": os.path.join(os.path.abspath(level.path), os.path.basename(ours)),
+                               "backend": level.backend or config.storage.backend}
+                              for level in config.checkpoint.levels if level.path] if ours else [],
+    }
 
 
 def owner_record(run_id: str, run_dir: Path, what: str) -> dict[str, Any]:
@@ -203,10 +223,6 @@ def own_checkpoint_folders(config: Any, run_id: str) -> list[tuple[Any, str, str
     """(untraced backend, folder, what) for each checkpoint folder this run writes: its own under
     storage.root and its folder in each checkpoint level with a folder of its own. None in
     mode=restore (it reads an earlier run's) or without checkpoints."""
-    import dataclasses
-
-    from dlio_ckpt.storage import make_backend
-
     if config.mode not in ("train", "checkpoint") or config.workload == "replay" or not config.checkpoint.enabled:
         return []
     root = os.path.abspath(os.path.join(config.storage.root, config.checkpoint.folder, run_id))
@@ -223,8 +239,6 @@ def claim_run(config: Any, run_dir: Path, run_id: str, world_size: int, make_roo
     """Rank 0, first thing in a run: a relaunch is checked against the run it resumes, then
     `make_root` (storage.root made where missing, before anything is written under it), then the
     run folder's marker and this run's checkpoint folders, each marked as its own."""
-    from dlio_ckpt.engine.failures import check_relaunch, give_back_note
-
     try:
         check_relaunch(run_dir, config, world_size)
         if make_root is not None:

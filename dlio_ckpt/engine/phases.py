@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import subprocess
 from functools import partial
 from typing import Any, Callable
 
 import psutil
 
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.base import NoCheckpoints
 from dlio_ckpt.checkpoint.registry import strategy_declares
+from dlio_ckpt.checkpoint.levels_report import levels_summary
+from dlio_ckpt.checkpoint.report import checkpoint_summary
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.generate import ensure_dataset, format_options
 from dlio_ckpt.engine.ownership import DatasetLease
+from dlio_ckpt.engine.page_cache import drop_page_cache
 from dlio_ckpt.engine.train import run_training
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats import get_format
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.goodput import FAILURE_SECTIONS, failure_section
 from dlio_ckpt.plan.dataset import plan_dataset
+from dlio_ckpt.plan.layouts import writing_ranks
 
 GIB = float(1 << 30)
 
@@ -37,21 +41,9 @@ def page_cache_warning(dataset_bytes: int, direct_io: bool, dropped: bool) -> st
     )
 
 
-def drop_page_cache() -> str | None:
-    """Write back dirty pages and drop the page cache; returns why it failed, or None."""
-    try:
-        subprocess.run(["sync"], check=False)
-        with open("/proc/sys/vm/drop_caches", "w") as control:
-            control.write("3\n")
-    except OSError as exc:
-        return f"could not drop the page cache ({exc.strerror}; it needs root): reads may be served from memory"
-    return None
-
-
 def make_checkpoints(ctx: RunContext) -> Any:
     if not ctx.config.checkpoint.enabled:
         return NoCheckpoints()
-    from dlio_ckpt.checkpoint import make_checkpoint_engine
 
     return make_checkpoint_engine(ctx)
 
@@ -66,7 +58,6 @@ def single_writer_note(ctx: RunContext, checkpoints: Any) -> str | None:
     plan = getattr(checkpoints, "plan", None)
     if plan is None or ctx.world.size < 2 or strategy_declares(strategy, "gathers_to_one_writer"):
         return None
-    from dlio_ckpt.plan.layouts import writing_ranks
 
     writers = int(writing_ranks(plan.model).sum())  # not every rank's file list: that is N^2 over the job
     if writers != 1:
@@ -191,13 +182,9 @@ def _checkpoint_section(config: Any) -> Callable[[list[dict[str, Any]]], dict[st
     the slowest rank's, from the gathered records)."""
 
     def build(everyone: list[dict[str, Any]]) -> dict[str, Any]:
-        from dlio_ckpt.checkpoint.report import checkpoint_summary
-
         wall = max(r["train_wall_s"] for r in everyone)
         summary = checkpoint_summary([r["checkpoints"] for r in everyone], [r["restore"] for r in everyone], wall, config)
         if config.checkpoint.levels:
-            from dlio_ckpt.checkpoint.levels_report import levels_summary
-
             summary["levels"] = levels_summary([r.get("levels") for r in everyone])
         summary["policy"] = everyone[0]["policy"]  # every rank derives the same interval from the same numbers
         return summary

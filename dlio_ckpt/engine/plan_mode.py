@@ -12,8 +12,10 @@ from pathlib import Path
 
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.metrics.bandwidth import required_read_bandwidth
-from dlio_ckpt.metrics.report import log_report, plain_table, plural
+from dlio_ckpt.metrics.report import log_report, plain_table
+from dlio_ckpt.metrics.words import plural
 from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
+from dlio_ckpt.plan.durability import resolve_durability
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
@@ -30,8 +32,6 @@ def plan_world_size(config: RunConfig) -> int:
 
 
 def build_plan_report(config: RunConfig) -> dict:
-    from dlio_ckpt.plan.durability import resolve_durability
-
     start = time.perf_counter()
     world = plan_world_size(config)
     plan = build_checkpoint_plan(config, world)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from dlio_ckpt.engine import tf_reader
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions, SampleReader, Scratch
 from dlio_ckpt.plan.read import Batch, EpochReadPlan, transfer_end, transfer_requests
 
@@ -187,8 +188,6 @@ class TensorFlowReader:
     def __init__(self, storage: Any, files: tuple[FileSpec, ...], reader_config: Any, seed: int) -> None:
         """Imports TensorFlow here, before training starts its clock, as a TensorFlow job has it
         loaded before its first step: its import (~4.6 s here) is not time spent waiting for data."""
-        from dlio_ckpt.engine import tf_reader
-
         tf_reader.load_tensorflow()
         self._module = tf_reader
         self._storage = storage

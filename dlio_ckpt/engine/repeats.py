@@ -31,9 +31,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dlio_ckpt.engine.left_on_disk import left_on_disk
 from dlio_ckpt.metrics import mlperf
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import print_report
+from dlio_ckpt.storage import make_backend
 from dlio_ckpt.world import World
 
 # The figures compared over repeats: summary.json paths, present when the run produced them.
@@ -123,7 +125,6 @@ def _remove_checkpoints(config: Any, run_id: str) -> None:
     """This run's checkpoint folder, through the storage backend without tracing (no emulated I/O)."""
     if config.mode == "restore":
         return
-    from dlio_ckpt.storage import make_backend
 
     folder = os.path.abspath(os.path.join(config.storage.root, config.checkpoint.folder, run_id))
     backend = make_backend(config.storage)
@@ -155,7 +156,6 @@ def run_repeats(world: World, config: Any, run_dir: Path, run_id: str,
     if not world.is_root:
         return None
     combined = combine(runs, run_dir, config.dataset.record_length_bytes)
-    from dlio_ckpt.engine.left_on_disk import left_on_disk
 
     combined["left_on_disk"] = left_on_disk(config, combined["created"], combined.get("dataset"), run_dir)  # all repeats'
     summaries.write_summary(run_dir, combined)

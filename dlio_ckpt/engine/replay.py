@@ -29,7 +29,8 @@ import numpy as np
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.metrics.replay_compare import side
 from dlio_ckpt.metrics.timing import phase_busy_seconds
-from dlio_ckpt.plan.replay import READ, WRITE, ReplayPlan, load_replay_plan
+from dlio_ckpt.plan.replay import READ, WRITE, ReplayPlan
+from dlio_ckpt.plan.replay_log import load_replay_plan
 
 REPLAY_FOLDER = "replay"
 _SEED_OFFSET = 0x5EED  # replay contents differ from the dataset's, whatever the seed

@@ -21,6 +21,7 @@ import numpy as np
 import xxhash
 
 from dlio_ckpt.plan.resume import batch_digest, order_digest
+from dlio_ckpt.state.rank_state import RankState
 
 
 def _state_holder(checkpoints: Any) -> Any:
@@ -55,7 +56,6 @@ def truth_state_factory(checkpoints: Any) -> tuple[Callable[[], Any] | None, tup
     holder = _state_holder(checkpoints)
     if holder is None:
         return None, ()
-    from dlio_ckpt.state.rank_state import RankState
 
     files = holder.plan.files_by_rank[holder.world.rank]
     return (lambda: RankState(files, holder.cfg, holder.config.seed, holder.source, layout=holder.plan.files_by_rank)), files
@@ -178,25 +178,3 @@ class ResumeChecks:
         self.samples_checked = int(data["samples_checked"])
         self.states_checked = int(data["states_checked"])
         self.restores = int(data["restores"])
-
-
-def resume_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """summary.json `resume`, from every rank's ResumeChecks.local()."""
-    found = [r["divergence"] for r in ranks if r["divergence"]]
-    first = min(found, key=lambda d: (d["step"], d["rank"])) if found else None
-    restored = any(r["restores"] for r in ranks)
-    steps = sorted({int(s) for r in ranks for s in r["state_digests"]})
-    combined = {}
-    for step in steps:
-        hasher = xxhash.xxh3_128()
-        for r in ranks:
-            hasher.update(f"{r['state_digests'].get(str(step), '')};".encode())
-        combined[str(step)] = hasher.hexdigest()
-    return {
-        "deterministic": (first is None) if restored else None,  # None: no restart happened, nothing to check
-        "first_divergence": first,
-        "samples_checked": sum(r["samples_checked"] for r in ranks),
-        "states_checked": sum(r["states_checked"] for r in ranks),
-        "sample_order_digests": [r["sample_order_digest"] for r in ranks],
-        "checkpoint_state_digests": combined,
-    }

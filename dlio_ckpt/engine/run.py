@@ -13,19 +13,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlio_ckpt.clean import created_paths
 from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.engine.checkpoint_mode import run_checkpoint_mode, run_restore_mode
 from dlio_ckpt.engine.context import RunContext
-from dlio_ckpt.engine.ownership import claim_run
 from dlio_ckpt.engine.left_on_disk import left_on_disk
+from dlio_ckpt.engine.ownership import claim_run, created_paths
+from dlio_ckpt.engine.phases import run_training_phases
+from dlio_ckpt.engine.plan_mode import run_plan_mode
+from dlio_ckpt.engine.repeats import run_repeats
+from dlio_ckpt.engine.replay import run_replay
 from dlio_ckpt.local_fs import file_system
 from dlio_ckpt.memory import peak_rss_bytes
 from dlio_ckpt.metrics import latency, mlperf
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import log_report, print_report
 from dlio_ckpt.storage import backend_class, make_backend
-from dlio_ckpt.storage.events import EventRecorder, JobClock
+from dlio_ckpt.storage.events import EventRecorder, JobClock, load_run_events
 from dlio_ckpt.storage.traced import TracedStorage
+from dlio_ckpt.trace.darshan_writer import JobInfo
+from dlio_ckpt.trace.outputs import write_trace_outputs
 from dlio_ckpt.world import World
 
 
@@ -47,6 +53,7 @@ def announce_new_root(world: World, config: RunConfig) -> None:
     root = os.path.abspath(config.storage.root)
     if os.path.isdir(root):
         return
+
     os.makedirs(root, exist_ok=True)
     note = (f"dlio_ckpt: note: storage.root {root} did not exist; created it, on {file_system(root)} "
             "(check storage.root if you meant an existing folder)")
@@ -61,8 +68,6 @@ def run_job(world: World, config: RunConfig, run_dir: Path, run_id: str, darshan
     this run, so no emulated Darshan log is written beside its log.
     """
     if config.run.repeats > 1:
-        from dlio_ckpt.engine.repeats import run_repeats
-
         return run_repeats(world, config, run_dir, run_id, lambda folder, report: run_once(
             world, config, folder, run_id, darshan_runtime, report=report))
     return run_once(world, config, run_dir, run_id, darshan_runtime)
@@ -74,8 +79,6 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     start = time.perf_counter()
     if config.mode == "plan":
-        from dlio_ckpt.engine.plan_mode import run_plan_mode
-
         return run_plan_mode(config, run_dir) if world.is_root else None
 
     # before anything under storage.root: a relaunch's checks, then the root (made and announced), the markers
@@ -85,20 +88,12 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
     local: dict[str, Any] = {"rank": world.rank, "hostname": socket.gethostname(), **mlperf.host_resources()}
     warnings: list[str] = []
     if config.workload == "replay":
-        from dlio_ckpt.engine.replay import run_replay
-
         local["replay"] = run_replay(ctx)
     elif config.mode == "checkpoint":
-        from dlio_ckpt.engine.checkpoint_mode import run_checkpoint_mode
-
         sections["checkpoint"] = run_checkpoint_mode(ctx)
     elif config.mode == "restore":
-        from dlio_ckpt.engine.checkpoint_mode import run_restore_mode
-
         sections["checkpoint"] = run_restore_mode(ctx)
     else:
-        from dlio_ckpt.engine.phases import run_training_phases
-
         phase_sections, phase_local, phase_warnings = run_training_phases(ctx)
         sections.update(phase_sections)
         local.update(phase_local)
@@ -152,9 +147,6 @@ def _write_traces(ctx: RunContext, everyone: list[dict[str, Any]], darshan_runti
     traces: dict[str, Any] = {"events": "events" if config.trace.events else None, "darshan": None, "chrome": None}
     if not (config.trace.darshan or config.trace.chrome or darshan_runtime is not None):
         return traces
-    from dlio_ckpt.storage.events import load_run_events
-    from dlio_ckpt.trace.darshan_writer import JobInfo
-    from dlio_ckpt.trace.outputs import write_trace_outputs
 
     ranks = load_run_events(ctx.run_dir)
     job = JobInfo.for_run(ctx.world.size, ctx.clock.job_start_wall, time.time(), [r["hostname"] for r in everyone],

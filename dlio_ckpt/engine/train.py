@@ -28,9 +28,9 @@ from dlio_ckpt.checkpoint.policy import make_policy
 from dlio_ckpt.engine.compute import ComputeModel
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.failures import (FailureInjector, InjectedFailure, RestartExit, drop_state, fail_and_restore,
-                                       mark_note_done, perturb_state, read_resumed_note, restore_for_restart,
-                                       restored_step, write_resume_note)
+                                       perturb_state, restore_for_restart, restored_step)
 from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader, TransferReader
+from dlio_ckpt.engine.relaunch import mark_note_done, read_resumed_note, write_resume_note
 from dlio_ckpt.engine.resume_checks import ResumeChecks, UninterruptedRun, state_digest, truth_state_factory
 from dlio_ckpt.engine.workers import ProcessReader, workers_fork
 from dlio_ckpt.errors import RunFailure

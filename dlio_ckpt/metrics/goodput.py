@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dlio_ckpt.metrics.resume import resume_section
+
 
 @dataclass
 class Ledger:
@@ -108,8 +110,6 @@ def failure_section(key: str, ranks: list[dict[str, Any]]) -> Any:
 def failure_sections(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The top-level summary sections of issue 10 that every training run has: `goodput`,
     `time_accounting` (where the slowest rank's training wall time went), `failures`, `resume`."""
-    from dlio_ckpt.engine.resume_checks import resume_section
-
     accounting = goodput_section([r["ledger"] for r in ranks])
     return {"goodput": accounting.pop("goodput"), "time_accounting": accounting,
             "failures": failures_section(ranks), "resume": resume_section([r["resume"] for r in ranks])}

@@ -6,18 +6,15 @@ import logging
 import sys
 from typing import Any
 
-from dlio_ckpt.checkpoint.registry import strategy_declares
+from dlio_ckpt.checkpoint.strategy_registry import strategy_declares
+from dlio_ckpt.metrics.checkpoint_rows import encoding_rows, writer_rows
 from dlio_ckpt.metrics.mlperf import metric_block, mlperf_rows
 from dlio_ckpt.metrics.replay_compare import comparison_rows
 from dlio_ckpt.metrics.utilisation import FEW_STEPS_PER_BLOCK
+from dlio_ckpt.metrics.words import plural
 
 MIB = float(1 << 20)
 GIB = float(1 << 30)
-
-
-def plural(count: int, noun: str) -> str:
-    """`1 rank`, `2 ranks`."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _train_rows(train: dict[str, Any], evaluation: dict[str, Any] | None,
@@ -107,8 +104,6 @@ def headline_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("checkpoint", f"{plural(ckpt['writes'], 'write')} of {ckpt['bytes'] / GIB:.3f} GiB, slowest rank "
                                    f"{ckpt['write_s_max']:.3f} s, {ckpt['write_gib_per_s']:.3f} GiB/s{verify}"))
         rows += async_persist_row(ckpt)
-        from dlio_ckpt.checkpoint.report import encoding_rows, writer_rows  # checkpoint/report.py uses plural() from here
-
         rows += writer_rows(ckpt)
         rows += encoding_rows(ckpt)
         rows += mlperf_rows(ckpt)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlio_ckpt.plan.model import TensorSpec
-from dlio_ckpt.registry import Registry
+from dlio_ckpt.registry import Registry, import_target
 
 
 def npy_header(numel: int, dtype: str) -> bytes:
@@ -117,6 +117,4 @@ def format_spec(name: str, layout: str | None = None) -> CheckpointFormatSpec:
 
 
 def _load(target: str) -> CheckpointFormatSpec:
-    from dlio_ckpt.registry import import_target
-
     return import_target(target)

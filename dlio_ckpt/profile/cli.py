@@ -18,6 +18,10 @@ from pathlib import Path
 
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
 from dlio_ckpt.local_output import write_text_whole
+from dlio_ckpt.profile.check import CheckFailed, run_check, table
+from dlio_ckpt.profile.profile import profile_logs
+from dlio_ckpt.profile.render import render
+from dlio_ckpt.profile.strace_input import written_bytes
 
 PROG = "dlio_ckpt-profile"
 
@@ -54,9 +58,6 @@ def expand(paths: list[Path]) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    from dlio_ckpt.profile.check import CheckFailed, run_check, table
-    from dlio_ckpt.profile.profile import profile_logs
-    from dlio_ckpt.profile.render import render
 
     try:
         if args.batch_size is not None and args.batch_size < 1:
@@ -64,7 +65,6 @@ def main(argv: list[str] | None = None) -> None:
         if args.output is not None and not args.output.parent.resolve().is_dir():
             raise UserError(f"-o {args.output}: {args.output.parent} is not a folder")
         logs = expand(args.logs)
-        from dlio_ckpt.profile.strace_input import written_bytes
 
         extra = written_bytes([q for p in args.strace for q in (sorted(p.glob("*")) if p.is_dir() else [p])])
         profile = profile_logs(logs, args.data_root, args.checkpoint_root, args.batch_size, extra)

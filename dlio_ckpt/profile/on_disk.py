@@ -19,6 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dlio_ckpt.describe.readers import read_tensors
+from dlio_ckpt.describe.section import model_section, section_bytes, to_yaml
+from dlio_ckpt.errors import UserError
+from dlio_ckpt.formats.tfrecord import masked_crc
+
 EXTENSIONS = {".npz": "npz", ".npy": "npy", ".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".h5": "hdf5",
               ".hdf5": "hdf5", ".hdf": "hdf5", ".bin": "raw", ".raw": "raw", ".dat": "raw"}
 MAX_TFRECORDS = 1_000_000  # records walked in one file before giving up (a bound, not a guess)
@@ -56,7 +61,6 @@ def sniff_format(path: str) -> str | None:
         size = file_size(path) or 0
         if 0 < length and 16 + length <= size:
             try:
-                from dlio_ckpt.formats.tfrecord import masked_crc
                 if masked_crc(head[:8]) == struct.unpack("<I", head[8:12])[0]:
                     return "tfrecord"
             except ImportError:
@@ -145,10 +149,6 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
 def checkpoint_model(path: str) -> tuple[str, int] | None:
     """The `model:` YAML of a checkpoint still on disk (describe-model's readers), and the bytes its
     tensors hold; None when it is gone or its library (torch, TensorFlow) is missing."""
-    from dlio_ckpt.describe.readers import read_tensors
-    from dlio_ckpt.describe.section import model_section, section_bytes, to_yaml
-    from dlio_ckpt.errors import UserError
-
     if not os.path.exists(path) and not os.path.exists(path + ".index"):  # a TensorFlow ckpt-N prefix
         return None
     try:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dlio_ckpt.analysis.darshan_logs import group_by_job, load_logs
 from dlio_ckpt.errors import UserError
+from dlio_ckpt.trace.darshan_input import captured_c_stderr
 
 SEGMENT = np.dtype([("write", "?"), ("offset", "i8"), ("length", "i8"), ("start", "f8"), ("end", "f8")])
 
@@ -87,8 +89,6 @@ class Job:
 
 def load_job(paths: list[Path]) -> Job:
     """The one job the logs hold; UserError naming a log for damaged logs or logs of two jobs."""
-    from dlio_ckpt.analysis.darshan_logs import group_by_job, load_logs
-
     logs = load_logs(paths)
     groups = _one_run(group_by_job(logs))
     processes: list[Process] = []
@@ -127,8 +127,6 @@ def _one_run(groups: list[list]) -> list[list]:
 
 
 def _log_files(log) -> dict[int, dict[str, FileUse]]:
-    from dlio_ckpt.trace.darshan_input import captured_c_stderr
-
     report, t0 = log.report, log.start
     names = dict(report.name_records)
     out: dict[int, dict[str, FileUse]] = {}

@@ -19,12 +19,12 @@ from typing import Iterator
 
 import numpy as np
 
-from dlio_ckpt.checkpoint.fileio import tensor_key
-from dlio_ckpt.content import ByteSource
+from dlio_ckpt.content import ByteSource, tensor_key
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.registry import Registry
 from dlio_ckpt.state.filestate import FileState, float_dtype, make_finite
 from dlio_ckpt.state.mlp_trace import MlpTrace
+from dlio_ckpt.state.trajectory import Trajectory
 from dlio_ckpt.state.units import move_units, rewrite_units
 from dlio_ckpt.state.values import CHUNK_VALUES, INIT_STD, NoiseWalk, ValuePool, walk_size
 
@@ -312,8 +312,6 @@ class FilesModel:
     stored = True
 
     def __init__(self, cfg, seed: int, source: ByteSource) -> None:
-        from dlio_ckpt.state.trajectory import Trajectory
-
         self._cfg = cfg
         self._source = source
         self._trajectory = Trajectory(cfg.update_files)

@@ -5,7 +5,8 @@ the total memory of the client hosts (so the page cache cannot hold it), and an 
 least 500 steps on all the accelerators. This answers that question for any workload and writes
 nothing: no run folder, no data, one line (or one JSON object) on stdout. The line also says which
 MLPerf Storage v3.0 division would accept the run (config/mlperf_rules.py: model, accelerator and
-the keys the command line changed).
+the keys the command line changed). A command beside the loader it composes with, not part of the
+engine: it runs nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from dlio_ckpt.config.groups import override_values, parse_overrides
+from dlio_ckpt.config.load import check_override_keys, compose_each, expand_sweep, explicit_keys, to_run_config
+from dlio_ckpt.config.mlperf_rules import division
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
 
@@ -56,8 +60,6 @@ class DatasizeAnswer:
 def size_dataset(config: RunConfig, host_memory_bytes: int, changed: Sequence[str] = ()) -> DatasizeAnswer:
     """The answer for `config`; `host_memory_bytes` stands in when datasize.client_memory_bytes is 0;
     `changed`: the config keys the command line set (they decide the v3.0 division)."""
-    from dlio_ckpt.config.mlperf_rules import division
-
     rule, ds = config.datasize, config.dataset
     memory = rule.client_memory_bytes or host_memory_bytes
     required = math.ceil(rule.memory_multiple * rule.clients * memory)
@@ -84,9 +86,7 @@ def host_memory_bytes() -> int:
 
 def datasize_requested(overrides: Sequence[str]) -> bool:
     """True when the command line asks for mode=datasize (a sweep may not mix it with other modes)."""
-    from dlio_ckpt.config.load import _parse, override_values
-
-    for override in _parse(overrides):
+    for override in parse_overrides(overrides):
         if override.key_or_group != "mode":
             continue
         values = [str(v) for v in override_values(override)]
@@ -99,8 +99,6 @@ def datasize_requested(overrides: Sequence[str]) -> bool:
 
 def run_datasize_mode(overrides: Sequence[str], multirun: bool) -> list[str]:
     """The line (or JSON object) for every job of the command line; checks every key first."""
-    from dlio_ckpt.config.load import check_override_keys, compose_each, expand_sweep, explicit_keys, to_run_config
-
     check_override_keys(overrides)
     jobs = expand_sweep(overrides) if multirun else [list(overrides)]
     memory = host_memory_bytes()
