@@ -642,6 +642,19 @@ class CheckpointEngineImpl:
         self._resume.clear()
         self._last_step = -1  # steps after the restored one are trained (and due) again (helper-policy hook)
 
+    def tear(self, step: int) -> None:
+        """Collective: an injected failure struck while checkpoint `step` was being written, so its
+        commit never happened: its folder goes, manifest first. Through the untraced backend, as
+        a node's loss (levels.py): the failure's doing, not the program's I/O."""
+        self.world.barrier()
+        folder = self._own_folder(self.layout.folder(step)) if self.world.is_root else None
+        backend = getattr(self.storage, "inner", self.storage)
+        if folder is not None and backend.isdir(folder):
+            if backend.exists(os.path.join(folder, MANIFEST_NAME)):
+                backend.remove(os.path.join(folder, MANIFEST_NAME))
+            backend.remove_tree(folder)
+        self.world.barrier()
+
     def _read_manifest(self, folder: str, step: int, storage: Any = None) -> dict | str:
         """The checkpoint's manifest, validated (see manifest.py), or why the checkpoint is rejected."""
         storage = storage or self.restore_storage
