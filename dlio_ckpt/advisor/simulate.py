@@ -9,7 +9,7 @@ failure to failure (an event loop over failures, vectorised over replicates with
 failure it finds, per level, the newest copy that was durable before the failure (written, and its
 asynchronous flush finished), drops the levels the failure kind destroys, restarts from the newest
 surviving copy (downtime + that level's restore time) and goes on. A failure during a restart
-simply restarts again (as in Daly's model).
+restarts again once noticed (after the restart's first step, as dlio_ckpt's engine notices it).
 
 Model (docs/advisor.md has the whole list), with dlio_ckpt's own level rules (plan/levels.py, SCR):
 - a checkpoint is written every `interval_steps` steps; its number n is step / interval_steps
@@ -23,6 +23,11 @@ Model (docs/advisor.md has the whole list), with dlio_ckpt's own level rules (pl
 - a failure kind is "process" (memory lost) or "node" (a node and its node-local tier lost); a
   level survives the kinds up to its `survives` ("none", "process" or "node"). The restart takes
   the newest copy that survives, the cheaper restore on a tie, from scratch when none;
+- a failure strikes at its time: a checkpoint whose write it interrupts never counts (its commit
+  never happened), and the work since the newest surviving copy is lost. It is *noticed*, as
+  dlio_ckpt's engine notices a drawn failure (plan/failures.py), at the first step boundary at or
+  after its time, or at the end of the checkpoint write it struck: the time between is lost too
+  (a failure during a restart is thus noticed after the first step that follows it);
 - no checkpoint is written at the job's last step; goodput = useful iteration time / wall time.
 
 Failures come from a FailureTrace: exponential (or Weibull) gaps drawn once per seed in units of
@@ -90,6 +95,7 @@ class Outcome:
     failures: float
     restores_by_level: dict[str, float] = field(default_factory=dict)  # mean count per replicate; "scratch": none
     censored: float = 0.0  # share of replicates stopped at 4x the failure-free time (their work unfinished)
+    torn: float = 0.0  # failures that struck a checkpoint's write (never committed), per replicate
 
 
 @dataclass
@@ -99,12 +105,15 @@ class FailureTrace:
     Gaps are unit exponential draws; a System turns them into seconds (and Weibull gaps, through
     E ** (1 / shape)), so one trace serves every MTBF and every configuration. `at_steps`, when given,
     replaces the draws: failure j strikes right after the run computes step at_steps[j] (in order).
+    `at_s`, when given, replaces them by failure times in seconds of training wall time, as
+    `failures.mtbf_s` draws them for a measured run (plan/failures.py: failure_time).
     """
 
     replicates: int = 16
     seed: int = 0
     at_steps: tuple[int, ...] = ()
-    kinds: tuple[str, ...] = ()  # with at_steps: each failure's kind
+    kinds: tuple[str, ...] = ()  # with at_steps or at_s: each failure's kind
+    at_s: tuple[float, ...] = ()
     _gaps: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
     _uniform: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
     _chunks: int = 0
@@ -121,6 +130,9 @@ class FailureTrace:
             self._chunks += 1
 
     def gaps_s(self, system: System, j: int) -> np.ndarray:
+        if self.at_s:
+            gap = self.at_s[j] - (self.at_s[j - 1] if j else 0.0) if j < len(self.at_s) else math.inf
+            return np.full(self.replicates, gap)
         self.ensure(j + 1)
         unit = self._gaps[:, j]
         if system.weibull_shape != 1.0:
@@ -128,7 +140,7 @@ class FailureTrace:
         return unit * system.mtbf_s
 
     def node_failure(self, system: System, j: int) -> np.ndarray:
-        if self.at_steps:
+        if self.at_steps or self.at_s:
             return np.full(self.replicates, self.kinds[j] == "node" if j < len(self.kinds) else False)
         self.ensure(j + 1)
         return self._uniform[:, j] < system.node_fraction
@@ -184,6 +196,22 @@ class Timeline:
         j = np.searchsorted(self.cum, v - q * self.span, side="right") - 1
         return np.where(v < 0, -1, q.astype(np.int64) * self.period + np.minimum(j, self.period - 1))
 
+    def noticed(self, v: np.ndarray, start: np.ndarray, step_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """Where, in failure-free time, a failure that strikes at `v` is noticed by an attempt that
+        started at `start` (the V of its restored checkpoint): the first step end at or after `v`,
+        or the end of the checkpoint write `v` falls in; after the attempt's first step when `v`
+        is before its start (the failure struck during the restart). Also: whether it struck a write."""
+        v = np.asarray(v, dtype=float)
+        never = ~np.isfinite(v)  # no failure left: the attempt finishes
+        v = np.maximum(np.where(never, start, v), start)
+        n = self.last_before(v)
+        base = self.time_at(n)
+        into = v - base
+        steps = np.maximum(1.0, np.ceil(into / step_s - 1e-9))
+        in_write = (into > self.tau + 1e-12) & ~never
+        seen = np.where(in_write, self.time_at(n + 1), base + steps * step_s)
+        return np.where(never, np.inf, seen), in_write
+
     def newest_held(self, n: np.ndarray) -> np.ndarray:
         """For n of shape (rows, used levels): per column u, the newest checkpoint <= n that used
         level u holds (<= 0 when none)."""
@@ -216,6 +244,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     fail_at = np.zeros(r)
     restart = np.zeros(r)
     failures = np.zeros(r)
+    torn = np.zeros(r)
     restored = np.zeros((r, len(used) + 1))  # last column: from scratch
     wall = np.full(r, np.nan)
     active = np.ones(r, dtype=bool)
@@ -225,22 +254,25 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         start = line.time_at(n0)
         if trace.at_steps:
             fail_at = np.where(active, _replayed_failure(line, system, k, trace, j, t, n0), fail_at)
+            v_now = start + (fail_at - t)  # how far the attempt got, in failure-free time
+            v_seen, in_write = v_now, np.zeros(r, dtype=bool)  # a replayed failure strikes at a step boundary
         else:
             fail_at = fail_at + trace.gaps_s(system, j)
-        v_now = start + (fail_at - t)  # how far the attempt got, in failure-free time
+            v_now = start + (fail_at - t)
+            v_seen, in_write = line.noticed(v_now, start, system.step_s)
+        seen_at = t + (v_seen - start)  # wall time the failure is noticed: the restart starts here
         v_end = line.time_at(last_checkpoint) + tail_s
         finished = active & (v_now >= v_end)
         wall[finished] = (t + (v_end - start))[finished]
-        hopeless = active & ~finished & (fail_at > give_up_s)  # goodput under 25 %: censored here
-        wall[hopeless] = fail_at[hopeless]
+        hopeless = active & ~finished & (seen_at > give_up_s)  # goodput under 25 %: censored here
+        wall[hopeless] = seen_at[hopeless]
         censored |= hopeless
         finished |= hopeless
-        interrupted_restart = active & (fail_at < t)
-        restart[interrupted_restart] -= (t - fail_at)[interrupted_restart]
         active &= ~finished
         if not active.any():
             break
         failures += active
+        torn += active & in_write
         # per level, the newest copy written and flushed before the failure
         reached = line.newest_held(np.maximum(line.last_before(v_now[:, None] - flush[None, :]), 0))
         fresh = active[:, None] & (reached > n0[:, None]) & (reached <= last_checkpoint)
@@ -255,7 +287,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         restored[rows[active], np.where(from_scratch, len(used), choice)[active]] += 1
         restart = np.where(active, restart + cost, restart)
         n0 = np.where(active, np.where(from_scratch, 0, best), n0)
-        t = np.where(active, fail_at + cost, t)
+        t = np.where(active, seen_at + cost, t)
         j += 1
     useful = work_steps * system.step_s
     stalls = last_checkpoint * (line.span / line.period - line.tau)  # kept checkpoints x mean stall
@@ -273,6 +305,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         failures=float(failures.mean()),
         restores_by_level={name: float(restored[:, i].mean()) for i, name in enumerate(names)},
         censored=float(censored.mean()),
+        torn=float(torn.mean()),
     )
 
 
