@@ -28,7 +28,8 @@ Model (docs/advisor.md has the whole list), with dlio_ckpt's own level rules (pl
   dlio_ckpt's engine notices a drawn failure (plan/failures.py), at the first step boundary at or
   after its time, or at the end of the checkpoint write it struck: the time between is lost too
   (a failure during a restart is thus noticed after the first step that follows it);
-- no checkpoint is written at the job's last step; goodput = useful iteration time / wall time.
+- no checkpoint is written at the job's last step (`final_checkpoint`: one is, where the interval
+  divides it, as dlio_ckpt's fixed policy writes it); goodput = useful iteration time / wall time.
 
 Failures come from a FailureTrace: exponential (or Weibull) gaps drawn once per seed in units of
 the MTBF, shared by every configuration scored against it (common random numbers, so two
@@ -220,7 +221,7 @@ class Timeline:
         return q * self.period + self.newest[np.arange(n.shape[1])[None, :], j]
 
 
-def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -> Outcome:
+def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace, final_checkpoint: bool = False) -> Outcome:
     """Run the job `work_steps` steps long under `plan` against the failures of `trace`.
 
     Levels are chosen by the checkpoint's number, which after a restart goes on from the restored
@@ -233,7 +234,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     restore = np.array([system.levels[i].restore_s for i in used])
     survives = np.array([KINDS.index(system.levels[i].survives) for i in used])
     k = plan.interval_steps
-    last_checkpoint = (work_steps - 1) // k  # none at the last step
+    last_checkpoint = (work_steps if final_checkpoint else work_steps - 1) // k  # none at the last step unless asked
     tail_s = (work_steps - last_checkpoint * k) * system.step_s
     give_up_s = 4.0 * work_steps * system.step_s
     r = trace.replicates
