@@ -221,12 +221,15 @@ class Timeline:
         return q * self.period + self.newest[np.arange(n.shape[1])[None, :], j]
 
 
-def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace, final_checkpoint: bool = False) -> Outcome:
+def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace, final_checkpoint: bool = False,
+             give_up: float = 4.0) -> Outcome:
     """Run the job `work_steps` steps long under `plan` against the failures of `trace`.
 
     Levels are chosen by the checkpoint's number, which after a restart goes on from the restored
     checkpoint (SCR's fetch sets its id to the fetched one's; dlio_ckpt's levels do the same), so a
-    checkpoint redone after a restart goes to the level it went to before.
+    checkpoint redone after a restart goes to the level it went to before. A replicate still
+    running at `give_up` x the failure-free time stops there (censored); `final_checkpoint`: one is
+    written at the last step where the interval divides it.
     """
     line = Timeline(system, plan)
     used = line.used
@@ -236,7 +239,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace, f
     k = plan.interval_steps
     last_checkpoint = (work_steps if final_checkpoint else work_steps - 1) // k  # none at the last step unless asked
     tail_s = (work_steps - last_checkpoint * k) * system.step_s
-    give_up_s = 4.0 * work_steps * system.step_s
+    give_up_s = give_up * work_steps * system.step_s  # the search never wants such configurations
     r = trace.replicates
     rows = np.arange(r)
     t = np.zeros(r)  # wall time at which the current attempt starts computing
