@@ -57,24 +57,25 @@ def clock(monkeypatch):
     return counted
 
 
-def engine_run(tmp_path, clock) -> dict:
+def engine_run(tmp_path, clock, extra=()) -> dict:
     config = load_config([
         "workload=unet3d", "scale=tiny", f"dataset.num_files_train={STEPS}", "dataset.num_samples_per_file=1",
         "dataset.record_length_bytes=4KiB", "dataset.record_length_bytes_stdev=0", "dataset.record_length_bytes_min=1", "reader.batch_size=1",
         "train.epochs=1", "train.computation_time=0.001", "model.kind=explicit", "model.model_size_bytes=64KiB",
         "model.optimization_groups=[]", "model.layer_parameters=[]", "checkpoint.enabled=true",
         f"checkpoint.steps_between_checkpoints={INTERVAL}", "checkpoint.keep_last=0", "progress=false",
-        f"failures.mtbf_s={MTBF}", f"failures.seed={SEED}", "failures.kind=node", f"storage.root={tmp_path / 'store'}"])
+        f"failures.mtbf_s={MTBF}", f"failures.seed={SEED}", "failures.kind=node", f"storage.root={tmp_path / 'store'}",
+        *extra])
     (tmp_path / "run").mkdir()
     run_job(World.serial(), config, tmp_path / "run", "torn-writes")
     return json.loads((tmp_path / "run" / "summary.json").read_text())
 
 
-def simulated(failures: int):
-    system = System(step_s=STEP, mtbf_s=MTBF, levels=(Level("shared", WRITE, 0.0, 0.0, "node"),), downtime_s=RESTART)
+def simulated(failures: int, levels=(Level("shared", WRITE, 0.0, 0.0, "node"),), every=(1,), kind="node"):
+    system = System(step_s=STEP, mtbf_s=MTBF, levels=levels, downtime_s=RESTART)
     times = tuple(failure_time(MTBF, SEED, i) for i in range(failures + 5))
-    trace = FailureTrace(replicates=1, at_s=times, kinds=("node",) * len(times))
-    return simulate(system, Plan(INTERVAL, (1,)), STEPS, trace, final_checkpoint=True)  # the engine saves step 24 too
+    trace = FailureTrace(replicates=1, at_s=times, kinds=(kind,) * len(times))
+    return simulate(system, Plan(INTERVAL, every), STEPS, trace, final_checkpoint=True)  # the engine saves step 24 too
 
 
 def test_a_failure_during_a_write_costs_the_same_in_the_engine_and_the_simulator(tmp_path, clock, capsys):
@@ -93,3 +94,25 @@ def test_a_failure_during_a_write_costs_the_same_in_the_engine_and_the_simulator
     (root,) = (tmp_path / "store" / "checkpoints").iterdir()
     committed = sorted(int(p.name.rsplit("_", 1)[-1]) for p in root.iterdir() if (p / MANIFEST_NAME).exists())
     assert committed == list(range(INTERVAL, STEPS + 1, INTERVAL))  # every checkpoint of the finished run, each once
+
+
+def test_two_levels_withdraw_the_struck_checkpoint_everywhere(tmp_path, clock, capsys):
+    # node-local level every checkpoint, the shared one every 2nd (flushed); process failures keep the
+    # local copies, so every restart takes the newest local one: the flush's timing does not matter
+    local = tmp_path / "local"
+    summary = engine_run(tmp_path, clock, [
+        f"checkpoint.levels=[{{name: local, path: {local}, scope: node}}, {{name: shared, every: 2, write: flush}}]",
+        "failures.kind=process", "world.ranks_per_node=1"])
+    restarts = summary["failures"]["restarts"]
+    out = simulated(len(restarts), levels=(Level("local", WRITE, 0.0, 0.0, "process"),
+                                           Level("shared", WRITE, 0.0, 0.0, "node", flushed=True)), every=(1, 2),
+                    kind="process")
+    torn = [r for r in restarts if r["torn_step"] is not None]
+    assert len(restarts) == out.failures == 7 and len(torn) == out.torn == 3
+    assert sum(r["restored_step"] == 0 for r in restarts) == out.restores_by_level["scratch"] == 4
+    assert clock.now == pytest.approx(out.wall_s, abs=1e-9)
+    for r in torn:
+        assert r["restored_step"] < r["torn_step"]
+    (local_root,) = local.iterdir()
+    committed = sorted(int(p.name.rsplit("_", 1)[-1]) for p in local_root.iterdir() if (p / MANIFEST_NAME).exists())
+    assert committed == list(range(INTERVAL, STEPS + 1, INTERVAL))
