@@ -22,7 +22,14 @@ sample: the costs are calibrated from the runs of the `--fit-seeds` at the `--fi
 and every interval is predicted for the runs of the other seeds (held-out seeds; the intervals
 outside --fit-intervals are held out too). Goodput is the measured one (useful compute / wall:
 the simulated iteration share x the calibration's compute share), as the advisor prints it. The
-issue's target: within 3 points on the mean over intervals, every interval within 5.
+issue's target: within 3 points on the mean over intervals, every interval within 5. Beside the
+advisor's expectation, each held-out run is replayed with its own failure times (drawn from its
+failures.seed as the engine draws them) and the calibrated costs, and with its own costs too (the
+simulator's model of the engine alone, without the costs' drift between runs). The sweep's runs
+are made in a seeded shuffled order, and with `nice` (the machine is shared):
+
+    nice python benchmarks/advisor_vs_measured.py --sweep DIR --mtbf 5 --seeds 1,...,13 --held-out \
+        --fit-seeds 1,2,3 --fit-intervals 2,8      # 46 runs, about 7 minutes on 2 loaded cores
 """
 
 from __future__ import annotations
