@@ -97,3 +97,35 @@ def test_optimum_interval_matches_daly():
     at_daly = simulate(ONE_LEVEL, Plan(int(round(daly)), (1,)), int(20 * MTBF), trace).goodput
     assert goodput.max() - at_daly < 0.003
     assert young_s(COST, MTBF) > daly  # Daly's correction shortens Young's interval here
+
+
+# Drawn failures (failures.mtbf_s) strike at a time, and dlio_ckpt's engine notices them at the next
+# step boundary or at the end of the checkpoint write they struck, which then never committed.
+WRITES = System(step_s=1.0, mtbf_s=1e9, levels=(Level("shared", 3.0, 0.0, 0.0, "node"),))
+
+
+def at_time(seconds: float):
+    return simulate(WRITES, Plan(2, (1,)), 10, FailureTrace(replicates=1, at_s=(seconds,), kinds=("node",)))
+
+
+def test_a_failure_during_a_step_is_noticed_at_its_end_and_keeps_the_committed_checkpoint():
+    # steps 1-2 (0-2 s), checkpoint 1 (2-5 s), steps 3-4 (5-7 s): at 6.5 s, noticed at 7 s, back to
+    # step 2; then steps 3-10 and checkpoints at 4, 6 and 8 (17 s)
+    out = at_time(6.5)
+    assert out.torn == 0 and out.restores_by_level == {"shared": 1, "scratch": 0}
+    assert out.wall_s == pytest.approx(7 + 17) and out.lost_work_s == pytest.approx(2)
+
+
+def test_a_failure_during_a_write_loses_that_checkpoint_and_the_work_since_the_one_before():
+    # checkpoint 2 is written from 7 to 10 s: a failure at 8 s is noticed at 10 s; checkpoint 2 never
+    # committed, so the run goes on from checkpoint 1 (step 2): steps 3-4 and the write are lost
+    out = at_time(8.0)
+    assert out.torn == 1 and out.restores_by_level == {"shared": 1, "scratch": 0}
+    assert out.wall_s == pytest.approx(10 + 17) and out.lost_work_s == pytest.approx(2 + 3)
+
+
+def test_a_failure_during_a_restart_is_noticed_after_the_first_step_that_follows():
+    # failure 1 at 8 s (noticed at 10 s, no restart cost here), failure 2 at 10 s: the restarted run
+    # computes step 3 (10-11 s) before it notices, and restarts from step 2 again
+    out = simulate(WRITES, Plan(2, (1,)), 10, FailureTrace(replicates=1, at_s=(8.0, 10.0), kinds=("node", "node")))
+    assert out.failures == 2 and out.torn == 1 and out.wall_s == pytest.approx(10 + 1 + 17)

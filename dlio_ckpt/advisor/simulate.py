@@ -9,7 +9,7 @@ failure to failure (an event loop over failures, vectorised over replicates with
 failure it finds, per level, the newest copy that was durable before the failure (written, and its
 asynchronous flush finished), drops the levels the failure kind destroys, restarts from the newest
 surviving copy (downtime + that level's restore time) and goes on. A failure during a restart
-simply restarts again (as in Daly's model).
+restarts again once noticed (after the restart's first step, as dlio_ckpt's engine notices it).
 
 Model (docs/advisor.md has the whole list), with dlio_ckpt's own level rules (plan/levels.py, SCR):
 - a checkpoint is written every `interval_steps` steps; its number n is step / interval_steps
@@ -23,7 +23,13 @@ Model (docs/advisor.md has the whole list), with dlio_ckpt's own level rules (pl
 - a failure kind is "process" (memory lost) or "node" (a node and its node-local tier lost); a
   level survives the kinds up to its `survives` ("none", "process" or "node"). The restart takes
   the newest copy that survives, the cheaper restore on a tie, from scratch when none;
-- no checkpoint is written at the job's last step; goodput = useful iteration time / wall time.
+- a failure strikes at its time: a checkpoint whose write it interrupts never counts (its commit
+  never happened), and the work since the newest surviving copy is lost. It is *noticed*, as
+  dlio_ckpt's engine notices a drawn failure (plan/failures.py), at the first step boundary at or
+  after its time, or at the end of the checkpoint write it struck: the time between is lost too
+  (a failure during a restart is thus noticed after the first step that follows it);
+- no checkpoint is written at the job's last step (`final_checkpoint`: one is, where the interval
+  divides it, as dlio_ckpt's fixed policy writes it); goodput = useful iteration time / wall time.
 
 Failures come from a FailureTrace: exponential (or Weibull) gaps drawn once per seed in units of
 the MTBF, shared by every configuration scored against it (common random numbers, so two
@@ -90,6 +96,7 @@ class Outcome:
     failures: float
     restores_by_level: dict[str, float] = field(default_factory=dict)  # mean count per replicate; "scratch": none
     censored: float = 0.0  # share of replicates stopped at 4x the failure-free time (their work unfinished)
+    torn: float = 0.0  # failures that struck a checkpoint's write (never committed), per replicate
 
 
 @dataclass
@@ -99,12 +106,15 @@ class FailureTrace:
     Gaps are unit exponential draws; a System turns them into seconds (and Weibull gaps, through
     E ** (1 / shape)), so one trace serves every MTBF and every configuration. `at_steps`, when given,
     replaces the draws: failure j strikes right after the run computes step at_steps[j] (in order).
+    `at_s`, when given, replaces them by failure times in seconds of training wall time, as
+    `failures.mtbf_s` draws them for a measured run (plan/failures.py: failure_time).
     """
 
     replicates: int = 16
     seed: int = 0
     at_steps: tuple[int, ...] = ()
-    kinds: tuple[str, ...] = ()  # with at_steps: each failure's kind
+    kinds: tuple[str, ...] = ()  # with at_steps or at_s: each failure's kind
+    at_s: tuple[float, ...] = ()
     _gaps: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
     _uniform: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)), repr=False)
     _chunks: int = 0
@@ -121,6 +131,9 @@ class FailureTrace:
             self._chunks += 1
 
     def gaps_s(self, system: System, j: int) -> np.ndarray:
+        if self.at_s:
+            gap = self.at_s[j] - (self.at_s[j - 1] if j else 0.0) if j < len(self.at_s) else math.inf
+            return np.full(self.replicates, gap)
         self.ensure(j + 1)
         unit = self._gaps[:, j]
         if system.weibull_shape != 1.0:
@@ -128,7 +141,7 @@ class FailureTrace:
         return unit * system.mtbf_s
 
     def node_failure(self, system: System, j: int) -> np.ndarray:
-        if self.at_steps:
+        if self.at_steps or self.at_s:
             return np.full(self.replicates, self.kinds[j] == "node" if j < len(self.kinds) else False)
         self.ensure(j + 1)
         return self._uniform[:, j] < system.node_fraction
@@ -184,6 +197,22 @@ class Timeline:
         j = np.searchsorted(self.cum, v - q * self.span, side="right") - 1
         return np.where(v < 0, -1, q.astype(np.int64) * self.period + np.minimum(j, self.period - 1))
 
+    def noticed(self, v: np.ndarray, start: np.ndarray, step_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """Where, in failure-free time, a failure that strikes at `v` is noticed by an attempt that
+        started at `start` (the V of its restored checkpoint): the first step end at or after `v`,
+        or the end of the checkpoint write `v` falls in; after the attempt's first step when `v`
+        is before its start (the failure struck during the restart). Also: whether it struck a write."""
+        v = np.asarray(v, dtype=float)
+        never = ~np.isfinite(v)  # no failure left: the attempt finishes
+        v = np.maximum(np.where(never, start, v), start)
+        n = self.last_before(v)
+        base = self.time_at(n)
+        into = v - base
+        steps = np.maximum(1.0, np.ceil(into / step_s - 1e-9))
+        in_write = (into > self.tau + 1e-12) & ~never
+        seen = np.where(in_write, self.time_at(n + 1), base + steps * step_s)
+        return np.where(never, np.inf, seen), in_write
+
     def newest_held(self, n: np.ndarray) -> np.ndarray:
         """For n of shape (rows, used levels): per column u, the newest checkpoint <= n that used
         level u holds (<= 0 when none)."""
@@ -192,12 +221,15 @@ class Timeline:
         return q * self.period + self.newest[np.arange(n.shape[1])[None, :], j]
 
 
-def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -> Outcome:
+def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace, final_checkpoint: bool = False,
+             give_up: float = 4.0) -> Outcome:
     """Run the job `work_steps` steps long under `plan` against the failures of `trace`.
 
     Levels are chosen by the checkpoint's number, which after a restart goes on from the restored
     checkpoint (SCR's fetch sets its id to the fetched one's; dlio_ckpt's levels do the same), so a
-    checkpoint redone after a restart goes to the level it went to before.
+    checkpoint redone after a restart goes to the level it went to before. A replicate still
+    running at `give_up` x the failure-free time stops there (censored); `final_checkpoint`: one is
+    written at the last step where the interval divides it.
     """
     line = Timeline(system, plan)
     used = line.used
@@ -205,9 +237,9 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     restore = np.array([system.levels[i].restore_s for i in used])
     survives = np.array([KINDS.index(system.levels[i].survives) for i in used])
     k = plan.interval_steps
-    last_checkpoint = (work_steps - 1) // k  # none at the last step
+    last_checkpoint = (work_steps if final_checkpoint else work_steps - 1) // k  # none at the last step unless asked
     tail_s = (work_steps - last_checkpoint * k) * system.step_s
-    give_up_s = 4.0 * work_steps * system.step_s
+    give_up_s = give_up * work_steps * system.step_s  # the search never wants such configurations
     r = trace.replicates
     rows = np.arange(r)
     t = np.zeros(r)  # wall time at which the current attempt starts computing
@@ -216,6 +248,7 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
     fail_at = np.zeros(r)
     restart = np.zeros(r)
     failures = np.zeros(r)
+    torn = np.zeros(r)
     restored = np.zeros((r, len(used) + 1))  # last column: from scratch
     wall = np.full(r, np.nan)
     active = np.ones(r, dtype=bool)
@@ -225,22 +258,25 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         start = line.time_at(n0)
         if trace.at_steps:
             fail_at = np.where(active, _replayed_failure(line, system, k, trace, j, t, n0), fail_at)
+            v_now = start + (fail_at - t)  # how far the attempt got, in failure-free time
+            v_seen, in_write = v_now, np.zeros(r, dtype=bool)  # a replayed failure strikes at a step boundary
         else:
             fail_at = fail_at + trace.gaps_s(system, j)
-        v_now = start + (fail_at - t)  # how far the attempt got, in failure-free time
+            v_now = start + (fail_at - t)
+            v_seen, in_write = line.noticed(v_now, start, system.step_s)
+        seen_at = t + (v_seen - start)  # wall time the failure is noticed: the restart starts here
         v_end = line.time_at(last_checkpoint) + tail_s
         finished = active & (v_now >= v_end)
         wall[finished] = (t + (v_end - start))[finished]
-        hopeless = active & ~finished & (fail_at > give_up_s)  # goodput under 25 %: censored here
-        wall[hopeless] = fail_at[hopeless]
+        hopeless = active & ~finished & (seen_at > give_up_s)  # goodput under 25 %: censored here
+        wall[hopeless] = seen_at[hopeless]
         censored |= hopeless
         finished |= hopeless
-        interrupted_restart = active & (fail_at < t)
-        restart[interrupted_restart] -= (t - fail_at)[interrupted_restart]
         active &= ~finished
         if not active.any():
             break
         failures += active
+        torn += active & in_write
         # per level, the newest copy written and flushed before the failure
         reached = line.newest_held(np.maximum(line.last_before(v_now[:, None] - flush[None, :]), 0))
         fresh = active[:, None] & (reached > n0[:, None]) & (reached <= last_checkpoint)
@@ -255,13 +291,14 @@ def simulate(system: System, plan: Plan, work_steps: int, trace: FailureTrace) -
         restored[rows[active], np.where(from_scratch, len(used), choice)[active]] += 1
         restart = np.where(active, restart + cost, restart)
         n0 = np.where(active, np.where(from_scratch, 0, best), n0)
-        t = np.where(active, fail_at + cost, t)
+        t = np.where(active, seen_at + cost, t)
         j += 1
-    return _outcome(system, used, line, work_steps, last_checkpoint, wall, restart, failures, restored, censored)
+    return _outcome(system, used, line, work_steps, last_checkpoint, wall, restart, failures, restored, censored, torn)
 
 
 def _outcome(system: System, used: list[int], line: Timeline, work_steps: int, last_checkpoint: int, wall: np.ndarray,
-             restart: np.ndarray, failures: np.ndarray, restored: np.ndarray, censored: np.ndarray) -> Outcome:
+             restart: np.ndarray, failures: np.ndarray, restored: np.ndarray, censored: np.ndarray,
+             torn: np.ndarray) -> Outcome:
     """Means over the replicates: goodput (total useful / total wall), where the time went, restores per level."""
     r = len(wall)
     useful = work_steps * system.step_s
@@ -280,6 +317,7 @@ def _outcome(system: System, used: list[int], line: Timeline, work_steps: int, l
         failures=float(failures.mean()),
         restores_by_level={name: float(restored[:, i].mean()) for i, name in enumerate(names)},
         censored=float(censored.mean()),
+        torn=float(torn.mean()),
     )
 
 

@@ -211,6 +211,15 @@ class CheckpointEngineImpl:
         return self.reader.restore(step, warn_if_none, load_state)
 
     # failures ----------------------------------------------------------------------------------
+    def tear(self, step: int) -> None:
+        """Collective: an injected failure struck while checkpoint `step` was being written, so its
+        commit never happened: its folder goes, manifest first. Through the untraced backend, as
+        a node's loss (levels.py): the failure's doing, not the program's I/O."""
+        self.world.barrier()
+        if self.world.is_root:
+            self.folders.tear(step, getattr(self.storage, "inner", self.storage))
+        self.world.barrier()
+
     def fail(self, kind: str = "process") -> None:
         """Collective: what a failure does to this side of training: the in-memory state and the
         encoders' memory are lost, and checkpoints still being persisted are abandoned (their

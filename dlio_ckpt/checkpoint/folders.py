@@ -63,6 +63,16 @@ class CheckpointFolders:
             return f"unreadable manifest ({exc.strerror or exc})"
         return parse_manifest(raw, folder, step)
 
+    def tear(self, step: int, backend: Any) -> None:
+        """Remove checkpoint `step`'s folder, manifest first, through `backend` (the untraced one:
+        a failure's doing, not the program's I/O), committed or not: a failure struck its write."""
+        folder = self.own(self.layout.folder(step))
+        if folder is not None and backend.isdir(folder):
+            manifest = os.path.join(folder, MANIFEST_NAME)
+            if backend.exists(manifest):
+                backend.remove(manifest)
+            backend.remove_tree(folder)
+
     def discard_failed(self, step: int) -> None:
         """Remove the folder of checkpoint `step` of this run when it was never committed (no
         manifest), with any temporary file its commit left; never anything outside this run's root."""

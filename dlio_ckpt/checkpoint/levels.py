@@ -366,6 +366,12 @@ class MultiLevelEngine:
         self._last_step = -1
         return self.lose_node(node) if kind == "node" else []
 
+    def tear(self, step: int) -> None:
+        """Collective: checkpoint `step`, whose write a failure struck, never committed on any level
+        (its flush, started after the save, was abandoned by `fail`)."""
+        for engine in self.engines:
+            engine.tear(step)
+
     def lose_node(self, node: int) -> list[str]:
         """Collective: what a node's failure does to storage: every node-local level loses the files
         that `node`'s ranks wrote (a checkpoint's manifest, coordinator files and tag are rank 0's;

@@ -29,10 +29,11 @@ RESTART_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): try again; the run folder re
 class InjectedFailure(Exception):
     """Raised inside the training loop at the step a failure strikes; the loop unwinds to restart."""
 
-    def __init__(self, event: FailureEvent, step: int) -> None:
+    def __init__(self, event: FailureEvent, step: int, torn_step: int | None = None) -> None:
         super().__init__(f"injected {event.kind} failure {event.index} (rank {event.rank}) after step {step}")
         self.event = event
         self.step = step
+        self.torn_step = torn_step  # the checkpoint being written when it struck: never committed
         self.at = time.perf_counter()  # the restart's time runs from here (leaving the reader is part of it)
 
 
@@ -72,16 +73,27 @@ class FailureInjector:
         self.next_index += 1
         return event
 
+    def strikes_during_write(self, elapsed_s: float) -> FailureEvent | None:
+        """At the end of a checkpoint's save: a drawn failure (mtbf_s) whose time fell inside the
+        save. It struck before the checkpoint's commit, so, as in training, that checkpoint never
+        counts and the work since the one before is lost; noticed only at the next step boundary,
+        it would have let the checkpoint commit. Failures at steps strike before a step's save."""
+        if self.schedule.by_steps:
+            return None
+        return self.strikes(0, elapsed_s)
 
-def fail_and_restore(ctx: Any, checkpoints: Any, event: FailureEvent) -> Any:
+
+def fail_and_restore(ctx: Any, checkpoints: Any, event: FailureEvent, torn_step: int | None = None) -> Any:
     """Collective: what the failure destroys, then the restore. Returns the RestoreRecord (None: none)."""
-    drop_state(checkpoints, event)
+    drop_state(checkpoints, event, torn_step)
     return restore_for_restart(ctx, checkpoints)
 
 
-def drop_state(checkpoints: Any, event: FailureEvent) -> None:
+def drop_state(checkpoints: Any, event: FailureEvent, torn_step: int | None = None) -> None:
     """Collective: the checkpoint side of the failure (the engine's `fail`); a node failure names
-    the failed rank's node, whose node-local checkpoint levels are lost (checkpoint/levels.py)."""
+    the failed rank's node, whose node-local checkpoint levels are lost (checkpoint/levels.py).
+    `torn_step`: the checkpoint whose write the failure struck is withdrawn (`tear`), as its
+    commit never happened."""
     fail = getattr(checkpoints, "fail", None)
     if fail is None:
         return
@@ -90,6 +102,9 @@ def drop_state(checkpoints: Any, event: FailureEvent) -> None:
         fail(event.kind, node=node_of(event.rank))
     else:
         fail(event.kind)
+    tear = getattr(checkpoints, "tear", None)
+    if torn_step is not None and tear is not None:
+        tear(torn_step)
 
 
 def restore_for_restart(ctx: Any, checkpoints: Any) -> Any:

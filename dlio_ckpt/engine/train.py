@@ -313,6 +313,9 @@ class _Training:
         end = time.perf_counter()
         self.blocked(end - start)
         self.policy.checkpoint_done(step, record, end - self.last_checkpoint_end)
+        event = self.injector.strikes_during_write(self.elapsed())
+        if event is not None:  # it struck before the commit: this checkpoint never counted
+            raise InjectedFailure(event, step, torn_step=step)
         if self.tracking:
             self.checks.saved_state(step, state_digest(self.checkpoints))
         self.last_checkpoint_step = step
@@ -322,12 +325,12 @@ class _Training:
     def restart(self, failure: InjectedFailure) -> ResumePoint:
         event = failure.event
         entry = {"index": event.index, "step": failure.step, "kind": event.kind, "rank": event.rank,
-                 "at_s": event.at_s, "restart": self.config.failures.restart}
+                 "at_s": event.at_s, "restart": self.config.failures.restart, "torn_step": failure.torn_step}
         self.injector.restarts.append(entry)
         self.check_progress()
         if self.config.failures.restart == "exit":
             self.exit_for_relaunch(failure)
-        record = fail_and_restore(self.ctx, self.checkpoints, event)
+        record = fail_and_restore(self.ctx, self.checkpoints, event, failure.torn_step)
         return self.resume_from(record, time.perf_counter() - failure.at, entry)
 
     def check_progress(self) -> None:
@@ -375,7 +378,7 @@ class _Training:
 
     def exit_for_relaunch(self, failure: InjectedFailure) -> None:
         """failures.restart=exit: drop what the failure destroys, leave the note, end the job."""
-        drop_state(self.checkpoints, failure.event)
+        drop_state(self.checkpoints, failure.event, failure.torn_step)
         self.ledger.wall_s = self.elapsed()
         mine = {"ledger": self.ledger.as_dict(), "checks": self.checks.carried()}
         everyone = self.world.gather(mine)

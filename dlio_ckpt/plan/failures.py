@@ -11,7 +11,8 @@ step number, counted from 1, right after its compute and before any checkpoint o
 wall time*: rank 0's clock from the start of the training loop, counting everything training
 spends (compute, waiting for data, checkpoints, restarts; evaluation excluded), carried over a
 relaunch. A failure strikes at the first step boundary at or after its time, as a real failure
-is noticed at the next collective.
+is noticed at the next collective; one whose time falls inside a checkpoint's save strikes at the
+save's end, and that checkpoint, whose commit it preceded, is withdrawn (engine/failures.py).
 """
 
 from __future__ import annotations
