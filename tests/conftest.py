@@ -50,6 +50,29 @@ def load_summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def made_once(folder: Path, name: str, make) -> Path:
+    """folder/name made by make(path) once per test session, whichever xdist worker needs it first:
+    under an exclusive lock, skipped where another worker finished it (a `.done` marker). For
+    expensive runs several tests only read: with worksteal, a module's tests can land on every
+    worker, and a module-scoped fixture would run once on each."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path, done = folder / name, folder / f".{name}.done"
+    with open(folder / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            make(path)
+            done.touch()
+    return path
+
+
+def session_folder(tmp_path_factory) -> Path:
+    """A temporary folder all the session's xdist workers share (their own ones sit in it)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     (tmp_path / "cwd").mkdir()

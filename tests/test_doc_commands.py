@@ -8,7 +8,8 @@ recorded call is then adapted mechanically and run for real:
 
 - storage.root (and absolute dataset, level and checkpoint folders) go into a temporary folder,
   hydra.run.dir / hydra.sweep.dir stay relative to a temporary working folder (or get one there);
-- scale=tiny is forced on runs (not on mode=plan, mode=datasize or --cfg, which do no I/O);
+- scale=tiny is forced on runs (not on mode=plan, mode=datasize or --cfg, which do no I/O), and
+  run.repeats is at most 2;
 - mpirun / mpiexec -np N runs under `mpirun -n min(N, 2)`; hostfile and mapping options are dropped;
 - `[optional]` arguments of a synopsis are left out, and `dlio_ckpt ...` repeats the arguments of
   the block's previous dlio_ckpt command;
@@ -23,8 +24,9 @@ A command followed in its block by a `PROG: error:` line must exit 2 printing th
 in the documented line stands for text that varies); `# exit N` in a comment sets the expected
 exit code. Identical adapted commands run once in a block (a repeat that names another run folder
 gets a copy of the first run's). One test per block, so blocks run in parallel under xdist; the
-fixtures are made once per worker. Measured: 38 tests, 55 s of CPU in all (user + system, every
-run included), so about half a minute on two idle cores with the suite's three workers.
+fixtures are made once per session (the workers share them). Measured: 38 tests, 55 s of CPU in
+all (user + system, every run included), so about half a minute on two idle cores with the
+suite's three workers.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, made_once, run_cli, session_folder
 
 DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
 SHARED = (REPO / ".." / "shared").resolve()
@@ -51,6 +53,8 @@ SHELL_LANGUAGES = ("", "bash", "sh", "shell", "console")
 MAX_RANKS = 2
 # Forced tiny, an explicit dataset.num_files_train above this is lowered to it.
 TINY_FILES = 16
+# run.repeats above this is lowered to it: each repeat is the whole job again.
+MAX_REPEATS = 2
 # Runs that read or write no data: they keep the scale the document gives.
 NO_IO = ("mode=plan", "mode=datasize")
 INFO_FLAGS = ("--cfg", "-c", "--help", "-h", "--version", "--list-workloads", "--info", "-i")
@@ -205,18 +209,30 @@ def unwrap(call: Call) -> Adapted:
 
 
 class Fixtures:
-    """What the documents' placeholders stand for, made on first use in one temporary folder."""
+    """What the documents' placeholders stand for, made on first use in one temporary folder.
+
+    The folder is shared by the session's test workers: the first worker that needs a fixture makes
+    it under a lock, the others wait for it and reuse it (each worker made its own before: three
+    tiny runs with Darshan logs and a sweep, ~9 s of each worker's time). The tests only read them:
+    a run folder a document names is a copy (`place`), reports go to the test's own folder."""
 
     def __init__(self, base: Path):
         self.base = base
         self.made: dict[str, Path] = {}
 
+    def _once(self, name: str, make) -> None:
+        made_once(self.base / "fixtures", name, lambda _: make())
+
     def _run(self, name: str, args: list[str]) -> Path:
         if name not in self.made:
             folder = self.base / "fixtures" / name
             root = [] if any(a.startswith("storage.root=") for a in args) else [f"storage.root={self.base / 'fixtures' / 'store'}"]
-            done = run_cli([*args, *root, "progress=false"], self.base)
-            assert done.returncode == 0, f"fixture {name}: {done.stderr}"
+
+            def make() -> None:
+                done = run_cli([*args, *root, "progress=false"], self.base)
+                assert done.returncode == 0, f"fixture {name}: {done.stderr}"
+
+            self._once(name, make)
             self.made[name] = folder
         return self.made[name]
 
@@ -247,24 +263,25 @@ class Fixtures:
             from test_replay_approx import no_dxt_log
 
             folder = self.base / "fixtures" / "nodxt"
-            folder.mkdir(parents=True)
-            self.made["nodxt"] = no_dxt_log(folder)
+
+            def make() -> None:
+                folder.mkdir(parents=True)
+                no_dxt_log(folder)
+
+            self._once("nodxt", make)
+            (self.made["nodxt"],) = folder.glob("*.darshan")
         return self.made["nodxt"]
 
     def dlio_yaml(self) -> Path:
         """DLIO 2.0.0's unet3d_h100.yaml, as DLIO publishes it (DLIO's files are not shipped here:
         docs/dlio-compat.md says where they live)."""
         path = self.base / "fixtures" / "unet3d_h100.yaml"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(UNET3D_H100)
+        self._once(path.name, lambda: path.write_text(UNET3D_H100))
         return path
 
     def workload_file(self) -> Path:
         path = self.base / "fixtures" / "my.yaml"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(REPO / "workloads" / "unet3d.yaml", path)
+        self._once(path.name, lambda: shutil.copy(REPO / "workloads" / "unet3d.yaml", path))
         return path
 
 
@@ -358,6 +375,8 @@ def adapt_dlio_ckpt(adapted: Adapted, previous: list[str], workdir: Path, fixtur
             arg = f"dlio_config={fixtures.dlio_yaml()}"
         elif key == "dataset.num_files_train" and value.isdigit() and int(value) > TINY_FILES and not slurm:
             arg = f"{key}={TINY_FILES}"  # forced tiny: more files only make the run longer
+        elif key == "run.repeats" and value.isdigit() and int(value) > MAX_REPEATS and not slurm:
+            arg = f"{key}={MAX_REPEATS}"  # two repeats exercise the aggregation (mean, std, min..max) as five do
         elif key == "checkpoint.levels":
             arg = re.sub(r"path: /[^,}]*", lambda m: f"path: {workdir / 'levels' / Path(m.group(0)[6:]).name}", arg)
         out.append(arg)
@@ -547,8 +566,8 @@ BLOCKS = command_blocks()
 
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory) -> Fixtures:
-    """Made once per test worker, on first use."""
-    return Fixtures(tmp_path_factory.mktemp("doc-fixtures"))
+    """Made once per session, on first use, in a folder the session's xdist workers share."""
+    return Fixtures(session_folder(tmp_path_factory) / "doc-fixtures")
 
 
 @pytest.mark.parametrize("doc, index", BLOCKS, ids=[f"{d.relative_to(REPO)}#{i}" for d, i in BLOCKS])

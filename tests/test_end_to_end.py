@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BIN, cli_env, load_summary, run_cli
+from conftest import BIN, cli_env, load_summary, made_once, run_cli, session_folder
 
 TINY_RAW = ["workload=unet3d", "scale=tiny", "dataset.format=raw", "checkpoint.enabled=false", "progress=false"]
 
@@ -35,9 +35,31 @@ def run_ok(args, cwd, ranks=0):
     return done
 
 
-def test_serial_run_counts_the_bytes_on_disk(workdir):
-    root, run = workdir / "store", workdir / "run"
-    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd")
+@pytest.fixture(scope="module")
+def tiny_serial_run(tmp_path_factory) -> tuple[Path, Path]:
+    """One tiny serial run (storage root, run folder) that the tests below only read."""
+    def make(folder: Path) -> None:
+        (folder / "cwd").mkdir(parents=True)
+        run_ok(TINY_RAW + [f"storage.root={folder / 'store'}", f"hydra.run.dir={folder / 'run'}"], folder / "cwd")
+
+    folder = made_once(session_folder(tmp_path_factory), "e2e-tiny-serial", make)
+    return folder / "store", folder / "run"
+
+
+@pytest.fixture(scope="module")
+def tiny_mpi_run(tmp_path_factory) -> tuple[Path, Path]:
+    """One tiny run under `mpirun -n 2` without hydra.run.dir (rank 0 picks the folder): its
+    storage root and its working folder, read by the tests below."""
+    def make(folder: Path) -> None:
+        (folder / "cwd").mkdir(parents=True)
+        run_ok(TINY_RAW + [f"storage.root={folder / 'store'}"], folder / "cwd", ranks=2)
+
+    folder = made_once(session_folder(tmp_path_factory), "e2e-tiny-mpi", make)
+    return folder / "store", folder / "cwd"
+
+
+def test_serial_run_counts_the_bytes_on_disk(tiny_serial_run):
+    root, run = tiny_serial_run
     summary = load_summary(run)
     on_disk = sum(p.stat().st_size for p in train_files(root))
     train = summary["train"]
@@ -53,9 +75,8 @@ def test_serial_run_counts_the_bytes_on_disk(workdir):
     assert (run / "events" / "rank-00000.npz").exists()
 
 
-def test_events_file_matches_summary(workdir):
-    root, run = workdir / "store", workdir / "run"
-    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd")
+def test_events_file_matches_summary(tiny_serial_run):
+    _, run = tiny_serial_run
     with np.load(run / "events" / "rank-00000.npz") as data:
         events = data["events"]
         phases = json.loads(str(data["meta"]))["phases"]
@@ -106,9 +127,9 @@ def test_generate_mode_writes_only_the_dataset(workdir):
 
 
 @pytest.mark.mpi
-def test_mpi_run_shards_and_counts_bytes(workdir):
-    root, run = workdir / "store", workdir / "run"
-    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}"], workdir / "cwd", ranks=2)
+def test_mpi_run_shards_and_counts_bytes(tiny_mpi_run):
+    root, cwd = tiny_mpi_run
+    (run,) = (p for p in (cwd / "runs").glob("*/*") if p.is_dir())
     summary = load_summary(run)
     on_disk = sum(p.stat().st_size for p in train_files(root))
     assert summary["world_size"] == 2
@@ -124,9 +145,8 @@ def test_mpi_run_shards_and_counts_bytes(workdir):
 
 
 @pytest.mark.mpi
-def test_mpi_rank0_chooses_one_run_folder(workdir):
-    cwd = workdir / "cwd"
-    run_ok(TINY_RAW + [f"storage.root={workdir / 'store'}"], cwd, ranks=2)
+def test_mpi_rank0_chooses_one_run_folder(tiny_mpi_run):
+    _, cwd = tiny_mpi_run
     folders = [p for p in (cwd / "runs").glob("*/*") if p.is_dir()]
     assert len(folders) == 1
     assert load_summary(folders[0])["world_size"] == 2

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import BIN, load_summary, run_cli
+from conftest import BIN, load_summary, made_once, run_cli, session_folder
 
 darshan = pytest.importorskip("darshan")
 
@@ -41,11 +41,25 @@ def event_totals(run) -> dict[str, int]:
     return totals
 
 
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    """The run folder of one ARGS run on `ranks` ranks (0: serial), made once per session for the
+    tests here that only read it (its log, events, summary)."""
+    def get(ranks: int):
+        def make(folder):
+            (folder / "cwd").mkdir(parents=True)
+            done = run_cli(ARGS + [f"storage.root={folder / 'store'}", f"hydra.run.dir={folder / 'run'}"], folder / "cwd",
+                           mpi_ranks=ranks)
+            assert done.returncode == 0, done.stderr[-2000:]
+
+        return made_once(session_folder(tmp_path_factory), f"traced-run-{ranks}", make) / "run"
+
+    return get
+
+
 @pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=pytest.mark.mpi)])
-def test_darshan_log_of_a_run_matches_the_summary(workdir, ranks):
-    run = workdir / "run"
-    done = run_cli(ARGS + [f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"], workdir / "cwd", mpi_ranks=ranks)
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_darshan_log_of_a_run_matches_the_summary(traced_run, ranks):
+    run = traced_run(ranks)
     summary = load_summary(run)
     log = run / summary["traces"]["darshan"]
     totals = posix_totals(log)
@@ -61,9 +75,8 @@ def test_darshan_log_of_a_run_matches_the_summary(workdir, ranks):
     assert sum(1 for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("name") == "read") == totals["READS"]
 
 
-def test_darshan_summary_report_renders(workdir):
-    run = workdir / "run"
-    assert run_cli(ARGS + [f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"], workdir / "cwd").returncode == 0
+def test_darshan_summary_report_renders(traced_run, workdir):
+    run = traced_run(0)
     log = run / load_summary(run)["traces"]["darshan"]
     html = workdir / "report.html"
     done = subprocess.run([sys.executable, "-m", "darshan", "summary", str(log), "--output", str(html)],
@@ -73,10 +86,8 @@ def test_darshan_summary_report_renders(workdir):
 
 
 @pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=pytest.mark.mpi)])
-def test_replaying_a_run_reproduces_its_bytes_and_operations(workdir, ranks):
-    original = workdir / "original"
-    done = run_cli(ARGS + [f"storage.root={workdir / 'store'}", f"hydra.run.dir={original}"], workdir / "cwd", mpi_ranks=ranks)
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_replaying_a_run_reproduces_its_bytes_and_operations(traced_run, workdir, ranks):
+    original = traced_run(ranks)
     log = original / load_summary(original)["traces"]["darshan"]
     expected = posix_totals(log)
     replayed = workdir / "replayed"
@@ -90,9 +101,8 @@ def test_replaying_a_run_reproduces_its_bytes_and_operations(workdir, ranks):
     assert summary["replay"]["writes"] == expected["WRITES"]
 
 
-def test_analysis_of_a_real_run_folder_agrees_with_the_summary(workdir):
-    run = workdir / "run"
-    assert run_cli(ARGS + [f"storage.root={workdir / 'store'}", f"hydra.run.dir={run}"], workdir / "cwd").returncode == 0
+def test_analysis_of_a_real_run_folder_agrees_with_the_summary(traced_run):
+    run = traced_run(0)
     done = subprocess.run([str(BIN / "dlio_ckpt-analyze"), "--json", str(run)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
