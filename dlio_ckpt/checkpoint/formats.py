@@ -150,6 +150,9 @@ class TorchFormat(CheckpointFormatSpec):
 
         state = {}
         for tensor in tensors:
+            if tensor.is_object:  # model.extra_state: pickled into data.pkl as the program's own value
+                state[tensor.name] = tensor.object_value()
+                continue
             value = torch.from_numpy(whole_tensor(tensor, chunks))
             if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, viewed as torch's type
                 value = value.view(getattr(torch, tensor.framework_dtype))
@@ -216,9 +219,17 @@ class DcpTorchFormat(TorchFormat):
             block = io.DEFAULT_BUFFER_SIZE
         stream = io.BufferedWriter(raw, buffer_size=block if block > 1 else io.DEFAULT_BUFFER_SIZE)
         records = []
-        for name, tensor in state.items():
+        # FileSystemWriter writes a file's bytes items first (each non-tensor entry torch.save'd into
+        # a BytesIO by the planner's transform_object, then written as one piece), then its tensors
+        objects = [(name, value) for name, value in state.items() if not isinstance(value, torch.Tensor)]
+        for name, value in objects + [(name, value) for name, value in state.items() if isinstance(value, torch.Tensor)]:
             start = stream.tell()
-            torch.save(tensor, stream)
+            if isinstance(value, torch.Tensor):
+                torch.save(value, stream)
+            else:
+                pickled = io.BytesIO()
+                torch.save(value, pickled)
+                stream.write(pickled.getbuffer())
             stream.flush()
             records.append((name, start, stream.tell() - start))
         stream.detach()  # the engine closes (and fsyncs) the file itself
@@ -234,8 +245,9 @@ class DcpTorchFormat(TorchFormat):
 
         import torch
         from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
-        from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
-                                                           TensorProperties, TensorStorageMetadata)
+        from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                           MetadataIndex, StorageMeta, TensorProperties,
+                                                           TensorStorageMetadata)
 
         # A name saved by several ranks (the tensor-parallel shards of one weight) is one tensor
         # of several chunks, one after another in rank order, as DCP records a sharded tensor.
@@ -246,6 +258,11 @@ class DcpTorchFormat(TorchFormat):
                 chunks.setdefault(name, []).append((specs[name], entry["path"], offset, length))
         state, storage = {}, {}
         for name, parts in chunks.items():
+            spec, path, offset, length = parts[0]
+            if spec.is_object:  # a bytes item: described by name only, its one piece where it was written
+                state[name] = BytesStorageMetadata()
+                storage[MetadataIndex(name)] = _StorageInfo(path, offset, length)
+                continue
             at, pieces = 0, []
             for spec, path, offset, length in parts:
                 pieces.append(ChunkStorageMetadata(torch.Size([at]), torch.Size([spec.numel])))
@@ -322,11 +339,14 @@ class TensorflowFormat(CheckpointFormatSpec):
         prefix = self.staging_prefix(data_path)
         values = []
         for tensor in tensors:  # one numpy buffer at a time; TF keeps its own copy of each
+            if tensor.is_object:  # model.extra_state: a string tensor (the object graph's serialized proto)
+                values.append(tf.constant(tensor.object_value()))
+                continue
             value = tf.constant(whole_tensor(tensor, chunks))
             if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, as TF's type
                 value = tf.bitcast(value, getattr(tf, tensor.framework_dtype))
             values.append(value)
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[self.variable_name(owner, t) for t in tensors],
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[t.name if t.is_object else self.variable_name(owner, t) for t in tensors],
                           shape_and_slices=[""] * len(tensors), tensors=values)
         return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))
 

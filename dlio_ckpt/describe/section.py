@@ -19,6 +19,8 @@ only by the folded tensors, which become one blob.
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -52,6 +54,8 @@ def model_section(listing: TensorList, name: str) -> dict:
         "optimizer_dtype_bytes": odt,
         "optimizer_states": 1,
         "optimization_groups": [t.numel for t in groups],
+        "extra_state": [{"name": e.name, "bytes": e.blob} if e.blob >= 0 else {"name": e.name, "value": e.value}
+                        for e in listing.entries],
         "_notes": {"layer_parameters": layers, "optimization_groups": groups, "model_size_bytes": folded},
     }
 
@@ -77,7 +81,7 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
         f"# Written by dlio_ckpt-describe-model from {Path(listing.path).name} ({listing.format}{on_disk}).",
         f"# {len(listing.tensors)} tensors, {total:,} bytes: "
         + ", ".join(f"{dtype} {nbytes:,} B" for dtype, nbytes in by_dtype.most_common())
-        + (f"; {listing.other_entries} non-tensor entries not described" if listing.other_entries else "") + ".",
+        + (f"; {listing.other_entries} non-tensor entries (model.extra_state)" if listing.other_entries else "") + ".",
         "# Per-tensor dtypes have no key in the schema yet: tensors whose element size differs from",
         "# model_dtype_bytes / optimizer_dtype_bytes are counted byte for byte in model_size_bytes.",
         "model:",
@@ -94,6 +98,7 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
     lines.append(f"  optimizer_dtype_bytes: {section['optimizer_dtype_bytes']}")
     lines.append("  optimizer_states: 1   # each optimizer tensor below is its own group")
     lines += _list("optimization_groups", section["optimization_groups"], notes["optimization_groups"])
+    lines += _entries(section["extra_state"])
     lines.append(f"# declared bytes: {section_bytes(section):,} (= the tensors' {total:,})")
     return "\n".join(lines) + "\n"
 
@@ -103,3 +108,29 @@ def _list(key: str, values: list[int], tensors: list[Tensor]) -> list[str]:
         return [f"  {key}: []"]
     width = max(len(str(v)) for v in values)
     return [f"  {key}:"] + [f"    - {v:<{width}}   # {_describe(t)}" for v, t in zip(values, tensors)]
+
+
+def _entries(entries: list[dict]) -> list[str]:
+    """model.extra_state, one flow mapping per entry (JSON's syntax, which YAML reads, but floats
+    always with a '.' before an exponent: YAML 1.1 reads 1e-05 as a string)."""
+    if not entries:
+        return []
+    lines = ["  extra_state:   # the non-tensor entries, as the format serializes them (docs/fidelity.md)"]
+    for entry in entries:
+        body = ", ".join(f"{key}: {_flow(value)}" for key, value in entry.items())
+        lines.append(f"    - {{{body}}}")
+    return lines
+
+
+def _flow(value) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
+        return text
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_flow(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
