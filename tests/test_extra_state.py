@@ -137,3 +137,28 @@ def test_extra_state_is_checked(overrides, message):
     with pytest.raises(ConfigError) as caught:
         load_config(["model.kind=explicit", "model.layer_parameters=[10]", *overrides])
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_layer_and_group_names_are_the_checkpoints_keys(tmp_path):
+    torch = pytest.importorskip("torch")
+    ctx = make_ctx(tmp_path, ["checkpoint.durability=framework", "checkpoint.format=torch", "model.model_size_bytes=0",
+                              "model.layer_parameters=[30,4]", "model.layer_names=[conv.weight,conv.bias]",
+                              "model.optimizer_states=1", "model.optimization_groups=[30]",
+                              "model.optimization_group_names=[optimizer.state.0.momentum_buffer]"])
+    engine = make_checkpoint_engine(ctx)
+    engine.save(1, 1)
+    (pf,) = engine.plan.files_by_rank[0]
+    loaded = torch.load(Path(engine.root) / "step_00000001" / pf.path_for(1), weights_only=True)
+    assert list(loaded) == ["conv.weight", "conv.bias", "optimizer.state.0.momentum_buffer"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.layer_names=[a]"], "model.layer_names: 1 names for 2 layer_parameters"),
+    (["model.layer_names=[a,a]"], "model.layer_names: a name is given twice"),
+    (["model.optimization_groups=[5]", "model.optimization_group_names=[g]"],
+     "model.optimization_group_names: give one name per optimization_groups entry, with optimizer_states 1"),
+])
+def test_names_are_checked(overrides, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(["model.kind=explicit", "model.layer_parameters=[10,20]", *overrides])
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)

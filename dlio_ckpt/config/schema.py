@@ -212,6 +212,8 @@ class ModelConfig:
     layer_parameters: list[int]
     layer_dtypes: list[str]  # explicit models: one element type per layer_parameters entry; empty: model_dtype_bytes
     extra_state: list[StateEntry]  # non-tensor entries saved beside the tensors (torch, DCP, TensorFlow formats)
+    layer_names: list[str]  # explicit models: one name per layer_parameters entry (the state dict's key); empty: layers.<i>
+    optimization_group_names: list[str]  # one name per optimization_groups entry (optimizer_states 1); empty: optimizer.group<g>.<state>
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -239,6 +241,17 @@ class ModelConfig:
                 "give one per layer (or none: model_dtype_bytes for all)")
         names = [entry.name for entry in self.extra_state]
         require(len(set(names)) == len(names), f"{key}extra_state: an entry name is given twice; names must be unique")
+        require(not self.layer_names or len(self.layer_names) == len(self.layer_parameters),
+                f"{key}layer_names: {len(self.layer_names)} names for {len(self.layer_parameters)} layer_parameters; "
+                "give one per layer (or none: layers.<i>)")
+        require(not self.optimization_group_names or (len(self.optimization_group_names) == len(self.optimization_groups)
+                                                      and self.optimizer_states == 1),
+                f"{key}optimization_group_names: give one name per optimization_groups entry, with optimizer_states 1 "
+                f"(got {len(self.optimization_group_names)} names, {len(self.optimization_groups)} groups, "
+                f"{self.optimizer_states} states)")
+        every = [*self.layer_names, *self.optimization_group_names, *names]
+        require(len(set(every)) == len(every), f"{key}layer_names: a name is given twice (layer, optimization group "
+                                               "and extra_state names must all differ)")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ The schema (config/schema.py ModelConfig, plan/model.py `_explicit_shards`) decl
 model as a list of tensor element counts at one model element size (`layer_parameters` x
 `model_dtype_bytes`), a list of optimizer tensors at one optimizer element size
 (`optimization_groups` x `optimizer_dtype_bytes`, one state each) and a byte blob
-(`model_size_bytes`). Names, shapes and per-tensor dtypes have no key yet, so:
+(`model_size_bytes`), with each listed tensor's name (`layer_names`, `optimization_group_names`:
+the keys the checkpoint's container records). Shapes and per-tensor dtypes have no key here, so:
 
 - the element size holding most of a role's bytes becomes that role's dtype size;
 - every tensor of that size is one entry (its element count), in the checkpoint's order;
@@ -54,6 +55,8 @@ def model_section(listing: TensorList, name: str) -> dict:
         "optimizer_dtype_bytes": odt,
         "optimizer_states": 1,
         "optimization_groups": [t.numel for t in groups],
+        "layer_names": [t.name for t in layers],
+        "optimization_group_names": [t.name for t in groups],
         "extra_state": [{"name": e.name, "bytes": e.blob} if e.blob >= 0 else {"name": e.name, "value": e.value}
                         for e in listing.entries],
         "_notes": {"layer_parameters": layers, "optimization_groups": groups, "model_size_bytes": folded},
@@ -98,6 +101,8 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
     lines.append(f"  optimizer_dtype_bytes: {section['optimizer_dtype_bytes']}")
     lines.append("  optimizer_states: 1   # each optimizer tensor below is its own group")
     lines += _list("optimization_groups", section["optimization_groups"], notes["optimization_groups"])
+    lines += _names("layer_names", section["layer_names"])
+    lines += _names("optimization_group_names", section["optimization_group_names"])
     lines += _entries(section["extra_state"])
     lines.append(f"# declared bytes: {section_bytes(section):,} (= the tensors' {total:,})")
     return "\n".join(lines) + "\n"
@@ -108,6 +113,13 @@ def _list(key: str, values: list[int], tensors: list[Tensor]) -> list[str]:
         return [f"  {key}: []"]
     width = max(len(str(v)) for v in values)
     return [f"  {key}:"] + [f"    - {v:<{width}}   # {_describe(t)}" for v, t in zip(values, tensors)]
+
+
+def _names(key: str, names: list[str]) -> list[str]:
+    """The state dict's keys, in the entries' order: the names the checkpoint's container records."""
+    if not names:
+        return []
+    return [f"  {key}:   # the checkpoint's own names, in the order above"] + [f"    - {json.dumps(n)}" for n in names]
 
 
 def _entries(entries: list[dict]) -> list[str]:

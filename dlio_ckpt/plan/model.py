@@ -363,9 +363,11 @@ def _explicit_shards(cfg: ModelConfig, tp: int, pp: int):
             for i in layers:
                 dtype = cfg.layer_dtypes[i] if cfg.layer_dtypes else ""
                 size = TENSOR_DTYPES[dtype] if dtype else mdt
-                model.append(TensorSpec(f"layers.{i}", split(cfg.layer_parameters[i], tp, t), size, "model", dtype))
+                name = cfg.layer_names[i] if cfg.layer_names else f"layers.{i}"
+                model.append(TensorSpec(name, split(cfg.layer_parameters[i], tp, t), size, "model", dtype))
             optimizer = [
-                TensorSpec(f"optimizer.group{g}.{s}", split(size, mp, index), odt, "optimizer")
+                TensorSpec(cfg.optimization_group_names[g] if cfg.optimization_group_names else f"optimizer.group{g}.{s}",
+                           split(size, mp, index), odt, "optimizer")
                 for g, size in enumerate(cfg.optimization_groups)
                 for s in states
             ]
