@@ -132,10 +132,14 @@ def test_tensorflow_saves_a_blob_under_its_own_name(tmp_path):
      "model.extra_state[0].: give either value or bytes, not both"),
     (["checkpoint.format=torch", "model.extra_state=[{name: g, value: 1},{name: g, value: 2}]"],
      "model.extra_state: an entry name is given twice"),
+    (["model.layer_names=[a]"], "model.layer_names: 1 names for 2 layer_parameters"),
+    (["model.layer_names=[a,a]"], "model.layer_names: a name is given twice"),
+    (["model.optimization_groups=[5]", "model.optimization_group_names=[g]"],
+     "model.optimization_group_names: give one name per optimization_groups entry, with optimizer_states 1"),
 ])
-def test_extra_state_is_checked(overrides, message):
+def test_extra_state_and_names_are_checked(overrides, message):
     with pytest.raises(ConfigError) as caught:
-        load_config(["model.kind=explicit", "model.layer_parameters=[10]", *overrides])
+        load_config(["model.kind=explicit", "model.layer_parameters=[10,20]", *overrides])
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
 
@@ -150,15 +154,3 @@ def test_layer_and_group_names_are_the_checkpoints_keys(tmp_path):
     (pf,) = engine.plan.files_by_rank[0]
     loaded = torch.load(Path(engine.root) / "step_00000001" / pf.path_for(1), weights_only=True)
     assert list(loaded) == ["conv.weight", "conv.bias", "optimizer.state.0.momentum_buffer"]
-
-
-@pytest.mark.parametrize("overrides, message", [
-    (["model.layer_names=[a]"], "model.layer_names: 1 names for 2 layer_parameters"),
-    (["model.layer_names=[a,a]"], "model.layer_names: a name is given twice"),
-    (["model.optimization_groups=[5]", "model.optimization_group_names=[g]"],
-     "model.optimization_group_names: give one name per optimization_groups entry, with optimizer_states 1"),
-])
-def test_names_are_checked(overrides, message):
-    with pytest.raises(ConfigError) as caught:
-        load_config(["model.kind=explicit", "model.layer_parameters=[10,20]", *overrides])
-    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
