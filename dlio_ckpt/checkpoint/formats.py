@@ -23,6 +23,7 @@ the files and reads them back for the manifest's checksums through the traced st
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -207,6 +208,41 @@ class DcpTorchFormat(TorchFormat):
         (measured: ~1 s of a tiny run's first save on two busy cores, the other rank waiting)."""
         import torch.distributed.checkpoint.filesystem  # noqa: F401
         import torch.distributed.checkpoint.metadata  # noqa: F401
+
+    def exchange_plans(self, world: Any, held: tuple[TensorSpec, ...]) -> None:
+        """dcp.save's planning, which happens inside the save, before any write: every rank makes
+        its local SavePlan (a WriteItem per tensor and bytes item it holds), the plans are gathered
+        to the coordinator (pickled, as gather_object sends them), the coordinator runs the default
+        planner's global step (dedup_save_plans over the replicas, the global Metadata) and the
+        storage writer's prefixes, and scatters each rank its plan. The emulation knows the outcome
+        ahead (layouts.dcp_assignment), so the global plans are dropped; what is emulated is the
+        exchange and the coordinator's work, with DCP's own objects and sizes. (The write results'
+        gather and the broadcast after `.metadata` are the engine's commit, as before.)"""
+        import pickle
+
+        import torch
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+        from torch.distributed.checkpoint.filesystem import _StoragePrefix
+        from torch.distributed.checkpoint.planner import SavePlan
+        from torch.distributed.checkpoint.planner_helpers import (_create_write_item_for_bytesio,
+                                                                  _create_write_item_for_tensor)
+
+        items = []
+        for tensor in held:  # meta tensors: a plan needs sizes and types, never the data
+            if tensor.is_object:
+                items.append(_create_write_item_for_bytesio(tensor.name, None))
+            else:
+                meta = torch.empty(tensor.numel, dtype=getattr(torch, tensor.framework_dtype), device="meta")
+                items.append(_create_write_item_for_tensor(tensor.name, meta))
+        local = SavePlan(items, planner_data={t.name: (t.name,) for t in held})
+        gathered = world.gather(pickle.dumps(local))
+        plans = None
+        if world.is_root:
+            planner = DefaultSavePlanner()
+            global_plans, _ = planner.create_global_plan([pickle.loads(data) for data in gathered])
+            plans = [pickle.dumps(dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{i}_")))
+                     for i, plan in enumerate(global_plans)]
+        pickle.loads(world.scatter(plans))
 
     def write_prepared(self, handle: Any, state: dict) -> None:
         import torch

@@ -166,6 +166,10 @@ class PytorchDcpLayout(Layout):
     def rank_files(self, model, rank, tensors, ext):
         return [(f"__{rank}_0.distcp", tensors)] if tensors else []
 
+    def held_tensors(self, model: ModelPlan, rank: int) -> tuple[TensorSpec, ...]:
+        """What rank `rank` puts in its local save plan before the dedup (every replica's copy)."""
+        return _held_by(model, rank)
+
     def rank_tensors(self, model, rank):
         if model.replicas == "all" or model.dp == 1:
             return model.rank_tensors(rank)
