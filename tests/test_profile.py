@@ -41,17 +41,20 @@ CALLS_TOLERANCE = 0.15
 COMPUTE_TOLERANCE = 0.25
 # Where the emulation differs today for reasons outside the profiler, measured at this commit (tiny
 # sizes; the accepted range holds the target too, so a fix passes at once):
-# - torch.save's container holds non-tensor entries (epoch, param groups: 48 in pytorch_cnn) that the
-#   model schema has no key for: 9,872,181 B emulated per save against 9,878,637 B (0.9993x); DCP's
-#   planner and .metadata: 10,002,541 against 10,070,159 B (0.993x);
-# - TensorFlow: the bundle's index and tag: 1,547,274 B per save against 1,555,728 (0.995x).
+# - per-save bytes: the profiled workloads carry the checkpoint's non-tensor entries
+#   (model.extra_state) and names; what remains is the containers' record of the tensors' shapes
+#   (flat in the emulation), DCP's planner_data, and the int64 tensors describe-model folds into
+#   one model_size_bytes blob (one torch.save container for 12 under DCP): pytorch_cnn 9,874,421 B
+#   per save against 9,878,637 (0.99957x; 0.99935x before extra_state), ddp_dcp 10,016,111 against
+#   10,070,159 (0.9946x; 0.9933x), keras_tfdata 1,552,879 against 1,555,728 (0.9982x; 0.9946x);
+#   bytes written over the run 0.99957x / 0.99702x / 0.99957x.
 # The npz reads (np.load's buffered pattern, reader.npz_reads=np_load), tf.data's read calls and
 # keras_tfdata's compute per step now meet the targets (2026-12-01: npz bytes and reads 1.000x,
 # TFRecord reads 16 / 16, compute 1.10x), so they have no entry here.
 NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
-    ("pytorch_cnn", "checkpoint bytes per save"): (0.999, 1.0),
-    ("ddp_dcp", "checkpoint bytes per save"): (0.99, 1.0),
-    ("keras_tfdata", "checkpoint bytes per save"): (0.99, 1.0),
+    ("pytorch_cnn", "checkpoint bytes per save"): (0.9995, 1.0),
+    ("ddp_dcp", "checkpoint bytes per save"): (0.994, 1.0),
+    ("keras_tfdata", "checkpoint bytes per save"): (0.998, 1.0),
 }
 
 
