@@ -41,20 +41,24 @@ CALLS_TOLERANCE = 0.15
 COMPUTE_TOLERANCE = 0.25
 # Where the emulation differs today for reasons outside the profiler, measured at this commit (tiny
 # sizes; the accepted range holds the target too, so a fix passes at once):
-# - per-save bytes: the profiled workloads carry the checkpoint's non-tensor entries
-#   (model.extra_state) and names; what remains is the containers' record of the tensors' shapes
-#   (flat in the emulation), DCP's planner_data, and the int64 tensors describe-model folds into
-#   one model_size_bytes blob (one torch.save container for 12 under DCP): pytorch_cnn 9,874,421 B
-#   per save against 9,878,637 (0.99957x; 0.99935x before extra_state), ddp_dcp 10,016,111 against
-#   10,070,159 (0.9946x; 0.9933x), keras_tfdata 1,552,879 against 1,555,728 (0.9982x; 0.9946x);
-#   bytes written over the run 0.99957x / 0.99702x / 0.99957x.
-# The npz reads (np.load's buffered pattern, reader.npz_reads=np_load), tf.data's read calls and
-# keras_tfdata's compute per step now meet the targets (2026-12-01: npz bytes and reads 1.000x,
-# TFRecord reads 16 / 16, compute 1.10x), so they have no entry here.
+# - per-save bytes: the profiled workloads carry the checkpoint's names, element types and
+#   non-tensor entries (model.layer_names, layer_dtypes, extra_state); what remains is the
+#   containers' record of the tensors' shapes (flat in the emulation) and DCP's planner_data:
+#   pytorch_cnn 9,877,855 B per save against 9,878,637 (0.99992x; 0.99935x before), ddp_dcp
+#   10,060,070 against 10,070,159 (0.99900x; 0.9933x), keras_tfdata 1,555,198 against 1,555,726
+#   (0.99966x; 0.9946x), all within 0.1 %, none exact (issue 22's target);
+# - keras_tfdata's compute: its first epoch holds ~2 s that are neither its timed steps nor its
+#   timed save (tf.function tracing of the first step and the first save's setup overlap them), so
+#   the loop's span per step is up to 1.65x what the program times (1.10-1.19x in two runs, 1.63x
+#   in a third under load 11).
+# The npz reads (np.load's buffered pattern, reader.npz_reads=np_load) and tf.data's read calls
+# now meet the targets (2026-12-01: npz bytes and reads 1.000x, TFRecord reads 16 / 16), so they
+# have no entry here.
 NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
     ("pytorch_cnn", "checkpoint bytes per save"): (0.9995, 1.0),
-    ("ddp_dcp", "checkpoint bytes per save"): (0.994, 1.0),
-    ("keras_tfdata", "checkpoint bytes per save"): (0.998, 1.0),
+    ("ddp_dcp", "checkpoint bytes per save"): (0.998, 1.0),
+    ("keras_tfdata", "checkpoint bytes per save"): (0.999, 1.0),
+    ("keras_tfdata", "compute"): (0.9, 2.0),
 }
 
 
