@@ -27,6 +27,7 @@ import dataclasses
 import io
 import os
 import re
+import sys
 import zipfile
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator
@@ -306,7 +307,11 @@ class DcpTorchFormat(TorchFormat):
                 at += spec.numel
             dtype = getattr(torch, parts[0][0].framework_dtype)
             state[name] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size([at]), pieces)
-        metadata = Metadata(state_dict_metadata=state, planner_data={name: (name,) for name in state},
+        # planner_data: each flat key's path through the nested state dict (flatten_state_dict's
+        # mapping); the emulation's nesting is its names' dots, each component one shared string,
+        # as the program's dict keys are shared objects in DCP's pickle
+        paths = {name: tuple(sys.intern(part) for part in name.split(".")) for name in state}
+        metadata = Metadata(state_dict_metadata=state, planner_data=paths,
                             storage_data=storage, storage_meta=StorageMeta(checkpoint_id=folder, save_id=str(uuid.uuid4())),
                             version=CURRENT_DCP_VERSION)
         return pickle.dumps(metadata)
