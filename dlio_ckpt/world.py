@@ -96,6 +96,13 @@ class World:
         self.barrier()
         return self.comm.gather(value, root=root)
 
+    def scatter(self, values: list[Any] | None, root: int = 0) -> Any:
+        """Each rank's own item of the root's `values` (a list of one per rank)."""
+        if self.comm is None:
+            return values[0]
+        self.barrier()
+        return self.comm.scatter(values, root=root)
+
     def allgather(self, value: Any) -> list[Any]:
         if self.comm is None:
             return [value]

@@ -23,7 +23,9 @@ def describe(capsys, *args) -> dict:
 
 
 def declared_bytes(m: dict) -> int:
-    return (m["model_size_bytes"] + m["model_dtype_bytes"] * sum(m["layer_parameters"])
+    sizes = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "int64": 8}
+    element = [sizes[d] for d in m["layer_dtypes"]] if m.get("layer_dtypes") else [m["model_dtype_bytes"]] * len(m["layer_parameters"])
+    return (m["model_size_bytes"] + sum(n * e for n, e in zip(m["layer_parameters"], element))
             + m["optimizer_dtype_bytes"] * m["optimizer_states"] * sum(m["optimization_groups"]))
 
 
@@ -41,9 +43,12 @@ def test_torch_state_dict_with_batchnorm_and_momentum(tmp_path, capsys):
     m = describe(capsys, tmp_path / "ck.pt", "--name", "tiny_cnn")
     assert m["name"] == "tiny_cnn" and m["kind"] == "explicit"
     assert m["model_dtype_bytes"] == 4 and m["optimizer_dtype_bytes"] == 4
-    assert m["layer_parameters"] == [t.numel() for t in floats]        # in the state dict's order
+    tensors = list(model.state_dict().values())
+    assert m["layer_parameters"] == [t.numel() for t in tensors]       # in the state dict's order, BatchNorm's
+    assert m["layer_dtypes"] == [str(t.dtype).removeprefix("torch.") for t in tensors]  # int64 counter in place
+    assert len(floats) == len(tensors) - 1 and m["layer_dtypes"].count("int64") == 1
     assert m["optimization_groups"] == [t.numel() for t in momentum]
-    assert m["model_size_bytes"] == 8                                  # BatchNorm's int64 num_batches_tracked
+    assert m["model_size_bytes"] == 0
     expected = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + sum(t.numel() * 4 for t in momentum)
     assert declared_bytes(m) == expected
 
@@ -51,7 +56,8 @@ def test_torch_state_dict_with_batchnorm_and_momentum(tmp_path, capsys):
 def test_npz_and_safetensors_take_the_dominant_element_size(tmp_path, capsys):
     np.savez(tmp_path / "w.npz", a=np.zeros((10, 20), np.float16), b=np.zeros(7, np.int32), c=np.zeros((3, 3), np.float16))
     m = describe(capsys, tmp_path / "w.npz")
-    assert (m["model_dtype_bytes"], m["layer_parameters"], m["model_size_bytes"]) == (2, [200, 9], 28)
+    assert (m["model_dtype_bytes"], m["layer_parameters"], m["model_size_bytes"]) == (2, [200, 7, 9], 0)
+    assert m["layer_dtypes"] == ["float16", "int32", "float16"]
     assert m["optimization_groups"] == []
 
     header = {"embed.weight": {"dtype": "BF16", "shape": [16, 8], "data_offsets": [0, 256]},
@@ -103,5 +109,6 @@ def test_dcp_folder_is_read_from_its_metadata(tmp_path, capsys):
              "optim": {"state": {"w": {"exp_avg": torch.zeros(16, 4)}}}}
     dcp.save(state, checkpoint_id=str(tmp_path / "epoch_1"))  # no process group: DCP saves as one rank
     m = describe(capsys, tmp_path / "epoch_1")
-    assert (m["model_dtype_bytes"], m["layer_parameters"], m["model_size_bytes"]) == (4, [64], 32)
+    assert (m["model_dtype_bytes"], m["layer_parameters"], m["model_size_bytes"]) == (4, [64, 16], 0)
+    assert m["layer_dtypes"] == ["float32", "bfloat16"]
     assert (m["optimizer_dtype_bytes"], m["optimization_groups"]) == (4, [64])

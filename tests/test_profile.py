@@ -41,25 +41,23 @@ CALLS_TOLERANCE = 0.15
 COMPUTE_TOLERANCE = 0.25
 # Where the emulation differs today for reasons outside the profiler, measured at this commit (tiny
 # sizes; the accepted range holds the target too, so a fix passes at once):
-# - npz: dlio_ckpt's reader preads each zip member where np.load reads through a 4 KiB buffer with
-#   seeks (0.49x the bytes, 2.0x the reads; branch "loaders", engine/readers.py);
-# - torch.save's container holds non-tensor entries (epoch, param groups: 48 in pytorch_cnn) that the
-#   model schema has no key for: 9,872,181 B emulated per save against 9,878,637 B (0.9993x); DCP's
-#   planner and .metadata: 10,022,994 against 10,070,125 B (0.995x), 308 writes against 350;
-# - TensorFlow: tf.data reads each TFRecord file in 2 calls (the second finds the end), the emulation
-#   in 1 (0.5x); the bundle's index and tag: 1,547,274 B per save against 1,555,726 (0.995x);
+# - per-save bytes: the profiled workloads carry the checkpoint's names, element types and
+#   non-tensor entries (model.layer_names, layer_dtypes, extra_state); what remains is the
+#   containers' record of the tensors' shapes (flat in the emulation) and DCP's planner_data:
+#   pytorch_cnn 9,877,855 B per save against 9,878,637 (0.99992x; 0.99935x before), ddp_dcp
+#   10,060,070 against 10,070,159 (0.99900x; 0.9933x), keras_tfdata 1,555,198 against 1,555,726
+#   (0.99966x; 0.9946x), all within 0.1 %, none exact (issue 22's target);
 # - keras_tfdata's compute: its first epoch holds ~2 s that are neither its timed steps nor its
 #   timed save (tf.function tracing of the first step and the first save's setup overlap them), so
-#   the loop's span per step is 0.34 s where the program times 0.21 s (1.65x).
+#   the loop's span per step is up to 1.65x what the program times (1.10-1.19x in two runs, 1.63x
+#   in a third under load 11).
+# The npz reads (np.load's buffered pattern, reader.npz_reads=np_load) and tf.data's read calls
+# now meet the targets (2026-12-01: npz bytes and reads 1.000x, TFRecord reads 16 / 16), so they
+# have no entry here.
 NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
-    ("pytorch_cnn", "dataset bytes_read"): (0.45, 1.02),
-    ("pytorch_cnn", "dataset reads"): (0.85, 2.2),
-    ("pytorch_cnn", "checkpoint bytes per save"): (0.999, 1.0),
-    ("ddp_dcp", "dataset bytes_read"): (0.45, 1.02),
-    ("ddp_dcp", "dataset reads"): (0.85, 2.2),
-    ("ddp_dcp", "checkpoint bytes per save"): (0.99, 1.0),
-    ("keras_tfdata", "dataset reads"): (0.45, 1.15),
-    ("keras_tfdata", "checkpoint bytes per save"): (0.99, 1.0),
+    ("pytorch_cnn", "checkpoint bytes per save"): (0.9995, 1.0),
+    ("ddp_dcp", "checkpoint bytes per save"): (0.998, 1.0),
+    ("keras_tfdata", "checkpoint bytes per save"): (0.999, 1.0),
     ("keras_tfdata", "compute"): (0.9, 2.0),
 }
 

@@ -31,12 +31,16 @@ from strace_io import strace_available  # noqa: E402
 # Issue 21's targets, emulated / real.
 BYTES_TOLERANCE = 0.01
 CALLS_TOLERANCE = 0.10
+# checkpoint bytes per save: the workloads describe the programs' names, element types and non-tensor
+# entries (model.extra_state), so a save is within 0.1 % of the program's (measured 2026-12-01:
+# 0.99992x / 0.99936x / 0.99972x); what remains is the tensors' shapes in the containers
+PER_SAVE_TOLERANCE = 0.001
 
 # Known differences still accepted: (program, file class, count) -> the emulated/real range
 # accepted, each with today's figure and the reason in a comment. Empty: at the tiny size every
-# program is within the targets (measured 2026-12-01, docs/fidelity.md): checkpoint bytes
-# 0.995-0.999x, write calls 0.943-1.000x (ddp_dcp: the 10 param_groups entries DCP pickles into
-# rank 1's .distcp have no key in the schema), opens, fsyncs, renames and unlinks equal.
+# program is within the targets (measured 2026-12-01, docs/fidelity.md): checkpoint bytes per
+# save 0.9994-0.9999x, write calls 1.000x (ddp_dcp's 350 with its param_groups as bytes items),
+# opens, fsyncs, renames and unlinks equal.
 NOT_YET_FAITHFUL: dict[tuple[str, str, str], tuple[float, float]] = {}
 # Calls the real program never makes, accepted today: (program, file class, count) -> how many
 # more the emulation may issue in the whole tiny run (target: 0). Empty: none.
@@ -97,7 +101,7 @@ def test_emulation_issues_the_programs_io(measured, name):
     # checkpoint bytes per save: issue 21's target, met today by every program
     per_save = result["io_ratio"]["checkpoint_bytes_per_save"]
     assert per_save["real"] > 0
-    lo, hi = NOT_YET_FAITHFUL.get((name, "checkpoint", "bytes_written"), (1 - BYTES_TOLERANCE, 1 + BYTES_TOLERANCE))
+    lo, hi = NOT_YET_FAITHFUL.get((name, "checkpoint", "bytes_written"), (1 - PER_SAVE_TOLERANCE, 1 + PER_SAVE_TOLERANCE))
     assert lo <= per_save["emulated"] / per_save["real"] <= hi, per_save
     _check_ratio(name, "checkpoint", "bytes_written", real["checkpoint"]["bytes_written"], emu["checkpoint"]["bytes_written"], BYTES_TOLERANCE)
     _check_ratio(name, "checkpoint", "writes", real["checkpoint"]["writes"], emu["checkpoint"]["writes"], CALLS_TOLERANCE)

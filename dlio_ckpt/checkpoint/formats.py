@@ -23,9 +23,11 @@ the files and reads them back for the manifest's checksums through the traced st
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
+import sys
 import zipfile
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator
@@ -152,6 +154,9 @@ class TorchFormat(CheckpointFormatSpec):
 
         state = {}
         for tensor in tensors:
+            if tensor.is_object:  # model.extra_state: pickled into data.pkl as the program's own value
+                state[tensor.name] = tensor.object_value()
+                continue
             value = torch.from_numpy(whole_tensor(tensor, chunks))
             if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, viewed as torch's type
                 value = value.view(getattr(torch, tensor.framework_dtype))
@@ -205,6 +210,41 @@ class DcpTorchFormat(TorchFormat):
         import torch.distributed.checkpoint.filesystem  # noqa: F401
         import torch.distributed.checkpoint.metadata  # noqa: F401
 
+    def exchange_plans(self, world: Any, held: tuple[TensorSpec, ...]) -> None:
+        """dcp.save's planning, which happens inside the save, before any write: every rank makes
+        its local SavePlan (a WriteItem per tensor and bytes item it holds), the plans are gathered
+        to the coordinator (pickled, as gather_object sends them), the coordinator runs the default
+        planner's global step (dedup_save_plans over the replicas, the global Metadata) and the
+        storage writer's prefixes, and scatters each rank its plan. The emulation knows the outcome
+        ahead (layouts.dcp_assignment), so the global plans are dropped; what is emulated is the
+        exchange and the coordinator's work, with DCP's own objects and sizes. (The write results'
+        gather and the broadcast after `.metadata` are the engine's commit, as before.)"""
+        import pickle
+
+        import torch
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+        from torch.distributed.checkpoint.filesystem import _StoragePrefix
+        from torch.distributed.checkpoint.planner import SavePlan
+        from torch.distributed.checkpoint.planner_helpers import (_create_write_item_for_bytesio,
+                                                                  _create_write_item_for_tensor)
+
+        items = []
+        for tensor in held:  # meta tensors: a plan needs sizes and types, never the data
+            if tensor.is_object:
+                items.append(_create_write_item_for_bytesio(tensor.name, None))
+            else:
+                meta = torch.empty(tensor.numel, dtype=getattr(torch, tensor.framework_dtype), device="meta")
+                items.append(_create_write_item_for_tensor(tensor.name, meta))
+        local = SavePlan(items, planner_data={t.name: (t.name,) for t in held})
+        gathered = world.gather(pickle.dumps(local))
+        plans = None
+        if world.is_root:
+            planner = DefaultSavePlanner()
+            global_plans, _ = planner.create_global_plan([pickle.loads(data) for data in gathered])
+            plans = [pickle.dumps(dataclasses.replace(plan, storage_data=_StoragePrefix(f"__{i}_")))
+                     for i, plan in enumerate(global_plans)]
+        pickle.loads(world.scatter(plans))
+
     def write_prepared(self, handle: Any, state: dict) -> None:
         import torch
 
@@ -216,9 +256,17 @@ class DcpTorchFormat(TorchFormat):
             block = io.DEFAULT_BUFFER_SIZE
         stream = io.BufferedWriter(raw, buffer_size=block if block > 1 else io.DEFAULT_BUFFER_SIZE)
         records = []
-        for name, tensor in state.items():
+        # FileSystemWriter writes a file's bytes items first (each non-tensor entry torch.save'd into
+        # a BytesIO by the planner's transform_object, then written as one piece), then its tensors
+        objects = [(name, value) for name, value in state.items() if not isinstance(value, torch.Tensor)]
+        for name, value in objects + [(name, value) for name, value in state.items() if isinstance(value, torch.Tensor)]:
             start = stream.tell()
-            torch.save(tensor, stream)
+            if isinstance(value, torch.Tensor):
+                torch.save(value, stream)
+            else:
+                pickled = io.BytesIO()
+                torch.save(value, pickled)
+                stream.write(pickled.getbuffer())
             stream.flush()
             records.append((name, start, stream.tell() - start))
         stream.detach()  # the engine closes (and fsyncs) the file itself
@@ -234,8 +282,9 @@ class DcpTorchFormat(TorchFormat):
 
         import torch
         from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo
-        from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
-                                                           TensorProperties, TensorStorageMetadata)
+        from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                           MetadataIndex, StorageMeta, TensorProperties,
+                                                           TensorStorageMetadata)
 
         # A name saved by several ranks (the tensor-parallel shards of one weight) is one tensor
         # of several chunks, one after another in rank order, as DCP records a sharded tensor.
@@ -246,6 +295,11 @@ class DcpTorchFormat(TorchFormat):
                 chunks.setdefault(name, []).append((specs[name], entry["path"], offset, length))
         state, storage = {}, {}
         for name, parts in chunks.items():
+            spec, path, offset, length = parts[0]
+            if spec.is_object:  # a bytes item: described by name only, its one piece where it was written
+                state[name] = BytesStorageMetadata()
+                storage[MetadataIndex(name)] = _StorageInfo(path, offset, length)
+                continue
             at, pieces = 0, []
             for spec, path, offset, length in parts:
                 pieces.append(ChunkStorageMetadata(torch.Size([at]), torch.Size([spec.numel])))
@@ -253,7 +307,11 @@ class DcpTorchFormat(TorchFormat):
                 at += spec.numel
             dtype = getattr(torch, parts[0][0].framework_dtype)
             state[name] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size([at]), pieces)
-        metadata = Metadata(state_dict_metadata=state, planner_data={name: (name,) for name in state},
+        # planner_data: each flat key's path through the nested state dict (flatten_state_dict's
+        # mapping); the emulation's nesting is its names' dots, each component one shared string,
+        # as the program's dict keys are shared objects in DCP's pickle
+        paths = {name: tuple(sys.intern(part) for part in name.split(".")) for name in state}
+        metadata = Metadata(state_dict_metadata=state, planner_data=paths,
                             storage_data=storage, storage_meta=StorageMeta(checkpoint_id=folder, save_id=str(uuid.uuid4())),
                             version=CURRENT_DCP_VERSION)
         return pickle.dumps(metadata)
@@ -320,11 +378,14 @@ class TensorflowFormat(CheckpointFormatSpec):
         prefix = self.staging_prefix(data_path)
         values = []
         for tensor in tensors:  # one numpy buffer at a time; TF keeps its own copy of each
+            if tensor.is_object:  # model.extra_state: a string tensor (the object graph's serialized proto)
+                values.append(tf.constant(tensor.object_value()))
+                continue
             value = tf.constant(whole_tensor(tensor, chunks))
             if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, as TF's type
                 value = tf.bitcast(value, getattr(tf, tensor.framework_dtype))
             values.append(value)
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[self.variable_name(owner, t) for t in tensors],
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[t.name if t.is_object else self.variable_name(owner, t) for t in tensors],
                           shape_and_slices=[""] * len(tensors), tensors=values)
         return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))
 

@@ -78,6 +78,9 @@ class SyncStrategy:
         e = self.engine
         start = now()
         self.encoded_here = []  # (logical bytes, encode seconds, stats) of files this rank encoded, not wrote
+        exchange = getattr(e.fmt, "exchange_plans", None)
+        if exchange is not None:  # DCP plans inside its save: the plans' gather and scatter (formats.py)
+            exchange(e.world, e.layout.held_tensors(e.plan.model, e.world.rank))
         entries, error = self.write_or_failure(index, step)
         metadata, commit_s = e.commit(index, step, epoch, entries, error)
         total = now() - start

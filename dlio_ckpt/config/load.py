@@ -457,6 +457,11 @@ def check_failure_steps(config: RunConfig, world_size: int) -> None:
                           "or lengthen the run (train.epochs, train.total_steps)")
 
 
+# Formats whose containers hold non-tensor entries (model.extra_state): torch.save's pickle (DCP's
+# bytes items under pytorch_dcp) and TensorFlow's bundle (string tensors).
+EXTRA_STATE_FORMATS = ("torch", "tensorflow")
+
+
 def check_consistency(config: RunConfig) -> None:
     """Constraints that span sections (a single section checks itself in `validate`)."""
     ds, reader = config.dataset, config.reader
@@ -481,6 +486,10 @@ def check_consistency(config: RunConfig) -> None:
                           "set it to 1 or more")
     if config.evaluation.enabled and ds.num_files_eval < 1:
         raise ConfigError("evaluation.enabled: needs dataset.num_files_eval >= 1")
+    if config.model.extra_state and config.checkpoint.format not in EXTRA_STATE_FORMATS:
+        raise ConfigError(f"model.extra_state: non-tensor entries are written by checkpoint.format "
+                          f"{' or '.join(EXTRA_STATE_FORMATS)} only (got '{config.checkpoint.format}'); "
+                          "remove the entries or use one of those formats")
     check_levels(config)
 
 

@@ -10,7 +10,7 @@ that backends declare for their own sections (storage.s3.*: storage/s3_options.p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from dlio_ckpt.config.typed import Bytes, require
 from dlio_ckpt.storage.s3_options import S3Options
@@ -171,6 +171,25 @@ TENSOR_DTYPES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8"
 
 
 @dataclass(frozen=True)
+class StateEntry:
+    """model.extra_state[i]: one non-tensor entry of the state a framework saves beside the tensors
+    (torch.save's epoch and param_groups, DCP's pickled bytes items, TensorFlow's object graph),
+    so that a checkpoint holds what the program's does, byte for byte. Either `value` (the entry's
+    plain value: number, string, bool, null, list or mapping; the format serializes it as the
+    framework does) or `bytes` (an opaque serialized blob of that many bytes, e.g. TensorFlow's
+    _CHECKPOINTABLE_OBJECT_GRAPH, whose contents the emulation need not reproduce)."""
+
+    name: str  # the entry's key as the framework records it (app.optim.param_groups.0.lr, _CHECKPOINTABLE_OBJECT_GRAPH)
+    value: Any = None
+    bytes: int = -1  # >= 0: an opaque blob of this many bytes (then no value); -1: the entry is `value`
+
+    def validate(self, key: str) -> None:
+        require(self.name != "", f"{key}name: give the entry's name as the framework records it")
+        require(self.bytes >= -1, f"{key}bytes: a blob's size cannot be negative (got {self.bytes})")
+        require(self.bytes < 0 or self.value is None, f"{key}: give either value or bytes, not both")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     kind: Literal["none", "transformer", "explicit"]
@@ -178,6 +197,9 @@ class ModelConfig:
     optimization_groups: list[int]
     layer_parameters: list[int]
     layer_dtypes: list[str]  # explicit models: one element type per layer_parameters entry; empty: model_dtype_bytes
+    extra_state: list[StateEntry]  # non-tensor entries saved beside the tensors (torch, DCP, TensorFlow formats)
+    layer_names: list[str]  # explicit models: one name per layer_parameters entry (the state dict's key); empty: layers.<i>
+    optimization_group_names: list[str]  # one name per optimization_groups entry (optimizer_states 1); empty: optimizer.group<g>.<state>
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -203,6 +225,19 @@ class ModelConfig:
         require(not self.layer_dtypes or len(self.layer_dtypes) == len(self.layer_parameters),
                 f"{key}layer_dtypes: {len(self.layer_dtypes)} types for {len(self.layer_parameters)} layer_parameters; "
                 "give one per layer (or none: model_dtype_bytes for all)")
+        names = [entry.name for entry in self.extra_state]
+        require(len(set(names)) == len(names), f"{key}extra_state: an entry name is given twice; names must be unique")
+        require(not self.layer_names or len(self.layer_names) == len(self.layer_parameters),
+                f"{key}layer_names: {len(self.layer_names)} names for {len(self.layer_parameters)} layer_parameters; "
+                "give one per layer (or none: layers.<i>)")
+        require(not self.optimization_group_names or (len(self.optimization_group_names) == len(self.optimization_groups)
+                                                      and self.optimizer_states == 1),
+                f"{key}optimization_group_names: give one name per optimization_groups entry, with optimizer_states 1 "
+                f"(got {len(self.optimization_group_names)} names, {len(self.optimization_groups)} groups, "
+                f"{self.optimizer_states} states)")
+        every = [*self.layer_names, *self.optimization_group_names, *names]
+        require(len(set(every)) == len(every), f"{key}layer_names: a name is given twice (layer, optimization group "
+                                               "and extra_state names must all differ)")
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,15 @@ index); torch.save files are opened with `mmap=True` so no tensor is read into m
 
 A tensor belongs to the optimizer when a component of its name says so ("optimizer", "optim",
 "opt_state"...); everything else is model state. Non-tensor entries (an epoch number, a learning
-rate, DCP's pickled bytes, TensorFlow's object graph) are counted, not described: they are small
-and the schema has no place for them.
+rate, DCP's pickled bytes items, TensorFlow's object graph) are listed as model.extra_state
+entries: their plain value where YAML carries it, else the size of their serialized blob.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 import re
 import struct
 import zipfile
@@ -63,11 +65,39 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class Entry:
+    """A non-tensor entry of the checkpoint (model.extra_state): its plain value, or, for a
+    serialized blob (TensorFlow's object graph) or a value YAML cannot carry, its size."""
+
+    name: str
+    value: object = None
+    blob: int = -1  # >= 0: an opaque blob of this many bytes
+
+
+@dataclass(frozen=True)
 class TensorList:
     path: str
     format: str
     tensors: tuple[Tensor, ...]
-    other_entries: int  # non-tensor entries seen (counted, not described)
+    other_entries: int  # non-tensor entries seen
+    entries: tuple[Entry, ...] = ()  # those entries, as model.extra_state describes them
+
+
+def _plain(value) -> bool:
+    """Whether YAML carries `value` as the program holds it (tuples come back as lists: close)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _entry(name: str, value) -> Entry:
+    if _plain(value):
+        return Entry(name, value)
+    return Entry(name, blob=len(pickle.dumps(value, protocol=2)))  # torch.save's pickle protocol
 
 
 def detect_format(path: Path) -> str:
@@ -99,8 +129,8 @@ def read_tensors(path: str | Path, fmt: str = "auto") -> TensorList:
     reader = {"torch": _torch, "npz": _npz, "safetensors": _safetensors, "dcp": _dcp, "tensorflow": _tensorflow}.get(fmt)
     if reader is None:
         raise UserError(f"--format {fmt}: not a format this reads; use one of {', '.join(FORMATS)}")
-    tensors, other = reader(path)
-    return TensorList(str(path), fmt, tuple(tensors), other)
+    tensors, entries = reader(path)
+    return TensorList(str(path), fmt, tuple(tensors), len(entries), tuple(entries))
 
 
 def _torch(path: Path):
@@ -113,23 +143,29 @@ def _torch(path: Path):
     except Exception as exc:  # a pickle torch refuses or a damaged zip: name it, no traceback
         raise UserError(f"{path}: torch.load could not read it ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     tensors: list[Tensor] = []
-    other = 0
+    entries: list[Entry] = []
+
+    def holds_tensor(value) -> bool:
+        if isinstance(value, torch.Tensor):
+            return True
+        if isinstance(value, dict):
+            return any(holds_tensor(v) for v in value.values())
+        return isinstance(value, (list, tuple)) and any(holds_tensor(v) for v in value)
 
     def walk(prefix: str, value) -> None:
-        nonlocal other
         if isinstance(value, torch.Tensor):
             tensors.append(Tensor(prefix, tuple(value.shape), str(value.dtype).removeprefix("torch."), value.element_size()))
+        elif not holds_tensor(value):  # a subtree with no tensor (the epoch, param_groups) is one entry
+            entries.append(_entry(prefix or "state", value))
         elif isinstance(value, dict):
             for key, item in value.items():
                 walk(f"{prefix}.{key}" if prefix else str(key), item)
-        elif isinstance(value, (list, tuple)):
+        else:
             for i, item in enumerate(value):
                 walk(f"{prefix}.{i}" if prefix else str(i), item)
-        else:
-            other += 1
 
     walk("", obj)
-    return tensors, other
+    return tensors, entries
 
 
 def _npz(path: Path):
@@ -146,7 +182,7 @@ def _npz(path: Path):
                 tensors.append(Tensor(member.removesuffix(".npy"), tuple(shape), dtype.name, dtype.itemsize))
     except (zipfile.BadZipFile, ValueError) as exc:
         raise UserError(f"{path}: not a readable .npz archive ({exc})") from None
-    return tensors, 0
+    return tensors, ()
 
 
 def _safetensors(path: Path):
@@ -165,7 +201,7 @@ def _safetensors(path: Path):
             raise UserError(f"{path}: tensor {name} has dtype {entry['dtype']}, which this does not know")
         dtype, itemsize = _SAFETENSORS_DTYPES[entry["dtype"]]
         tensors.append(Tensor(name, tuple(entry["shape"]), dtype, itemsize))
-    return tensors, 0
+    return tensors, ()
 
 
 def _dcp(path: Path):
@@ -176,15 +212,30 @@ def _dcp(path: Path):
     except ImportError:
         raise MissingDependency(f"{path}: reading a DCP checkpoint needs PyTorch: pip install torch") from None
     metadata = FileSystemReader(str(path)).read_metadata()
-    tensors, other = [], 0
+    tensors, entries = [], []
     for name, entry in metadata.state_dict_metadata.items():
         if isinstance(entry, TensorStorageMetadata):
             dtype = entry.properties.dtype
             element = torch.empty((), dtype=dtype).element_size()
             tensors.append(Tensor(name, tuple(entry.size), str(dtype).removeprefix("torch."), element))
-        else:
-            other += 1
-    return tensors, other
+        else:  # a bytes item: the planner's torch.save of the value, read back from its .distcp
+            entries.append(_dcp_entry(path, name, metadata, torch))
+    return tensors, entries
+
+
+def _dcp_entry(path: Path, name: str, metadata, torch) -> Entry:
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    info = (metadata.storage_data or {}).get(MetadataIndex(name))
+    if info is None:
+        return Entry(name, blob=0)
+    with open(path / info.relative_path, "rb") as f:
+        f.seek(info.offset)
+        data = f.read(info.length)
+    try:
+        return _entry(name, torch.load(io.BytesIO(data), weights_only=True))
+    except Exception:  # a value torch refuses to unpickle safely: its size still describes it
+        return Entry(name, blob=len(data))
 
 
 def _tensorflow(path: Path):
@@ -197,11 +248,11 @@ def _tensorflow(path: Path):
         raise UserError(f"{path}: its 'checkpoint' file names no checkpoint")
     reader = tf.train.load_checkpoint(prefix)
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-    tensors, other = [], 0
+    tensors, entries = [], []
     for name in sorted(shapes):
         dtype = dtypes[name]
-        if dtype == tf.string:  # the object graph and other serialized entries
-            other += 1
+        if dtype == tf.string:  # the object graph and other serialized entries: blobs of their size
+            entries.append(Entry(name, blob=len(reader.get_tensor(name))))
             continue
         tensors.append(Tensor(name, tuple(shapes[name]), dtype.name, dtype.size))
-    return tensors, other
+    return tensors, entries

@@ -4,12 +4,15 @@ The schema (config/schema.py ModelConfig, plan/model.py `_explicit_shards`) decl
 model as a list of tensor element counts at one model element size (`layer_parameters` x
 `model_dtype_bytes`), a list of optimizer tensors at one optimizer element size
 (`optimization_groups` x `optimizer_dtype_bytes`, one state each) and a byte blob
-(`model_size_bytes`). Names, shapes and per-tensor dtypes have no key yet, so:
+(`model_size_bytes`), with each listed tensor's name (`layer_names`, `optimization_group_names`:
+the keys the checkpoint's container records). Shapes have no key, so:
 
 - the element size holding most of a role's bytes becomes that role's dtype size;
-- every tensor of that size is one entry (its element count), in the checkpoint's order;
-- tensors of any other size (BatchNorm's int64 `num_batches_tracked`, an int32 step counter)
-  are added, byte for byte, to `model_size_bytes`;
+- every tensor of that size is one entry (its element count), in the checkpoint's order; model
+  tensors of other types (BatchNorm's int64 `num_batches_tracked`) are entries too, in their
+  places, their types in `layer_dtypes`;
+- optimizer tensors of any other size (Adam's int64 step) are added, byte for byte, to
+  `model_size_bytes`;
 - each entry carries its name, shape and dtype as a YAML comment, so nothing is lost to a reader
   and a later schema with per-tensor dtypes can be filled from the same output.
 
@@ -19,9 +22,12 @@ only by the folded tensors, which become one blob.
 
 from __future__ import annotations
 
+import json
+import math
 from collections import Counter
 from pathlib import Path
 
+from dlio_ckpt.config.schema import TENSOR_DTYPES
 from dlio_ckpt.describe.readers import Tensor, TensorList
 
 _SIZES = (1, 2, 4, 8)  # the element sizes model_dtype_bytes / optimizer_dtype_bytes accept
@@ -40,25 +46,37 @@ def model_section(listing: TensorList, name: str) -> dict:
     model = [t for t in listing.tensors if t.role == "model" and t.numel]
     optimizer = [t for t in listing.tensors if t.role == "optimizer" and t.numel]
     mdt, odt = dominant_size(model), dominant_size(optimizer)
-    layers = [t for t in model if t.itemsize == mdt]
+    # model tensors of several element types keep their places and types (model.layer_dtypes), so
+    # the checkpoint holds as many tensors as the program's (a container per tensor under DCP)
+    typed = any(t.itemsize != mdt for t in model) and all(t.dtype in TENSOR_DTYPES for t in model)
+    layers = model if typed else [t for t in model if t.itemsize == mdt]
     groups = [t for t in optimizer if t.itemsize == odt]
-    folded = [t for t in model if t.itemsize != mdt] + [t for t in optimizer if t.itemsize != odt]
+    folded = ([] if typed else [t for t in model if t.itemsize != mdt]) + [t for t in optimizer if t.itemsize != odt]
     return {
         "name": name,
         "kind": "explicit",
         "model_size_bytes": sum(t.nbytes for t in folded),
         "model_dtype_bytes": mdt,
         "layer_parameters": [t.numel for t in layers],
+        "layer_dtypes": [t.dtype for t in layers] if typed else [],
         "optimizer_dtype_bytes": odt,
         "optimizer_states": 1,
         "optimization_groups": [t.numel for t in groups],
+        "layer_names": [t.name for t in layers],
+        "optimization_group_names": [t.name for t in groups],
+        "extra_state": [{"name": e.name, "bytes": e.blob} if e.blob >= 0 else {"name": e.name, "value": e.value}
+                        for e in listing.entries],
         "_notes": {"layer_parameters": layers, "optimization_groups": groups, "model_size_bytes": folded},
     }
 
 
 def section_bytes(section: dict) -> int:
     """The bytes the section declares (what the emulation writes per full checkpoint)."""
-    return (section["model_size_bytes"] + section["model_dtype_bytes"] * sum(section["layer_parameters"])
+    if section.get("layer_dtypes"):
+        layers = sum(n * TENSOR_DTYPES[d] for n, d in zip(section["layer_parameters"], section["layer_dtypes"]))
+    else:
+        layers = section["model_dtype_bytes"] * sum(section["layer_parameters"])
+    return (section["model_size_bytes"] + layers
             + section["optimizer_dtype_bytes"] * section["optimizer_states"] * sum(section["optimization_groups"]))
 
 
@@ -77,9 +95,9 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
         f"# Written by dlio_ckpt-describe-model from {Path(listing.path).name} ({listing.format}{on_disk}).",
         f"# {len(listing.tensors)} tensors, {total:,} bytes: "
         + ", ".join(f"{dtype} {nbytes:,} B" for dtype, nbytes in by_dtype.most_common())
-        + (f"; {listing.other_entries} non-tensor entries not described" if listing.other_entries else "") + ".",
-        "# Per-tensor dtypes have no key in the schema yet: tensors whose element size differs from",
-        "# model_dtype_bytes / optimizer_dtype_bytes are counted byte for byte in model_size_bytes.",
+        + (f"; {listing.other_entries} non-tensor entries (model.extra_state)" if listing.other_entries else "") + ".",
+        "# Model tensors of several element types are listed with model.layer_dtypes; optimizer tensors whose",
+        "# element size differs from optimizer_dtype_bytes are counted byte for byte in model_size_bytes.",
         "model:",
         f"  name: {section['name']}",
         "  kind: explicit",
@@ -91,9 +109,15 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
     lines.append(f"  model_size_bytes: {section['model_size_bytes']}")
     lines.append(f"  model_dtype_bytes: {section['model_dtype_bytes']}")
     lines += _list("layer_parameters", section["layer_parameters"], notes["layer_parameters"])
+    if section["layer_dtypes"]:
+        lines += ["  layer_dtypes:   # one per layer_parameters entry, in the same order"]
+        lines += [f"    - {d}" for d in section["layer_dtypes"]]
     lines.append(f"  optimizer_dtype_bytes: {section['optimizer_dtype_bytes']}")
     lines.append("  optimizer_states: 1   # each optimizer tensor below is its own group")
     lines += _list("optimization_groups", section["optimization_groups"], notes["optimization_groups"])
+    lines += _names("layer_names", section["layer_names"])
+    lines += _names("optimization_group_names", section["optimization_group_names"])
+    lines += _entries(section["extra_state"])
     lines.append(f"# declared bytes: {section_bytes(section):,} (= the tensors' {total:,})")
     return "\n".join(lines) + "\n"
 
@@ -103,3 +127,36 @@ def _list(key: str, values: list[int], tensors: list[Tensor]) -> list[str]:
         return [f"  {key}: []"]
     width = max(len(str(v)) for v in values)
     return [f"  {key}:"] + [f"    - {v:<{width}}   # {_describe(t)}" for v, t in zip(values, tensors)]
+
+
+def _names(key: str, names: list[str]) -> list[str]:
+    """The state dict's keys, in the entries' order: the names the checkpoint's container records."""
+    if not names:
+        return []
+    return [f"  {key}:   # the checkpoint's own names, in the order above"] + [f"    - {json.dumps(n)}" for n in names]
+
+
+def _entries(entries: list[dict]) -> list[str]:
+    """model.extra_state, one flow mapping per entry (JSON's syntax, which YAML reads, but floats
+    always with a '.' before an exponent: YAML 1.1 reads 1e-05 as a string)."""
+    if not entries:
+        return []
+    lines = ["  extra_state:   # the non-tensor entries, as the format serializes them (docs/fidelity.md)"]
+    for entry in entries:
+        body = ", ".join(f"{key}: {_flow(value)}" for key, value in entry.items())
+        lines.append(f"    - {{{body}}}")
+    return lines
+
+
+def _flow(value) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
+        return text
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_flow(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)

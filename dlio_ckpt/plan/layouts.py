@@ -166,6 +166,10 @@ class PytorchDcpLayout(Layout):
     def rank_files(self, model, rank, tensors, ext):
         return [(f"__{rank}_0.distcp", tensors)] if tensors else []
 
+    def held_tensors(self, model: ModelPlan, rank: int) -> tuple[TensorSpec, ...]:
+        """What rank `rank` puts in its local save plan before the dedup (every replica's copy)."""
+        return _held_by(model, rank)
+
     def rank_tensors(self, model, rank):
         if model.replicas == "all" or model.dp == 1:
             return model.rank_tensors(rank)
@@ -225,11 +229,13 @@ def _held_by(model: ModelPlan, rank: int) -> tuple[TensorSpec, ...]:
     its model-parallel shard's replicated state whole, its own ZeRO partitions."""
     c = model.coords(rank)
     model_part, optimizer = model.mp_shards[c.pp * model.tp + c.tp]
+    # every replica of shard 0 holds the non-tensor entries (its own param groups, epoch), listed last
+    objects = model.objects if model.mp_rank(rank) == 0 else ()
     if model.zero_stage == 0:
-        return model_part + optimizer
+        return model_part + optimizer + objects
     if model.zero_stage >= 3:
-        return model.rank_tensors(rank)
-    return model_part + tuple(t for t in model.rank_tensors(rank) if t.kind == "optimizer")
+        return tuple(t for t in model.rank_tensors(rank) if not t.is_object) + objects
+    return model_part + tuple(t for t in model.rank_tensors(rank) if t.kind == "optimizer") + objects
 
 
 def dcp_assignment(model: ModelPlan) -> dict[tuple[int, str], int]:

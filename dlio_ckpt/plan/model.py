@@ -29,6 +29,7 @@ reported beside the scaled ones.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable
@@ -59,8 +60,19 @@ class TensorSpec:
     name: str
     numel: int
     dtype_bytes: int
-    kind: str  # "model" | "optimizer"
+    kind: str  # "model" | "optimizer" | "object" (a non-tensor entry of model.extra_state: no elements)
     dtype_name: str = ""  # the element type a framework records (model.layer_dtypes); "": by dtype_bytes
+    value: str = ""  # kind "object": the entry's value as JSON text (hashable, as a plan's values are)
+    blob: int = -1  # kind "object": >= 0, an opaque blob of this many bytes instead of a value
+
+    @property
+    def is_object(self) -> bool:
+        return self.kind == "object"
+
+    def object_value(self):
+        """A non-tensor entry's value as the program holds it: the plain value, or a blob of
+        `blob` bytes."""
+        return bytes(self.blob) if self.blob >= 0 else json.loads(self.value)
 
     @property
     def nbytes(self) -> int:
@@ -104,6 +116,10 @@ class ModelPlan:
     # mp_shards[pp * tp_size + tp]: (model tensors, optimizer tensors) before DP/ZeRO partitioning
     mp_shards: tuple[tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]], ...]
     replicas: str = "one"  # checkpoint.replicas: "all" = every DP replica writes its copy of replicated state
+    # model.extra_state: non-tensor entries (kind "object"), held by the ranks of model-parallel
+    # shard 0 that write its replicated state (a process's epoch counter and param groups), saved
+    # after its tensors as a state dict lists them
+    objects: tuple[TensorSpec, ...] = ()
 
     # ranks ------------------------------------------------------------------------------------
     @property
@@ -151,7 +167,12 @@ class ModelPlan:
             out.extend(optimizer_split.partition(optimizer, c.dp))
         elif self.writes_replica(c.dp):
             out.extend(optimizer)
-        return tuple(t for t in out if t.numel > 0)
+        return tuple(t for t in out if t.numel > 0) + self.rank_objects(rank)
+
+    def rank_objects(self, rank: int) -> tuple[TensorSpec, ...]:
+        """The non-tensor entries rank `rank` holds: those of model-parallel shard 0, on the ranks
+        that write its replicated state."""
+        return self.objects if self.mp_rank(rank) == 0 and self.writes_replica(self.coords(rank).dp) else ()
 
     def rank_bytes(self, rank: int) -> tuple[int, int]:
         """(model bytes, optimizer bytes) that rank `rank` writes (the bytes of rank_tensors, without
@@ -342,14 +363,22 @@ def _explicit_shards(cfg: ModelConfig, tp: int, pp: int):
             for i in layers:
                 dtype = cfg.layer_dtypes[i] if cfg.layer_dtypes else ""
                 size = TENSOR_DTYPES[dtype] if dtype else mdt
-                model.append(TensorSpec(f"layers.{i}", split(cfg.layer_parameters[i], tp, t), size, "model", dtype))
+                name = cfg.layer_names[i] if cfg.layer_names else f"layers.{i}"
+                model.append(TensorSpec(name, split(cfg.layer_parameters[i], tp, t), size, "model", dtype))
             optimizer = [
-                TensorSpec(f"optimizer.group{g}.{s}", split(size, mp, index), odt, "optimizer")
+                TensorSpec(cfg.optimization_group_names[g] if cfg.optimization_group_names else f"optimizer.group{g}.{s}",
+                           split(size, mp, index), odt, "optimizer")
                 for g, size in enumerate(cfg.optimization_groups)
                 for s in states
             ]
             shards.append((tuple(m for m in model if m.numel), tuple(o for o in optimizer if o.numel)))
     return tuple(shards)
+
+
+def object_specs(cfg: ModelConfig) -> tuple[TensorSpec, ...]:
+    """model.extra_state as TensorSpecs of kind "object" (no elements, no payload bytes)."""
+    return tuple(TensorSpec(e.name, 0, 1, "object", value="" if e.bytes >= 0 else json.dumps(e.value), blob=e.bytes)
+                 for e in cfg.extra_state)
 
 
 def build_model_plan(cfg: ModelConfig, world_size: int, max_total_bytes: int = 0, replicas: str = "one") -> ModelPlan:
@@ -374,5 +403,5 @@ def build_model_plan(cfg: ModelConfig, world_size: int, max_total_bytes: int = 0
         name=cfg.name, kind=cfg.kind, tp=tp, pp=pp, dp=dp, zero_stage=cfg.parallelism.zero_stage,
         world_size=world_size, parameters=params, scale_factor=factor,
         unscaled_model_bytes=unscaled_model, unscaled_optimizer_bytes=unscaled_opt, mp_shards=shards,
-        replicas=replicas,
+        replicas=replicas, objects=object_specs(cfg),
     )

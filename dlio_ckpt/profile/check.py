@@ -4,8 +4,8 @@ The emulation runs in a temporary storage root (its dataset generated first, unt
 dlio_ckpt's own Darshan writer (trace.darshan=true), and its log is summed by the same function as
 the real program's (figures.py), with the emulation's own folders as the roots: so both columns
 are counted alike. Rows: per file class the bytes and calls, then the checkpoint count and bytes
-per save (the emulation's own count in summary.json: the saves it made, the bytes its write calls
-moved) and compute per step (the log's inferred value beside the emulated run's measured one).
+per save (the saves summary.json counts; the bytes of the emulated log's checkpoint class over
+them, coordinator files and tags included, as the log's saves count them) and compute per step (the log's inferred value beside the emulated run's measured one).
 A failed emulation is a run-time failure: one line, exit 1.
 """
 
@@ -89,7 +89,9 @@ def run_check(profile: Profile, workload: Path, timeout: float = 600.0, keep: Pa
         emulated_compute = float(train_summary.get("compute_s", 0.0)) / steps
         ckpt = summary.get("checkpoint") or {}
         saves = int(ckpt.get("writes", 0) or 0)
-        per_save = int(ckpt.get("total_bytes_written", 0) or 0) // saves if saves else 0
+        # counted as the log's per-save figure is: every checkpoint-class byte of the save, its
+        # coordinator files and tag too (summary.json's total_bytes_written has the data files only)
+        per_save = int(figures["checkpoint"].bytes_written) // saves if saves else 0
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
