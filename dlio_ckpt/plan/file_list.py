@@ -36,12 +36,18 @@ class SplitFiles:
     sample_bytes: int  # every file's sample size where `sizes` is None
     sizes: np.ndarray | None = None  # per-file sample sizes (int64) where they vary
 
+    def __post_init__(self) -> None:
+        """The parts every path shares, formatted once (a path is asked for per sample read)."""
+        base = os.path.join(self.folder, self.split, "")
+        name = f"{{}}{{:0{len(str(self.subfolders))}d}}/" if self.subfolders else "{}"
+        name += f"{self.prefix}_{{:0{max(len(str(self.count)), 1)}d}}_of_{self.count}.{self.extension}"
+        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "_name", name.format)
+
     def path(self, i: int) -> str:
-        width = max(len(str(self.count)), 1)
-        name = f"{self.prefix}_{i:0{width}d}_of_{self.count}.{self.extension}"
         if self.subfolders:
-            return os.path.join(self.folder, self.split, f"{i % self.subfolders:0{len(str(self.subfolders))}d}", name)
-        return os.path.join(self.folder, self.split, name)
+            return self._name(self._base, i % self.subfolders, i)
+        return self._name(self._base, i)
 
     def folders(self) -> list[str]:
         """The folders this split's files lie in, each once (the subfolders, or the split's folder)."""
@@ -60,20 +66,36 @@ class SplitFiles:
 class FileList(Sequence):
     """Files of one or more splits, one after another, at `positions` (a range over them all)."""
 
-    __slots__ = ("_splits", "_positions")
+    __slots__ = ("_splits", "_positions", "_last")
 
     def __init__(self, splits: tuple[SplitFiles, ...], positions: range | None = None) -> None:
         self._splits = splits
         self._positions = range(sum(s.count for s in splits)) if positions is None else positions
+        # The FileSpec last asked for: a reader asks for one file's once per sample, in a row.
+        # One tuple, replaced whole, so reader threads never see half of it.
+        self._last: tuple[int, FileSpec] | None = None
+
+    def __getstate__(self) -> tuple:
+        return self._splits, self._positions
+
+    def __setstate__(self, state: tuple) -> None:
+        self._splits, self._positions = state
+        self._last = None
 
     def __len__(self) -> int:
         return len(self._positions)
 
     def _spec(self, position: int) -> FileSpec:
+        last = self._last
+        if last is not None and last[0] == position:
+            return last[1]
+        offset = position
         for split in self._splits:
-            if position < split.count:
-                return split.spec(position)
-            position -= split.count
+            if offset < split.count:
+                spec = split.spec(offset)
+                self._last = (position, spec)
+                return spec
+            offset -= split.count
         raise IndexError(position)
 
     def __getitem__(self, key):
