@@ -161,3 +161,50 @@ def test_generation_writes_the_manifest_a_whole_table_dump_would_and_reuses_the_
     with open(plan.files[4].path, "ab") as grown:  # a file whose size the manifest does not record
         grown.write(b"x")
     assert not ensure_dataset(make_ctx(tmp_path, overrides), plan, fmt).reused
+
+
+def _generated(tmp_path, overrides):
+    from ckpt_util import make_ctx
+    from dlio_ckpt.engine.generate import ensure_dataset
+    from dlio_ckpt.formats import get_format
+
+    ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny", "dataset.format=npz", *overrides])
+    fmt = get_format("npz")
+    plan = plan_dataset(ctx.config, fmt.extension)
+    ensure_dataset(ctx, plan, fmt)
+    return ctx, plan, fmt
+
+
+def test_a_manifest_larger_than_one_write_goes_out_in_several_and_reads_back_the_same(tmp_path, monkeypatch):
+    from dlio_ckpt.engine import generate
+    from dlio_ckpt.storage.events import OPS
+
+    ctx, plan, fmt = _generated(tmp_path, ["dataset.num_files_train=12", "dataset.num_subfolders_train=3"])
+    one_write = open(plan.manifest_path, "rb").read()
+    monkeypatch.setattr(generate, "MANIFEST_WRITE_BYTES", 100)
+    before = len(ctx.recorder.array())
+    generate._write_manifest(ctx.storage.with_phase("generate"), plan, fmt, ctx.config.workload)
+    pieces = open(plan.manifest_path, "rb").read()
+    events = ctx.recorder.array()[before:]
+    manifest = [i for i, p in enumerate(ctx.recorder.paths) if ".dlio_ckpt_dataset.json" in p]
+    writes = [e for e in events if OPS[e["op"]] == "write" and e["file"] in manifest]
+    created = lambda text: [line for line in text.split(b"\n") if b'"created"' not in line]  # noqa: E731
+    assert created(pieces) == created(one_write) and len(one_write) > 5 * 100
+    lengths = [int(e["length"]) for e in writes]
+    assert len(lengths) >= 5 and sum(lengths) == len(pieces)
+    assert all(100 <= n < 100 + 80 for n in lengths[:-1])  # a write once 100 bytes are held: one entry over at most
+
+
+def test_a_manifest_that_fails_half_way_leaves_no_manifest_and_no_temporary_file(tmp_path, monkeypatch):
+    """A file gone before the manifest lists it: the stat fails mid-manifest, the staged manifest
+    is aborted, and the dataset stays untrusted (no manifest, nothing half-written beside it)."""
+    from dlio_ckpt.engine import generate
+
+    ctx, plan, fmt = _generated(tmp_path, ["dataset.num_files_train=12", "dataset.num_subfolders_train=3"])
+    monkeypatch.setattr(generate, "MANIFEST_WRITE_BYTES", 100)  # some entries already written when it fails
+    os.remove(plan.manifest_path)
+    os.remove(plan.files[9].path)
+    before = set(os.listdir(plan.folder))
+    with pytest.raises(FileNotFoundError):
+        generate._write_manifest(ctx.storage.with_phase("generate"), plan, fmt, ctx.config.workload)
+    assert set(os.listdir(plan.folder)) == before and not os.path.exists(plan.manifest_path)
