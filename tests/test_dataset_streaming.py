@@ -196,15 +196,30 @@ def test_a_manifest_larger_than_one_write_goes_out_in_several_and_reads_back_the
 
 
 def test_a_manifest_that_fails_half_way_leaves_no_manifest_and_no_temporary_file(tmp_path, monkeypatch):
-    """A file gone before the manifest lists it: the stat fails mid-manifest, the staged manifest
-    is aborted, and the dataset stays untrusted (no manifest, nothing half-written beside it)."""
+    """A file gone before the manifest lists it: its stat fails, and the dataset stays untrusted
+    (no manifest, nothing half-written beside it)."""
     from dlio_ckpt.engine import generate
 
     ctx, plan, fmt = _generated(tmp_path, ["dataset.num_files_train=12", "dataset.num_subfolders_train=3"])
-    monkeypatch.setattr(generate, "MANIFEST_WRITE_BYTES", 100)  # some entries already written when it fails
+    monkeypatch.setattr(generate, "MANIFEST_WRITE_BYTES", 100)
     os.remove(plan.manifest_path)
     os.remove(plan.files[9].path)
     before = set(os.listdir(plan.folder))
     with pytest.raises(FileNotFoundError):
         generate._write_manifest(ctx.storage.with_phase("generate"), plan, fmt, ctx.config.workload)
     assert set(os.listdir(plan.folder)) == before and not os.path.exists(plan.manifest_path)
+
+
+def test_the_manifest_stats_every_file_before_it_opens_as_the_whole_table_dump_did(tmp_path):
+    """The same calls in the same order as before streaming: every file's stat, then the
+    manifest's open, one write, fsync, close."""
+    from dlio_ckpt.storage.events import OPS
+
+    ctx, plan, fmt = _generated(tmp_path, ["dataset.num_files_train=6", "dataset.num_subfolders_train=2"])
+    events = ctx.recorder.array()
+    calls = [(OPS[e["op"]], ctx.recorder.paths[e["file"]]) for e in events]
+    opened = calls.index(("open", plan.manifest_path)) if ("open", plan.manifest_path) in calls else \
+        next(i for i, (op, path) in enumerate(calls) if op == "open" and path.startswith(plan.manifest_path))
+    before = [path for op, path in calls[opened - len(plan.files):opened]]
+    assert before == [spec.path for spec in plan.files] and all(op == "stat" for op, _ in calls[opened - 6:opened])
+    assert [op for op, _ in calls[opened:opened + 4]] == ["open", "write", "fsync", "close"]
