@@ -9,6 +9,15 @@ give time only):
 - generate   : mode=generate of N tiny files (64-byte records, raw format, one rank)
 - generate-nosync: the same with storage.fsync=false (the emulator's cost, not the disk's)
 - small-np8  : generate + one epoch of reads of N x 4 KiB files under mpirun -np 8
+- gen-4k     : mode=generate of N x 4 KiB files (raw, one rank, storage.fsync=false, 100 folders)
+- read-4k    : the same generation, then one epoch of reads of them on one rank (mode=train, no
+               compute): its peak RSS is the process's own, the read epoch's time is summary.json's train.wall_s
+- fio-gen-4k : fio writing N x 4 KiB files over 100 folders, one after another (psync, no fsync):
+               the C baseline of gen-4k (`directory=a:b:...` spreads fio's files over them)
+- fio-read-4k: fio reading those files (psync, one open file at a time): the baseline of read-4k's epoch
+
+Per-file costs are compared as marginal costs, (time at n2 - time at n1) / (n2 - n1), so that the
+start-up of each (the interpreter and imports, fio's set-up) drops out.
 
 Each figure is divided by N: a flat per-unit column is linear growth. Nothing is asserted;
 the table and benchmarks/results/scaling_costs.json are the output.
@@ -20,6 +29,7 @@ the table and benchmarks/results/scaling_costs.json are the output.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -58,6 +68,14 @@ def case_command(kind: str, n: int, root: Path) -> tuple[list[str], list[str]]:
         return [], ["workload=unet3d", "mode=generate", *tiny, *common]
     if kind == "generate-nosync":  # the emulator's own cost per file, without the file system's fsync
         return [], ["workload=unet3d", "mode=generate", "storage.fsync=false", *tiny, *common]
+    if kind in ("gen-4k", "read-4k"):
+        four_k = ["dataset.format=raw", f"dataset.num_files_train={n}", "dataset.record_length_bytes=4KiB",
+                  "dataset.record_length_bytes_stdev=0", "dataset.record_length_bytes_min=1",
+                  "dataset.num_subfolders_train=100", "checkpoint.enabled=false", "storage.fsync=false", *common]
+        if kind == "gen-4k":
+            return [], ["workload=unet3d", "mode=generate", *four_k]
+        return [], ["workload=unet3d", "mode=train", "train.epochs=1", "train.computation_time=0",
+                    "reader.batch_size=8", *four_k]
     if kind == "small-np8":
         return [tool("mpirun"), "-np", "8"], [
             "workload=unet3d", "dataset.format=raw", f"dataset.num_files_train={n}", "dataset.record_length_bytes=4KiB",
@@ -65,6 +83,34 @@ def case_command(kind: str, n: int, root: Path) -> tuple[list[str], list[str]]:
             "dataset.num_subfolders_train=0", "checkpoint.enabled=false", "train.epochs=1", "train.computation_time=0",
             "reader.batch_size=8", *common]
     raise ValueError(kind)
+
+
+def fio_command(kind: str, n: int, root: Path) -> list[str]:
+    """fio over n x 4 KiB files spread over 100 folders (fio-gen-4k writes them, fio-read-4k writes
+    them in an untimed first command, then reads them)."""
+    folders = [root / "fio" / f"{i:02d}" for i in range(100)]
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+    return ["fio", "--name=small", "--directory=" + ":".join(map(str, folders)), f"--nrfiles={n}",
+            "--filesize=4k", "--bs=4k", "--ioengine=psync", "--openfiles=1", "--file_service_type=sequential",
+            "--fallocate=none", "--create_on_open=1", "--rw=write" if kind == "fio-gen-4k" else "--rw=read",
+            "--output-format=terse"]
+
+
+def run_case(kind: str, n: int, root: Path) -> tuple[float, int, float | None]:
+    """(wall s, peak RSS bytes, the read epoch's s where the case reads after generating) of one run."""
+    if kind.startswith("fio-"):
+        if kind == "fio-read-4k":  # the files to read, written first (untimed)
+            measured(fio_command("fio-gen-4k", n, root), str(root))
+        wall, peak = measured(fio_command(kind, n, root), str(root))
+        return wall, peak, None
+    prefix, arguments = case_command(kind, n, root)
+    wall, peak = measured([*prefix, tool("dlio_ckpt"), *arguments], str(root))
+    epoch = None
+    if kind == "read-4k":
+        summary = json.loads(next((root / "run").rglob("summary.json")).read_text())
+        epoch = float(summary["train"]["wall_s"]) if "train" in summary else None
+    return wall, peak, epoch
 
 
 def sizes(text: str) -> list[int]:
@@ -78,28 +124,33 @@ def main() -> None:
     parser.add_argument("--generate", default="10000,100000")
     parser.add_argument("--generate-nosync", default="10000,100000,1000000")
     parser.add_argument("--small-np8", default="5000,20000,80000")
+    parser.add_argument("--small-4k", default="", help="counts for gen-4k, read-4k and their fio baselines "
+                        "(e.g. 10000,100000)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each case (median reported)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scaling_costs.json"))
     args = parser.parse_args()
     cases = [("plan-ckpt", n) for n in sizes(args.plan_ranks)] + [("plan-data", n) for n in sizes(args.plan_files)]
     cases += [("generate", n) for n in sizes(args.generate)]
     cases += [("generate-nosync", n) for n in sizes(args.generate_nosync)] + [("small-np8", n) for n in sizes(args.small_np8)]
+    cases += [(kind, n) for n in sizes(args.small_4k) for kind in ("gen-4k", "fio-gen-4k", "read-4k", "fio-read-4k")]
     results = []
     env = environment(tempfile.gettempdir())  # the load before the first case
     base = tempfile.mkdtemp(prefix="scaling_costs-")
     try:
         for kind, n in cases:
-            walls, peaks = [], []
+            walls, peaks, epochs = [], [], []
             for _ in range(args.rounds):
                 root = Path(tempfile.mkdtemp(dir=base))
-                prefix, arguments = case_command(kind, n, root)
-                wall, peak = measured([*prefix, tool("dlio_ckpt"), *arguments], str(root))
+                wall, peak, epoch = run_case(kind, n, root)
                 walls.append(wall)
                 peaks.append(peak)
+                epochs.append(epoch)
                 shutil.rmtree(root, ignore_errors=True)
             row = {"case": kind, "n": n, "wall_s": walls, "peak_rss_bytes": peaks, "median_s": median(walls),
                    "us_per_unit": median(walls) / n * 1e6, "peak_rss_mib": max(peaks) / (1 << 20),
-                   "mpirun": bool(case_command(kind, n, Path(base))[0])}
+                   "mpirun": kind == "small-np8"}
+            if kind == "read-4k" and None not in epochs:
+                row["epoch_s"] = median(epochs)
             results.append(row)
             print(f"{kind:15s} n={n:>9,}  {row['median_s']:8.2f} s  {row['us_per_unit']:9.1f} us/unit  "
                   f"peak {row['peak_rss_mib']:7.1f} MiB", flush=True)
@@ -108,8 +159,29 @@ def main() -> None:
     rows = [[r["case"], f"{r['n']:,}", f"{r['median_s']:.2f}", f"{r['us_per_unit']:.1f}",
              "(mpirun)" if r["mpirun"] else f"{r['peak_rss_mib']:.0f}"] for r in results]
     print(table(rows, ["case", "n", "wall s (median)", "us per unit", "peak RSS MiB"]))
+    marginal = marginal_costs(results)
+    if marginal:
+        print(table([[kind, f"{a:,} -> {b:,}", f"{us:.1f}"] for kind, a, b, us in marginal],
+                    ["case", "n", "marginal us a file"]))
     write_json(Path(args.out), {"environment": env, "loadavg_at_end": os.getloadavg(),
-                                "rounds": args.rounds, "results": results})
+                                "rounds": args.rounds, "results": results,
+                                "marginal_us_per_file": [dict(zip(("case", "n1", "n2", "us"), m)) for m in marginal]})
+
+
+def marginal_costs(results: list[dict]) -> list[tuple[str, int, int, float]]:
+    """(case, n1, n2, microseconds a file between them) for each case measured at two or more
+    sizes (the smallest and the largest); read-4k gives its read epoch's (train_wall_s) as well."""
+    out = []
+    for kind in dict.fromkeys(r["case"] for r in results):
+        rows = sorted((r for r in results if r["case"] == kind), key=lambda r: r["n"])
+        if len(rows) < 2:
+            continue
+        low, high = rows[0], rows[-1]
+        out.append((kind, low["n"], high["n"], (high["median_s"] - low["median_s"]) / (high["n"] - low["n"]) * 1e6))
+        if "epoch_s" in low and "epoch_s" in high:
+            out.append(("read-4k epoch", low["n"], high["n"],
+                        (high["epoch_s"] - low["epoch_s"]) / (high["n"] - low["n"]) * 1e6))
+    return out
 
 
 if __name__ == "__main__":

@@ -44,11 +44,27 @@ def dataset_bytes_to_write(config: RunConfig, storage: StorageBackend) -> int:
 
     plan = plan_dataset(config, get_format(config.dataset.format).extension)
     try:
-        if json.loads(storage.read_whole(plan.manifest_path)).get("fingerprint") == plan.fingerprint:
+        if _manifest_fingerprint(storage, plan.manifest_path) == plan.fingerprint:
             return 0
     except (OSError, ValueError, AttributeError):
         pass
     return plan.payload_bytes
+
+
+def _manifest_fingerprint(storage: StorageBackend, path: str) -> object:
+    """The fingerprint a dataset manifest records: from its header alone (its first read, not its
+    file table) where it has generation's layout, else from the whole JSON."""
+    from dlio_ckpt.plan import dataset_manifest
+
+    try:
+        handle = storage.open_read(path)
+        try:
+            header, _ = dataset_manifest.decode(dataset_manifest.text_lines(handle.read_at, handle.size()))
+        finally:
+            handle.close()
+        return header.get("fingerprint")
+    except (ValueError, AttributeError):
+        return json.loads(storage.read_whole(path)).get("fingerprint")
 
 
 def checkpoints_kept(config: RunConfig, world_size: int) -> int:

@@ -20,11 +20,13 @@ folders to sync).
 
 from __future__ import annotations
 
-import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.ownership import mark_dataset
@@ -33,8 +35,12 @@ from dlio_ckpt.errors import RunFailure, UserError, failure_text, storage_failur
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
 from dlio_ckpt.metrics.progress import Progress
-from dlio_ckpt.plan.dataset import DatasetPlan, generation_share
+from dlio_ckpt.plan import dataset_manifest
+from dlio_ckpt.plan.dataset import MANIFEST_NAME, DatasetPlan, generation_share
 from dlio_ckpt.storage.durable import backend_root, entry_folders, sync_folders
+
+
+MANIFEST_WRITE_BYTES = 1 << 20  # the manifest goes out in writes of about this size (one below it)
 
 
 @dataclass(frozen=True)
@@ -60,39 +66,73 @@ def format_options(ctx: RunContext) -> FormatOptions:
     )
 
 
-def all_paths(plan: DatasetPlan, fmt: DatasetFormat) -> list[str]:
-    return [spec.path + suffix for spec in plan.files for suffix in ("",) + tuple(fmt.companion_suffixes)]
+def all_paths(plan: DatasetPlan, fmt: DatasetFormat) -> Iterator[str]:
+    """Every file's path (each main file, then its companions), one at a time."""
+    suffixes = ("",) + tuple(fmt.companion_suffixes)
+    return (spec.path + suffix for spec in plan.files for suffix in suffixes)
 
 
 def dataset_folders(plan: DatasetPlan, top: str) -> list[str]:
     """The folders the dataset's files depend on, deepest first, each once: every file's folder
-    and the folders above it up to `top` (one representative file per folder: pure, no I/O)."""
-    one_per_folder = {os.path.dirname(spec.path): spec.path for spec in plan.files}
-    return entry_folders(one_per_folder.values(), top)
+    and the folders above it up to `top` (from the plan's naming rule, not its files: pure, no I/O)."""
+    return entry_folders((os.path.join(folder, MANIFEST_NAME) for folder in plan.files.folders()), top)
 
 
-def _read_manifest(storage: Any, plan: DatasetPlan) -> dict | None:
+def _matches(storage: Any, plan: DatasetPlan) -> bool:
+    """The manifest is there, its fingerprint matches and every file is there with the size it
+    recorded (read one entry at a time: dataset_manifest.decode)."""
     if not storage.exists(plan.manifest_path):
-        return None
-    try:
-        return json.loads(storage.read_whole(plan.manifest_path))
-    except (ValueError, OSError):
-        return None
-
-
-def _matches(storage: Any, plan: DatasetPlan, manifest: dict | None) -> bool:
-    """The manifest's fingerprint matches and every file is there with the size it recorded."""
-    if not manifest or manifest.get("fingerprint") != plan.fingerprint:
         return False
-    sizes: dict[str, int] = manifest.get("sizes", {})
-    for relative, size in sizes.items():
-        path = os.path.join(plan.folder, relative)
-        try:
-            if storage.file_size(path) != size:
-                return False
-        except OSError:
+    try:
+        handle = storage.open_read(plan.manifest_path)
+    except OSError:
+        return False
+    try:
+        header, sizes = dataset_manifest.decode(dataset_manifest.text_lines(handle.read_at, handle.size()))
+        if header.get("fingerprint") != plan.fingerprint:
             return False
-    return len(sizes) > 0
+        checked = 0
+        for relative, size in sizes:
+            try:
+                if storage.file_size(os.path.join(plan.folder, relative)) != size:
+                    return False
+            except OSError:
+                return False
+            checked += 1
+        return checked > 0
+    except (ValueError, OSError):
+        return False
+    finally:
+        handle.close()
+
+
+def _write_manifest(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workload: str) -> None:
+    """The commit record, last: header and every file's size, written through the backend's
+    commit primitive (temporary name, fsync, rename, folder fsync on POSIX) in pieces of
+    MANIFEST_WRITE_BYTES (one write below that size), the names made again as they are written:
+    no table of names is held. The sizes are stat'ed first, as before the manifest was streamed
+    (the same calls in the same order), into one int64 array: 8 bytes a file."""
+    sizes = np.fromiter((storage.file_size(p) for p in all_paths(plan, fmt)), dtype=np.int64)
+    header = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": workload,
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entries = zip((os.path.relpath(p, plan.folder) for p in all_paths(plan, fmt)), sizes)
+    handle = storage.open_staged(plan.manifest_path)
+    try:
+        pending: list[bytes] = []
+        held = 0
+        for piece in dataset_manifest.encode(header, entries):
+            pending.append(piece.encode())
+            held += len(pending[-1])
+            if held >= MANIFEST_WRITE_BYTES:
+                handle.write(b"".join(pending))
+                pending, held = [], 0
+        if pending:
+            handle.write(b"".join(pending))
+        handle.fsync()
+    except BaseException:
+        handle.abort()
+        raise
+    handle.close()
 
 
 def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool,
@@ -128,7 +168,7 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
 
     def decide() -> tuple[bool, bool]:
         """(reuse, in place) on rank 0."""
-        reuse = not config.generate.force and _matches(storage, plan, _read_manifest(storage, plan))
+        reuse = not config.generate.force and _matches(storage, plan)
         if reuse:
             return True, False
         if not config.generate.enabled:
@@ -140,12 +180,12 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
             storage.remove(plan.manifest_path)
             if config.storage.fsync:  # the removal reaches the disk before any file is overwritten in place
                 sync_folders(storage, [os.path.dirname(plan.manifest_path)])
-        for folder in sorted({os.path.dirname(spec.path) for spec in plan.files}):
+        for folder in plan.files.folders():
             storage.makedirs(folder)
         in_place = claim_dataset(storage, plan)
         if not in_place and wait_for_live_claim(storage, plan):
             # another run of this host generated it meanwhile, in place: use its commit, or take over
-            if not config.generate.force and _matches(storage, plan, _read_manifest(storage, plan)):
+            if not config.generate.force and _matches(storage, plan):
                 return True, False
             in_place = claim_dataset(storage, plan)
         mark_dataset(ctx.storage.inner, plan.folder, ctx.run_id, ctx.run_dir)  # this run's now (clean may remove it)
@@ -188,10 +228,7 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
                 # Every file's entry in its folder, and each folder's entry in its parent up to
                 # storage.root: each folder fsynced once, after all ranks wrote, before the manifest.
                 sync_folders(storage, dataset_folders(plan, backend_root(storage) or config.storage.root))
-            sizes = {os.path.relpath(p, plan.folder): storage.file_size(p) for p in all_paths(plan, fmt)}
-            manifest = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": config.workload,
-                        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sizes": sizes}
-            storage.write_atomic(plan.manifest_path, json.dumps(manifest, indent=1).encode())
+            _write_manifest(storage, plan, fmt, config.workload)
             if in_place:
                 release_claim(storage, plan)  # committed: the next generation may write in place
 

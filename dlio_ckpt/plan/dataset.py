@@ -18,21 +18,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlio_ckpt.config.schema import RunConfig
-from dlio_ckpt.formats.base import FileSpec
+from dlio_ckpt.plan.file_list import FileList, SplitFiles
 
 MANIFEST_NAME = ".dlio_ckpt_dataset.json"
 
 
 @dataclass(frozen=True)
 class DatasetPlan:
+    """`train` and `eval` are FileLists (plan/file_list.py): sequences of FileSpec built on demand,
+    in memory that does not grow with the file count."""
+
     folder: str
     format: str
-    train: tuple[FileSpec, ...]
-    eval: tuple[FileSpec, ...]
+    train: FileList
+    eval: FileList
     fingerprint: str
 
     @property
-    def files(self) -> tuple[FileSpec, ...]:
+    def files(self) -> FileList:
         return self.train + self.eval
 
     @property
@@ -41,11 +44,11 @@ class DatasetPlan:
 
     @property
     def train_samples(self) -> int:
-        return sum(f.num_samples for f in self.train)
+        return self.train.total_samples()
 
     @property
     def payload_bytes(self) -> int:
-        return sum(f.payload_bytes for f in self.files)
+        return self.files.total_payload_bytes()
 
 
 def dataset_base_folder(config: RunConfig) -> str:
@@ -80,25 +83,14 @@ def dataset_folder(config: RunConfig) -> str:
     return os.path.join(dataset_base_folder(config), dataset_fingerprint(config))
 
 
-def _sizes(count: int, config: RunConfig, stream: int) -> np.ndarray:
+def _sizes(count: int, config: RunConfig, stream: int) -> np.ndarray | None:
+    """Per-file sample sizes, or None where every file has record_length_bytes (no array kept)."""
     ds = config.dataset
     if ds.record_length_bytes_stdev == 0 or count == 0:
-        return np.full(count, ds.record_length_bytes, dtype=np.int64)
+        return None
     rng = np.random.default_rng([ds.seed, stream])
     sizes = rng.normal(ds.record_length_bytes, ds.record_length_bytes_stdev, count)
     return np.maximum(sizes, ds.record_length_bytes_min).astype(np.int64)
-
-
-def _paths(folder: str, split: str, count: int, subfolders: int, prefix: str, extension: str) -> list[str]:
-    width = max(len(str(count)), 1)
-    paths = []
-    for i in range(count):
-        parts = [folder, split]
-        if subfolders:
-            parts.append(f"{i % subfolders:0{len(str(subfolders))}d}")
-        parts.append(f"{prefix}_{i:0{width}d}_of_{count}.{extension}")
-        paths.append(os.path.join(*parts))
-    return paths
 
 
 def plan_dataset(config: RunConfig, extension: str) -> DatasetPlan:
@@ -106,22 +98,20 @@ def plan_dataset(config: RunConfig, extension: str) -> DatasetPlan:
     ds = config.dataset
     fingerprint = dataset_fingerprint(config)
     folder = os.path.join(dataset_base_folder(config), fingerprint)
-    specs: dict[str, tuple[FileSpec, ...]] = {}
+    splits: dict[str, FileList] = {}
     offset = 0
     for split, count, subfolders, stream in (
         ("train", ds.num_files_train, ds.num_subfolders_train, 0),
         ("eval", ds.num_files_eval, ds.num_subfolders_eval, 1),
     ):
-        sizes = _sizes(count, config, stream)
-        paths = _paths(folder, split, count, subfolders, ds.file_prefix, extension)
-        specs[split] = tuple(
-            FileSpec(index=offset + i, path=paths[i], num_samples=ds.num_samples_per_file, sample_bytes=int(sizes[i]))
-            for i in range(count)
-        )
+        rule = SplitFiles(folder=folder, split=split, count=count, subfolders=subfolders, prefix=ds.file_prefix,
+                          extension=extension, num_samples=ds.num_samples_per_file, first_index=offset,
+                          sample_bytes=ds.record_length_bytes, sizes=_sizes(count, config, stream))
+        splits[split] = FileList((rule,))
         offset += count
-    return DatasetPlan(folder=folder, format=ds.format, train=specs["train"], eval=specs["eval"], fingerprint=fingerprint)
+    return DatasetPlan(folder=folder, format=ds.format, train=splits["train"], eval=splits["eval"], fingerprint=fingerprint)
 
 
-def generation_share(plan: DatasetPlan, rank: int, size: int) -> tuple[FileSpec, ...]:
+def generation_share(plan: DatasetPlan, rank: int, size: int) -> FileList:
     """The files rank `rank` writes: round robin, so large and small files spread evenly."""
     return plan.files[rank::size]

@@ -21,6 +21,7 @@ import numpy as np
 from dlio_ckpt.config.schema import ReaderConfig
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.formats.base import FileSpec
+from dlio_ckpt.plan.file_list import sample_counts, total_samples
 from dlio_ckpt.world import rank_slices
 
 
@@ -75,7 +76,7 @@ def file_order(num_files: int, shuffle: bool, seed: int, epoch: int) -> np.ndarr
 
 def check_world(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> None:
     """A world larger than the dataset leaves ranks idle; for whole-file readers, larger than the file count."""
-    total = sum(f.num_samples for f in files)
+    total = total_samples(files)
     if total < size:
         raise ConfigError(f"world size {size} is larger than the dataset's {total} samples; raise dataset.num_files_train or run fewer ranks")
     if whole_files and len(files) < size:
@@ -88,10 +89,10 @@ def check_world(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> No
 def share_sizes(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> list[int]:
     """Samples each rank reads per epoch: contiguous sample shares, or whole-file shares."""
     if not whole_files:
-        total = sum(f.num_samples for f in files)
+        total = total_samples(files)
         return [stop - start for start, stop in rank_slices(total, size)]
-    counts = [f.num_samples for f in files]  # files hold equal sample counts: the file order does not matter
-    return [sum(counts[start:stop]) for start, stop in rank_slices(len(files), size)]
+    counts = sample_counts(files, np.arange(len(files)))  # equal sample counts: the file order does not matter
+    return [int(counts[start:stop].sum()) for start, stop in rank_slices(len(files), size)]
 
 
 def dlio_steps_per_epoch(files: tuple[FileSpec, ...], batch_size: int, size: int, whole_files: bool,
@@ -101,7 +102,7 @@ def dlio_steps_per_epoch(files: tuple[FileSpec, ...], batch_size: int, size: int
     Every rank runs the same count (a rank whose whole-file share is short of it runs the
     shortest share's count, so that no rank waits in a checkpoint the others never reach).
     """
-    total = sum(f.num_samples for f in files)
+    total = total_samples(files)
     steps = total // batch_size // size
     steps = min([steps] + [share // batch_size for share in share_sizes(files, size, whole_files)])
     return min(steps, total_steps) if total_steps else steps
@@ -166,7 +167,7 @@ def plan_epoch(
         first, last = rank_slices(len(order), size)[rank]
         order = order[first:last]
         rank, size = 0, 1
-    counts = np.array([files[i].num_samples for i in order], dtype=np.int64)
+    counts = sample_counts(files, order)
     file_column = np.repeat(order, counts)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     sample_column = np.arange(int(counts.sum())) - np.repeat(starts, counts)
