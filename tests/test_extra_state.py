@@ -19,7 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from ckpt_util import make_ctx
-from dlio_ckpt.checkpoint import make_checkpoint_engine
+from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.fileio import write_file
 from dlio_ckpt.checkpoint.formats import get_format
 from dlio_ckpt.config.load import load_config

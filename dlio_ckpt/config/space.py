@@ -22,6 +22,7 @@ from dlio_ckpt.checkpoint.triggers import Triggers
 from dlio_ckpt.config.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.formats import get_format
+from dlio_ckpt.plan import dataset_manifest
 from dlio_ckpt.plan.checkpoint import build_checkpoint_plan
 from dlio_ckpt.plan.dataset import plan_dataset
 from dlio_ckpt.plan.levels import placement
@@ -54,8 +55,6 @@ def dataset_bytes_to_write(config: RunConfig, storage: StorageBackend) -> int:
 def _manifest_fingerprint(storage: StorageBackend, path: str) -> object:
     """The fingerprint a dataset manifest records: from its header alone (its first read, not its
     file table) where it has generation's layout, else from the whole JSON."""
-    from dlio_ckpt.plan import dataset_manifest
-
     try:
         handle = storage.open_read(path)
         try:
