@@ -28,7 +28,12 @@ PRELOAD = ["numpy", "omegaconf", "hydra.compose", "dlio_ckpt.cli", "dlio_ckpt.co
            # what checking a config imports (config.load.to_run_config): ~40 ms of each run
            "dlio_ckpt.config.accelerators", "dlio_ckpt.checkpoint.encoded", "dlio_ckpt.checkpoint.registry",
            "dlio_ckpt.formats", "dlio_ckpt.plan.checkpoint_formats", "dlio_ckpt.storage", "dlio_ckpt.config.limits",
-           "dlio_ckpt.config.paths", "dlio_ckpt.config.space"]
+           "dlio_ckpt.config.paths", "dlio_ckpt.config.space",
+           # what dlio_ckpt-analyze imports (test_doc_commands.run_in_fork runs ~20 of them): ~0.7 s of CPU
+           # each, paid once per worker instead
+           "dlio_ckpt.analysis.cli", "darshan", "darshan.backend.cffi_backend", "pandas",
+           "darshan.experimental.plots.heatmap_handling", "darshan.experimental.plots.plot_common_access_table",
+           "matplotlib.figure", "matplotlib.backends.backend_agg"]
 
 
 @functools.lru_cache(maxsize=None)
