@@ -74,6 +74,15 @@ def session_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def tensorflow_without_keras(monkeypatch) -> None:
+    """Runs this test starts import TensorFlow without Keras: `import tensorflow` (2.16+) loads
+    Keras 3 eagerly, and Keras scikit-learn, ~2 of its ~5.5 s of CPU, unless TF_USE_LEGACY_KERAS asks
+    for tf_keras, whose absence it then skips. For runs that use only tf.data, tf.io and
+    tf.train (dlio_ckpt uses no Keras); not for the real Keras applications."""
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+
+
+@pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     (tmp_path / "cwd").mkdir()
     return tmp_path

@@ -270,7 +270,7 @@ def test_evaluation_reads_the_eval_files(workdir):
 
 
 @pytest.mark.slow
-def test_tensorflow_reader_reads_every_tfrecord_file(workdir):
+def test_tensorflow_reader_reads_every_tfrecord_file(workdir, tensorflow_without_keras):
     pytest.importorskip("tensorflow")
     root, run = workdir / "store", workdir / "run"
     run_ok(["workload=resnet", "scale=tiny", "reader.name=tensorflow", "progress=false", "train.epochs=1",
