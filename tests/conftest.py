@@ -73,6 +73,20 @@ def session_folder(tmp_path_factory) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
 
 
+def made_run(tmp_path_factory, name: str, args, mpi_ranks: int = 0) -> tuple[Path, str]:
+    """A dlio_ckpt run made once per session (made_once) in a shared folder, for tests that only
+    read it: the folder (args(folder) gives the run's arguments; its working folder is folder/cwd)
+    and what the run printed."""
+    def make(folder: Path) -> None:
+        (folder / "cwd").mkdir(parents=True, exist_ok=True)
+        done = run_cli(args(folder), folder / "cwd", mpi_ranks=mpi_ranks)
+        assert done.returncode == 0, done.stderr
+        (folder / "stdout.txt").write_text(done.stdout)
+
+    folder = made_once(session_folder(tmp_path_factory), name, make)
+    return folder, (folder / "stdout.txt").read_text()
+
+
 @pytest.fixture
 def tensorflow_without_keras(monkeypatch) -> None:
     """Runs this test starts import TensorFlow without Keras: `import tensorflow` (2.16+) loads
