@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from cli_fork import run_module_forked
 from conftest import BIN, load_summary, made_once, run_cli, session_folder
 
 darshan = pytest.importorskip("darshan")
@@ -79,8 +79,7 @@ def test_darshan_summary_report_renders(traced_run, workdir):
     run = traced_run(0)
     log = run / load_summary(run)["traces"]["darshan"]
     html = workdir / "report.html"
-    done = subprocess.run([sys.executable, "-m", "darshan", "summary", str(log), "--output", str(html)],
-                          capture_output=True, text=True, timeout=300)
+    done = run_module_forked("darshan", ["summary", str(log), "--output", str(html)], workdir)  # python -m darshan
     assert done.returncode == 0, done.stderr[-2000:]
     assert "POSIX" in html.read_text()
 
