@@ -7,13 +7,12 @@ and the per-rank event files report.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
 
 from cli_fork import run_module_forked
-from conftest import BIN, load_summary, made_once, run_cli, session_folder
+from conftest import load_summary, made_once, run_cli, session_folder
 
 darshan = pytest.importorskip("darshan")
 
@@ -102,7 +101,7 @@ def test_replaying_a_run_reproduces_its_bytes_and_operations(traced_run, workdir
 
 def test_analysis_of_a_real_run_folder_agrees_with_the_summary(traced_run):
     run = traced_run(0)
-    done = subprocess.run([str(BIN / "dlio_ckpt-analyze"), "--json", str(run)], capture_output=True, text=True, timeout=300)
+    done = run_module_forked("dlio_ckpt.analysis.cli", ["--json", str(run)], run.parent)  # dlio_ckpt-analyze, forked
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     summary = load_summary(run)
