@@ -94,9 +94,12 @@ def shell_blocks(text: str) -> list[list[str]]:
         if match.group(1).strip() not in SHELL_LANGUAGES:
             continue
         body = re.sub(r"\\\n\s*", " ", match.group(2))
+        prompted = any(line.startswith("$ ") for line in body.splitlines())
         lines: list[str] = []
         for line in body.splitlines():
-            if lines and re.sub(r"(^|\s)#.*$", "", lines[-1]).count("'") % 2:  # inside a quoted argument spanning lines
+            # inside a quoted argument spanning lines (a command's, not printed output's: `workload's)`)
+            if (lines and re.sub(r"(^|\s)#.*$", "", lines[-1]).count("'") % 2 and not line.startswith("$ ")
+                    and (not prompted or lines[-1].startswith("$ "))):
                 lines[-1] += " " + line.strip()
             else:
                 lines.append(line)
@@ -185,6 +188,7 @@ RANK_KEYS = ("checkpoint.strategy", "checkpoint.layout", "checkpoint.levels", "c
 # (document, an argument of the command): what the prose around it says of its ranks
 MPI_BY_PROSE = {
     ("README.md", "workload=resnet scale=tiny"): "the quickstart runs it 'on two MPI ranks'",
+    ("README.md", "workload=unet3d scale=tiny"): "the output shown after it counts '2 ranks x batch 4'",
     ("workloads.md", "scale=tiny"): "'Both run at scale=tiny on 2 ranks'",
     ("checkpointing.md", "mode=restore"): "the document's only mpirun command: a restore on the ranks of the job",
     ("darshan.md", "workload=replay"): "the document's only mpirun run: a log's ranks replayed on the world's",
@@ -685,3 +689,6 @@ dlio_ckpt: not a command
     assert matches("dlio_ckpt: error: 4 ranks but only 2 samples (...); raise it", "dlio_ckpt: error: 4 ranks but only "
                    "2 samples (x y); raise it")
     assert not matches("dlio_ckpt: error: 4 ranks", "dlio_ckpt: error: 2 ranks")
+    # an apostrophe in printed output opens no quoted argument: the next `$ ` command is its own line
+    printed = shell_blocks("```\n$ dlio_ckpt a=1\nthe workload's figures\n$ mpirun -np 2 dlio_ckpt b=2\n```\n")
+    assert [line for line in printed[0] if line.startswith("$ ")] == ["$ dlio_ckpt a=1", "$ mpirun -np 2 dlio_ckpt b=2"]
