@@ -29,9 +29,11 @@ A command followed in its block by a `PROG: error:` line must exit 2 printing th
 in the documented line stands for text that varies); `# exit N` in a comment sets the expected
 exit code. Identical adapted commands run once in a block (a repeat that names another run folder
 gets a copy of the first run's). One test per block, so blocks run in parallel under xdist; the
-fixtures are made once per session (the workers share them). Measured: 38 tests, 55 s of CPU in
-all (user + system, every run included), so about half a minute on two idle cores with the
-suite's three workers.
+fixtures are made once per session (the workers share them). The analysis programs are forked from
+the tests' forkserver, which has PyDarshan, pandas and matplotlib imported (cli_fork.PRELOAD).
+Measured with -n 0 at load ~6: 42 tests, ~175 s wall (the same as before README.md#7's 2-rank run
+was found and the serial rule came: MPI starts saved in README.md#1/#3/#6, forked analysis in
+analysis.md, checkpointing.md#2, darshan.md#1).
 """
 
 from __future__ import annotations
