@@ -28,7 +28,14 @@ PRELOAD = ["numpy", "omegaconf", "hydra.compose", "dlio_ckpt.cli", "dlio_ckpt.co
            # what checking a config imports (config.load.to_run_config): ~40 ms of each run
            "dlio_ckpt.config.accelerators", "dlio_ckpt.checkpoint.encoded", "dlio_ckpt.checkpoint.registry",
            "dlio_ckpt.formats", "dlio_ckpt.plan.checkpoint_formats", "dlio_ckpt.storage", "dlio_ckpt.config.limits",
-           "dlio_ckpt.config.paths", "dlio_ckpt.config.space"]
+           "dlio_ckpt.config.paths", "dlio_ckpt.config.space",
+           # what dlio_ckpt-analyze imports (test_doc_commands.run_in_fork runs ~20 of them): ~0.7 s of CPU
+           # each, paid once per worker instead
+           "dlio_ckpt.analysis.cli", "darshan", "darshan.backend.cffi_backend", "pandas",
+           "darshan.experimental.plots.heatmap_handling", "darshan.experimental.plots.plot_common_access_table",
+           "matplotlib.figure", "matplotlib.backends.backend_agg",
+           # PyDarshan's `darshan summary` on top of that (~0.7 s more once; ~3 s of each report's start-up)
+           "darshan.cli.summary"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,6 +61,24 @@ def _context() -> multiprocessing.context.ForkServerContext:
 
 def _run(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
     """The forked run: the console script's view of the world, then the command."""
+    _redirect(cwd, env, out, err)
+    sys.argv = list(argv)
+    from dlio_ckpt.cli import main
+
+    sys.exit(main(argv[1:]))
+
+
+def _run_module(module: str, argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """The forked `python -m module ARGS`."""
+    import runpy
+
+    _redirect(cwd, env, out, err)
+    sys.argv = list(argv)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    sys.exit(0)
+
+
+def _redirect(cwd: str, env: dict[str, str], out: str, err: str) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -61,19 +86,27 @@ def _run(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> 
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
-    sys.argv = list(argv)
-    from dlio_ckpt.cli import main
 
-    sys.exit(main(argv[1:]))
+
+def run_module_forked(module: str, args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m module ARGS` (e.g. PyDarshan's `darshan summary`) as a fork of the tests' server,
+    which has imported what it needs: like subprocess.run(capture_output=True, text=True)."""
+    return _forked(_run_module, module, [module, *args], cwd, dict(os.environ), timeout)
 
 
 def run_forked(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """Run the command `argv` (argv[0] the console script) like subprocess.run(capture_output=True, text=True)."""
+    return _forked(_run, None, argv, cwd, env, timeout)
+
+
+def _forked(target, module: str | None, argv: list[str], cwd: Path, env: dict[str, str],
+            timeout: float) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="dlio-cli-") as folder:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
         for path in (out, err):  # there to read even if the run dies before it opens them
             open(path, "w").close()
-        process = _context().Process(target=_run, args=(argv, str(cwd), env, out, err))
+        prefix = (module,) if module else ()
+        process = _context().Process(target=target, args=(*prefix, argv, str(cwd), env, out, err))
         process.start()
         process.join(timeout)
         if process.exitcode is None:

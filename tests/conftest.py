@@ -73,6 +73,29 @@ def session_folder(tmp_path_factory) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
 
 
+def made_run(tmp_path_factory, name: str, args, mpi_ranks: int = 0) -> tuple[Path, str]:
+    """A dlio_ckpt run made once per session (made_once) in a shared folder, for tests that only
+    read it: the folder (args(folder) gives the run's arguments; its working folder is folder/cwd)
+    and what the run printed."""
+    def make(folder: Path) -> None:
+        (folder / "cwd").mkdir(parents=True, exist_ok=True)
+        done = run_cli(args(folder), folder / "cwd", mpi_ranks=mpi_ranks)
+        assert done.returncode == 0, done.stderr
+        (folder / "stdout.txt").write_text(done.stdout)
+
+    folder = made_once(session_folder(tmp_path_factory), name, make)
+    return folder, (folder / "stdout.txt").read_text()
+
+
+@pytest.fixture
+def tensorflow_without_keras(monkeypatch) -> None:
+    """Runs this test starts import TensorFlow without Keras: `import tensorflow` (2.16+) loads
+    Keras 3 eagerly, and Keras scikit-learn, ~2 of its ~5.5 s of CPU, unless TF_USE_LEGACY_KERAS asks
+    for tf_keras, whose absence it then skips. For runs that use only tf.data, tf.io and
+    tf.train (dlio_ckpt uses no Keras); not for the real Keras applications."""
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     (tmp_path / "cwd").mkdir()

@@ -156,7 +156,7 @@ def _staged_index_bytes(tf, plan, scratch: Path) -> int:
 
 @pytest.mark.slow
 @pytest.mark.mpi
-def test_tensorflow_checkpoint_under_mpirun(tmp_path):
+def test_tensorflow_checkpoint_under_mpirun(tmp_path, tensorflow_without_keras):
     tf = pytest.importorskip("tensorflow")
     args = ["workload=llama3_8b", "scale=tiny", *TF_FLAGS]
     result = subprocess.run(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from dlio_ckpt.trace.darshan_writer import (  # noqa: E402
     darshan_log_name,
     write_darshan_log,
 )
+from cli_fork import run_module_forked  # noqa: E402
 from trace_events import JOB_START, Timeline, two_rank_job  # noqa: E402
 
 HASH_VECTORS = {
@@ -241,8 +240,7 @@ def test_single_rank_mpi_job_reduces_everything_and_name_follows_runtime(tmp_pat
 def test_darshan_summary_renders_html(two_rank_log, tmp_path):
     _, _, log, _ = two_rank_log
     out = tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "darshan", "summary", str(log), "--output", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = run_module_forked("darshan", ["summary", str(log), "--output", str(out)], tmp_path)  # python -m darshan
     assert done.returncode == 0, done.stderr[-2000:]
     html = out.read_text()
     assert "<html" in html.lower() and "python3" in html

@@ -10,7 +10,12 @@ recorded call is then adapted mechanically and run for real:
   hydra.run.dir / hydra.sweep.dir stay relative to a temporary working folder (or get one there);
 - scale=tiny is forced on runs (not on mode=plan, mode=datasize or --cfg, which do no I/O), and
   run.repeats is at most 2;
-- mpirun / mpiexec -np N runs under `mpirun -n min(N, 2)`; hostfile and mapping options are dropped;
+- mpirun / mpiexec -np N runs under `mpirun -n min(N, 2)` only where the rank count matters to what
+  the block shows (`mpi_reason`): the document is about scale-out, the command sets a rank-dependent
+  key (checkpoint strategy, layout, levels, replicas, model parallelism, world), it shows an error
+  line, or the prose around it ties it to its ranks (which keeps one MPI run in every document that
+  has mpirun commands); elsewhere the same arguments run serially, one rank forked from the tests'
+  forkserver (an MPI start costs ~4 s of CPU more); hostfile and mapping options are dropped;
 - `[optional]` arguments of a synopsis are left out, and `dlio_ckpt ...` repeats the arguments of
   the block's previous dlio_ckpt command;
 - placeholders become fixtures the test makes: a Darshan log with DXT written by a tiny run
@@ -24,9 +29,11 @@ A command followed in its block by a `PROG: error:` line must exit 2 printing th
 in the documented line stands for text that varies); `# exit N` in a comment sets the expected
 exit code. Identical adapted commands run once in a block (a repeat that names another run folder
 gets a copy of the first run's). One test per block, so blocks run in parallel under xdist; the
-fixtures are made once per session (the workers share them). Measured: 38 tests, 55 s of CPU in
-all (user + system, every run included), so about half a minute on two idle cores with the
-suite's three workers.
+fixtures are made once per session (the workers share them). The analysis programs are forked from
+the tests' forkserver, which has PyDarshan, pandas and matplotlib imported (cli_fork.PRELOAD).
+Measured with -n 0 at load ~6: 42 tests, ~175 s wall (the same as before README.md#7's 2-rank run
+was found and the serial rule came: MPI starts saved in README.md#1/#3/#6, forked analysis in
+analysis.md, checkpointing.md#2, darshan.md#1).
 """
 
 from __future__ import annotations
@@ -89,9 +96,12 @@ def shell_blocks(text: str) -> list[list[str]]:
         if match.group(1).strip() not in SHELL_LANGUAGES:
             continue
         body = re.sub(r"\\\n\s*", " ", match.group(2))
+        prompted = any(line.startswith("$ ") for line in body.splitlines())
         lines: list[str] = []
         for line in body.splitlines():
-            if lines and re.sub(r"(^|\s)#.*$", "", lines[-1]).count("'") % 2:  # inside a quoted argument spanning lines
+            # inside a quoted argument spanning lines (a command's, not printed output's: `workload's)`)
+            if (lines and re.sub(r"(^|\s)#.*$", "", lines[-1]).count("'") % 2 and not line.startswith("$ ")
+                    and (not prompted or lines[-1].startswith("$ "))):
                 lines[-1] += " " + line.strip()
             else:
                 lines.append(line)
@@ -170,6 +180,36 @@ class Adapted:
     ranks: int = 0  # 0: serial
     only: str | None = None  # why it is checked for composition only
     synopsis: bool = False
+    serial: str | None = None  # why a documented mpirun command runs on one rank here
+
+
+# Where the rank count of a documented mpirun command matters to what its block shows (mpi_reason).
+MPI_DOCS = {"scale-out.md": "the document is about running across ranks"}
+RANK_KEYS = ("checkpoint.strategy", "checkpoint.layout", "checkpoint.levels", "checkpoint.replicas",
+             "model.parallelism", "world.")
+# (document, an argument of the command): what the prose around it says of its ranks
+MPI_BY_PROSE = {
+    ("README.md", "workload=resnet scale=tiny"): "the quickstart runs it 'on two MPI ranks'",
+    ("README.md", "workload=unet3d scale=tiny"): "the output shown after it counts '2 ranks x batch 4'",
+    ("workloads.md", "scale=tiny"): "'Both run at scale=tiny on 2 ranks'",
+    ("checkpointing.md", "mode=restore"): "the document's only mpirun command: a restore on the ranks of the job",
+    ("darshan.md", "workload=replay"): "the document's only mpirun run: a log's ranks replayed on the world's",
+    ("dlio-compat.md", "dlio_config="): "the document's only mpirun command; the prose checks the bytes 'under mpirun -n 2'",
+}
+
+
+def mpi_reason(call: Call, args: list[str]) -> str | None:
+    """Why a documented mpirun command must run under MPI here, or None: it then runs serially,
+    with the same arguments (the MPI start-up alone costs ~4 s of CPU, and most blocks show what one
+    rank shows as well)."""
+    if call.doc in MPI_DOCS:
+        return MPI_DOCS[call.doc]
+    if call.error:
+        return "it shows an error line, which may depend on the ranks"
+    if key := next((a.split("=", 1)[0] for a in args if a.startswith(RANK_KEYS)), None):
+        return f"it sets {key}, which depends on the ranks"
+    joined = " ".join(args)
+    return next((why for (doc, arg), why in MPI_BY_PROSE.items() if doc == call.doc and arg in joined), None)
 
 
 def unwrap(call: Call) -> Adapted:
@@ -202,10 +242,13 @@ def unwrap(call: Call) -> Adapted:
                     argv.pop(0)
         else:
             raise AssertionError(f"{call.doc}: unknown launcher {launcher} in: {call.line}")
+    serial = None
+    if ranks and not mpi_reason(call, argv[1:]):
+        ranks, serial = 0, f"serially: the document runs it under mpirun, but its block shows nothing the ranks change"
     if preload:
         only = ("LD_PRELOAD of darshan-runtime needs libdarshan (tests/test_darshan_runtime.py runs it where it is "
                 "built); the composed job is checked instead")
-    return Adapted(argv[0], argv[1:], ranks, only)
+    return Adapted(argv[0], argv[1:], ranks, only, serial=serial)
 
 
 class Fixtures:
@@ -398,7 +441,7 @@ def adapt_dlio_ckpt(adapted: Adapted, previous: list[str], workdir: Path, fixtur
         key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         if not any(a.startswith(key + "=") for a in out):
             out.append(f"{key}=doc-{'sweeps' if multirun else 'runs'}/{index}")
-    return Adapted(adapted.program, out, adapted.ranks, adapted.only)
+    return Adapted(adapted.program, out, adapted.ranks, adapted.only, serial=adapted.serial)
 
 
 def adapt(call: Call, previous: list[str], workdir: Path, fixtures: Fixtures, index: int) -> Adapted:
@@ -578,9 +621,24 @@ def test_every_documented_command_runs(doc, index, tmp_path, fixtures):
     outcomes = run_block(doc.name, lines, tmp_path, fixtures)
     assert outcomes, f"{doc.name} block {index}: no command found in it"
     failed = [f"{o.call.line}\n    ran: {o.adapted.program} {shlex.join(o.adapted.args)}"
-              f"{f' under mpirun -n {o.adapted.ranks}' if o.adapted.ranks else ''}\n    " + "\n    ".join(o.problems)
+              f"{f' under mpirun -n {o.adapted.ranks}' if o.adapted.ranks else ''}{f' ({o.adapted.serial})' if o.adapted.serial else ''}\n    " + "\n    ".join(o.problems)
               for o in outcomes if o.problems]
     assert not failed, f"{doc.name}: documented commands that do not do what the document says:\n" + "\n".join(failed)
+
+
+def test_every_document_with_mpirun_commands_runs_one_under_mpi(tmp_path):
+    """Most documented mpirun commands run serially here (mpi_reason); each document that shows
+    mpirun runs still runs at least one of them under MPI."""
+    launched, under_mpi = set(), set()
+    for doc, index in BLOCKS:
+        for call in block_calls(doc.name, shell_blocks(doc.read_text())[index], tmp_path):
+            composed = program_of(call.argv) and (unwrap(call).only or "storage.backend=s3" in call.argv)  # not run
+            if call.argv[0] in ("mpirun", "mpiexec") and program_of(call.argv) and not composed:
+                launched.add(doc.name)
+                if unwrap(call).ranks:
+                    under_mpi.add(doc.name)
+    assert launched >= {"README.md", "scale-out.md", "workloads.md"}
+    assert under_mpi == launched
 
 
 # -- the extraction itself ------------------------------------------------------------------------
@@ -618,6 +676,14 @@ dlio_ckpt: not a command
     fixtures = Fixtures(tmp_path)
     bert = adapt(blocks[0][0], [], tmp_path, fixtures, 0)
     assert bert.ranks == 2 and bert.args[-2:] == ["scale=tiny", f"storage.root={tmp_path / 'store'}"]
+    assert bert.serial is None  # it sets checkpoint.strategy: the ranks matter
+    plain = adapt(Call("README.md", "", ["mpirun", "-np", "8", "dlio_ckpt", "workload=resnet"], False), [], tmp_path,
+                  fixtures, 3)
+    assert plain.ranks == 0 and plain.serial.startswith("serially") and "workload=resnet" in plain.args
+    scale_out = unwrap(Call("scale-out.md", "", ["mpirun", "-np", "8", "dlio_ckpt", "workload=resnet"], False))
+    assert scale_out.ranks == 2 and scale_out.serial is None
+    refused = unwrap(Call("x.md", "", ["mpirun", "-np", "8", "dlio_ckpt", "a=1"], False, error="dlio_ckpt: error: x"))
+    assert refused.ranks == 2
     again = adapt(blocks[0][2], unwrap(blocks[0][0]).args, tmp_path, fixtures, 1)
     assert again.args[:3] == ["workload=bert", "checkpoint.strategy=a", "hydra.run.dir=runs/bert-a"] and "x=1" in again.args
     preloaded = adapt(blocks[0][3], [], tmp_path, fixtures, 2)
@@ -625,3 +691,6 @@ dlio_ckpt: not a command
     assert matches("dlio_ckpt: error: 4 ranks but only 2 samples (...); raise it", "dlio_ckpt: error: 4 ranks but only "
                    "2 samples (x y); raise it")
     assert not matches("dlio_ckpt: error: 4 ranks", "dlio_ckpt: error: 2 ranks")
+    # an apostrophe in printed output opens no quoted argument: the next `$ ` command is its own line
+    printed = shell_blocks("```\n$ dlio_ckpt a=1\nthe workload's figures\n$ mpirun -np 2 dlio_ckpt b=2\n```\n")
+    assert [line for line in printed[0] if line.startswith("$ ")] == ["$ dlio_ckpt a=1", "$ mpirun -np 2 dlio_ckpt b=2"]

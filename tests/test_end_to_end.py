@@ -270,7 +270,7 @@ def test_evaluation_reads_the_eval_files(workdir):
 
 
 @pytest.mark.slow
-def test_tensorflow_reader_reads_every_tfrecord_file(workdir):
+def test_tensorflow_reader_reads_every_tfrecord_file(workdir, tensorflow_without_keras):
     pytest.importorskip("tensorflow")
     root, run = workdir / "store", workdir / "run"
     run_ok(["workload=resnet", "scale=tiny", "reader.name=tensorflow", "progress=false", "train.epochs=1",
@@ -333,18 +333,30 @@ def test_mpi_sharded_checkpoint_with_one_writer_says_so(workdir):
     assert any("only one of 2 ranks writes" in w for w in summary["warnings"])
 
 
-@pytest.mark.slow
-def test_every_workload_runs_at_tiny_scale(workdir):
-    """One sweep over the library: every job runs in the one process (its start-up, a second a
-    run, paid once), each with its own run folder and summary. The seed workloads run in their
-    own sweep (test_workloads_new.py), which also checks their checkpoints' bytes."""
+def tiny_scale_workloads() -> list[str]:
+    """The library's workloads that test_every_workload_runs_at_tiny_scale runs: the seed workloads
+    run in their own sweep (test_workloads_new.py), which also checks their checkpoints' bytes; flux
+    at scale=tiny still writes 8 files of 8 rows of 2 MiB (132 MiB, ~4 s here): it runs on 2 ranks
+    with small rows in test_mlperf_v3.py instead."""
     from dlio_ckpt.config.groups import workload_names
     from test_workloads_new import SEED_WORKLOADS
 
-    # flux at scale=tiny still writes 8 files of 8 rows of 2 MiB (132 MiB, ~4 s here): it runs on
-    # 2 ranks with small rows in test_mlperf_v3.py instead
-    names = [w for w in workload_names() if w not in ("replay", "flux") and w not in SEED_WORKLOADS]
-    assert len(names) >= 10
+    return [w for w in workload_names() if w not in ("replay", "flux") and w not in SEED_WORKLOADS]
+
+
+# One sweep per part: a job in a sweep costs ~1 s, a run of its own ~1.6 s (Hydra's set-up), so the
+# library runs as three sweeps that xdist spreads, not as one (the suite's longest test) nor as twelve.
+PARTS = 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", range(PARTS), ids=[f"part{i + 1}of{PARTS}" for i in range(PARTS)])
+def test_every_workload_runs_at_tiny_scale(workdir, part):
+    """Every third workload of the library as one sweep, forked from the tests' forkserver: each job
+    with its own run folder, summary and sweep_summary.csv row."""
+    everything = tiny_scale_workloads()
+    assert len(everything) >= 10
+    names = everything[part::PARTS]
     sweep = workdir / "sweep"
     run_ok(["-m", f"workload={','.join(names)}", "scale=tiny", "train.epochs=1", "progress=false", "checkpoint.drop_caches=false",
             f"storage.root={workdir / 'store'}", f"hydra.sweep.dir={sweep}"], workdir / "cwd")

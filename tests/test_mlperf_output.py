@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import load_summary, run_cli
+from conftest import load_summary, made_run, run_cli
 from dlio_ckpt import __version__
 from dlio_ckpt.metrics import latency
 from dlio_ckpt.storage.events import EVENT_DTYPE, OP_CODE, PHASE_CODE, load_run_events
@@ -55,14 +55,12 @@ def metric_lines(stdout: str) -> dict[str, tuple[float, float] | str]:
 
 @pytest.fixture(scope="module")
 def two_rank_checkpoint_run(tmp_path_factory) -> tuple[dict, str, Path]:
-    base = tmp_path_factory.mktemp("mlperf2")
-    (base / "cwd").mkdir()
-    run = base / "run"
-    done = run_cli(["workload=llama3_8b", "scale=tiny", "mode=checkpoint", "progress=false", "checkpoint.drop_caches=false",
-                    "checkpoint.num_checkpoints_write=3", "checkpoint.num_checkpoints_read=2", "checkpoint.keep_last=0",
-                    f"storage.root={base / 'store'}", f"hydra.run.dir={run}"], base / "cwd", mpi_ranks=2)
-    assert done.returncode == 0, done.stderr
-    return load_summary(run), done.stdout, base / "store"
+    """Made once per session (made_run): the tests only read it."""
+    base, stdout = made_run(tmp_path_factory, "mlperf-two-rank-checkpoint", lambda base: [
+        "workload=llama3_8b", "scale=tiny", "mode=checkpoint", "progress=false", "checkpoint.drop_caches=false",
+        "checkpoint.num_checkpoints_write=3", "checkpoint.num_checkpoints_read=2", "checkpoint.keep_last=0",
+        f"storage.root={base / 'store'}", f"hydra.run.dir={base / 'run'}"], mpi_ranks=2)
+    return load_summary(base / "run"), stdout, base / "store"
 
 
 def test_mlperf_throughput_is_the_whole_checkpoint_over_the_slowest_rank(two_rank_checkpoint_run):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import load_summary, run_cli
+from conftest import load_summary, made_run, run_cli
 from dlio_ckpt.analysis.cli import main as analyze
 from dlio_ckpt.metrics import bandwidth, latency, verdict
 from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, load_run_events
@@ -25,37 +25,30 @@ from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, load_run_events
 MIB = float(1 << 20)
 
 
+# The runs below are made once per session (made_run), whichever xdist worker needs one first: the
+# tests only read them (reports and comparisons go to the test's own folder).
 @pytest.fixture(scope="module")
 def train_run(tmp_path_factory) -> tuple[Path, dict, str]:
-    base = tmp_path_factory.mktemp("train")
-    (base / "cwd").mkdir()
-    run = base / "run"
-    done = run_cli(["workload=unet3d", "scale=tiny", "progress=false", "checkpoint.strategy=async", "reader.batch_size=2",
-                    "train.computation_time=0.02", f"storage.root={base / 'store'}", f"hydra.run.dir={run}"], base / "cwd")
-    assert done.returncode == 0, done.stderr
-    return run, load_summary(run), done.stdout
+    base, stdout = made_run(tmp_path_factory, "output-train", lambda base: [
+        "workload=unet3d", "scale=tiny", "progress=false", "checkpoint.strategy=async", "reader.batch_size=2",
+        "train.computation_time=0.02", f"storage.root={base / 'store'}", f"hydra.run.dir={base / 'run'}"])
+    return base / "run", load_summary(base / "run"), stdout
 
 
 @pytest.fixture(scope="module")
 def checkpoint_run(tmp_path_factory) -> tuple[dict, str, Path]:
-    base = tmp_path_factory.mktemp("ckpt")
-    (base / "cwd").mkdir()
-    run = base / "run"
-    done = run_cli(["workload=llama3_8b", "scale=tiny", "mode=checkpoint", "progress=false", "checkpoint.drop_caches=false",
-                    "checkpoint.num_checkpoints_write=3", "checkpoint.num_checkpoints_read=2",
-                    f"storage.root={base / 'store'}", f"hydra.run.dir={run}"], base / "cwd")
-    assert done.returncode == 0, done.stderr
-    return load_summary(run), done.stdout, run
+    base, stdout = made_run(tmp_path_factory, "output-ckpt", lambda base: [
+        "workload=llama3_8b", "scale=tiny", "mode=checkpoint", "progress=false", "checkpoint.drop_caches=false",
+        "checkpoint.num_checkpoints_write=3", "checkpoint.num_checkpoints_read=2",
+        f"storage.root={base / 'store'}", f"hydra.run.dir={base / 'run'}"])
+    return load_summary(base / "run"), stdout, base / "run"
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("sweep")
-    (base / "cwd").mkdir()
-    done = run_cli(["-m", "workload=unet3d", "scale=tiny", "progress=false", "checkpoint.strategy=sync,async",
-                    "train.computation_time=0.02", f"storage.root={base / 'store'}", f"hydra.sweep.dir={base / 'sweep'}"],
-                   base / "cwd")
-    assert done.returncode == 0, done.stderr
+    base, _ = made_run(tmp_path_factory, "output-sweep", lambda base: [
+        "-m", "workload=unet3d", "scale=tiny", "progress=false", "checkpoint.strategy=sync,async",
+        "train.computation_time=0.02", f"storage.root={base / 'store'}", f"hydra.sweep.dir={base / 'sweep'}"])
     return base / "sweep"
 
 
@@ -249,10 +242,11 @@ def test_compare_shows_each_metric_once_under_the_folder_numbers(sweep, capsys):
     assert list(one_by_one["ids"].values()) == ["job 1", "job 0"] and one_by_one["runs"] == table["runs"][::-1]
 
 
-def test_compare_prints_a_dash_for_absent_values_within_80_columns(train_run, checkpoint_run, capsys, monkeypatch):
+def test_compare_prints_a_dash_for_absent_values_within_80_columns(train_run, checkpoint_run, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.chdir(tmp_path)  # the report folder, named short: the line saying where it went fits 80 columns too
     train_dir, checkpoint_dir = train_run[0], checkpoint_run[2]
-    assert analyze(["--compare", str(train_dir), str(checkpoint_dir), "--no-plots", "--out-dir", str(train_dir.parent / "cmp")]) == 0
+    assert analyze(["--compare", str(train_dir), str(checkpoint_dir), "--no-plots", "--out-dir", "cmp"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 80, out
@@ -262,14 +256,14 @@ def test_compare_prints_a_dash_for_absent_values_within_80_columns(train_run, ch
     assert re.search(r"^1: run", out, re.M) and re.search(r"^2: run", out, re.M)
     # more jobs than fit: further tables, still 80 columns, every job a column somewhere
     many = [str(train_dir), str(checkpoint_dir)] * 3
-    assert analyze(["--compare", *many, "--no-plots", "--out-dir", str(train_dir.parent / "cmp")]) == 0
+    assert analyze(["--compare", *many, "--no-plots", "--out-dir", "cmp"]) == 0
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80, out
     headers = [line for line in out.splitlines() if line.startswith("┃ metric")]
     assert len(headers) >= 2 and sorted(re.findall(r"┃\s+(\d)\s", " ".join(headers))) == ["1", "2", "3", "4", "5", "6"]
 
 
-def test_compare_against_a_baseline_gives_the_change_in_percent(sweep, capsys):
+def test_compare_against_a_baseline_gives_the_change_in_percent(sweep, capsys, tmp_path):
     table = _compare_json(capsys, ["--compare", str(sweep), "--baseline", "0"])
     assert table["baseline"].startswith("job 0")
     base, other = table["runs"]
@@ -277,7 +271,7 @@ def test_compare_against_a_baseline_gives_the_change_in_percent(sweep, capsys):
     expected = (wall["values"][other] - wall["values"][base]) / wall["values"][base] * 100
     assert wall["change_percent"][other] == pytest.approx(expected)
     assert wall["change_percent"][base] == 0
-    assert analyze(["--baseline", "0", str(sweep), "--no-plots", "--out-dir", str(sweep.parent / "cmp")]) == 0
+    assert analyze(["--baseline", "0", str(sweep), "--no-plots", "--out-dir", str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out
     assert f"({round(expected):+d}%)" in out
     assert analyze(["--compare", str(sweep), "--baseline", "7", "--no-plots"]) == 2
@@ -300,7 +294,7 @@ def test_html_report_is_one_file_with_its_figures_and_explains_the_bandwidth(tra
     assert "the slowest rank's" in words and "the plot averages" in words and f"{rate:,} bytes" in words
 
 
-def test_the_analysis_shows_exact_latency_percentiles_and_iops(train_run, capsys):
+def test_the_analysis_shows_exact_latency_percentiles_and_iops(train_run, capsys, tmp_path):
     run, summary, _ = train_run
     assert analyze([str(run), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -314,10 +308,10 @@ def test_the_analysis_shows_exact_latency_percentiles_and_iops(train_run, capsys
     assert exact["min_s"] == took.min() and exact["stdev_s"] == pytest.approx(np.std(took, ddof=1))
     assert exact["p50_s"] <= summary["latency"]["train"]["read"]["p50_s"]  # the summary's bin edge is never below
     assert exact["iops"] == pytest.approx(summary["latency"]["train"]["read"]["iops"])
-    assert analyze([str(run), "--no-plots", "--out-dir", str(run.parent / "lat")]) == 0
+    assert analyze([str(run), "--no-plots", "--out-dir", str(tmp_path / "lat")]) == 0
     out = capsys.readouterr().out
     assert "latency and IOPS" in out
-    assert "Latency and IOPS" in (run.parent / "lat" / "report.md").read_text()
+    assert "Latency and IOPS" in (tmp_path / "lat" / "report.md").read_text()
 
 
 @pytest.mark.mpi

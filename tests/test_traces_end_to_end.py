@@ -7,13 +7,12 @@ and the per-rank event files report.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import BIN, load_summary, made_once, run_cli, session_folder
+from cli_fork import run_module_forked
+from conftest import load_summary, made_once, run_cli, session_folder
 
 darshan = pytest.importorskip("darshan")
 
@@ -79,8 +78,7 @@ def test_darshan_summary_report_renders(traced_run, workdir):
     run = traced_run(0)
     log = run / load_summary(run)["traces"]["darshan"]
     html = workdir / "report.html"
-    done = subprocess.run([sys.executable, "-m", "darshan", "summary", str(log), "--output", str(html)],
-                          capture_output=True, text=True, timeout=300)
+    done = run_module_forked("darshan", ["summary", str(log), "--output", str(html)], workdir)  # python -m darshan
     assert done.returncode == 0, done.stderr[-2000:]
     assert "POSIX" in html.read_text()
 
@@ -103,7 +101,7 @@ def test_replaying_a_run_reproduces_its_bytes_and_operations(traced_run, workdir
 
 def test_analysis_of_a_real_run_folder_agrees_with_the_summary(traced_run):
     run = traced_run(0)
-    done = subprocess.run([str(BIN / "dlio_ckpt-analyze"), "--json", str(run)], capture_output=True, text=True, timeout=300)
+    done = run_module_forked("dlio_ckpt.analysis.cli", ["--json", str(run)], run.parent)  # dlio_ckpt-analyze, forked
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     summary = load_summary(run)
