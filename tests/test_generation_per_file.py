@@ -33,6 +33,17 @@ class CallLog(io.RawIOBase):
         return len(self.calls[-1])
 
 
+@pytest.mark.parametrize("zeros", [False, True])
+@pytest.mark.parametrize("nbytes", [1, 4096, 4097, 1 << 16])
+def test_a_piece_is_the_one_chunk_the_source_yields_for_an_item_within_its_window(zeros, nbytes):
+    source = ByteSource(seed=5, pool_bytes=1 << 16, zeros=zeros)
+    for key in (0, 1, 7 << 24, (123 << 24) + 5):
+        chunks = list(source.chunks(key, nbytes, nbytes))
+        assert len(chunks) == 1 and bytes(source.piece(key, nbytes)) == bytes(chunks[0])
+    with pytest.raises(ValueError):
+        source.piece(3, source.window + 1)
+
+
 @pytest.mark.parametrize("num_samples,sample_bytes,chunk,pool", [
     (1, 4096, 4 << 20, 1 << 16),     # the 4 KiB file of the benchmark: one write
     (1, 0, 4 << 20, 1 << 16),        # an empty file: no write at all
@@ -43,10 +54,12 @@ class CallLog(io.RawIOBase):
     (3, 5000, 8192, 1 << 16),        # larger than the buffer: not written here, buffered as before
     (1, 70000, 65536, 1 << 20),      # one sample over the buffer: passes through
 ])
-def test_a_file_written_in_one_gets_the_write_calls_the_buffered_writer_issues(num_samples, sample_bytes, chunk, pool):
+@pytest.mark.parametrize("zeros", [False, True])
+def test_a_file_written_in_one_gets_the_write_calls_the_buffered_writer_issues(num_samples, sample_bytes, chunk, pool,
+                                                                                zeros):
     spec = FileSpec(index=7, path="x", num_samples=num_samples, sample_bytes=sample_bytes)
     options = FormatOptions(write_chunk_bytes=chunk)
-    source = ByteSource(seed=3, pool_bytes=pool)
+    source = ByteSource(seed=3, pool_bytes=pool, zeros=zeros)
     before = CallLog()
     with buffered(before, options) as out:
         write_samples(out, spec, source, options)

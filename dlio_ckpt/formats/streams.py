@@ -38,7 +38,9 @@ def write_in_one(handle: Any, spec: FileSpec, source: ByteSource, options: Forma
     total = spec.payload_bytes
     if total > max(options.write_chunk_bytes, io.DEFAULT_BUFFER_SIZE):
         return False
-    if total:
+    if spec.num_samples == 1 and 0 < total <= min(options.write_chunk_bytes, source.window):
+        handle.write(source.piece(spec.sample_key(0), total))  # the one sample's one chunk
+    elif total:
         chunk, key, size = options.write_chunk_bytes, spec.sample_key, spec.sample_bytes
         pieces = [piece for sample in range(spec.num_samples) for piece in source.chunks(key(sample), size, chunk)]
         handle.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
