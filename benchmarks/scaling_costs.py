@@ -146,6 +146,7 @@ def main() -> None:
             walls, peaks, epochs = [], [], []
             for _ in range(args.rounds):
                 root = Path(tempfile.mkdtemp(dir=base))
+                os.sync()  # the last case's files and their removal written back first, not during this one
                 wall, peak, epoch = run_case(kind, n, root)
                 walls.append(wall)
                 peaks.append(peak)
