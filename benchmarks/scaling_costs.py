@@ -126,21 +126,27 @@ def main() -> None:
     parser.add_argument("--small-np8", default="5000,20000,80000")
     parser.add_argument("--small-4k", default="", help="counts for gen-4k, read-4k and their fio baselines "
                         "(e.g. 10000,100000)")
+    parser.add_argument("--kinds", default="", help="only these cases (comma-separated, e.g. gen-4k,fio-gen-4k)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each case (median reported)")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the files go (a disk's folder, "
+                        "or /dev/shm to see the programs' own cost without the file system's)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scaling_costs.json"))
     args = parser.parse_args()
     cases = [("plan-ckpt", n) for n in sizes(args.plan_ranks)] + [("plan-data", n) for n in sizes(args.plan_files)]
     cases += [("generate", n) for n in sizes(args.generate)]
     cases += [("generate-nosync", n) for n in sizes(args.generate_nosync)] + [("small-np8", n) for n in sizes(args.small_np8)]
     cases += [(kind, n) for n in sizes(args.small_4k) for kind in ("gen-4k", "fio-gen-4k", "read-4k", "fio-read-4k")]
+    if args.kinds:
+        cases = [(kind, n) for kind, n in cases if kind in args.kinds.split(",")]
     results = []
-    env = environment(tempfile.gettempdir())  # the load before the first case
-    base = tempfile.mkdtemp(prefix="scaling_costs-")
+    env = environment(args.dir)  # the load before the first case
+    base = tempfile.mkdtemp(prefix="scaling_costs-", dir=args.dir)
     try:
         for kind, n in cases:
             walls, peaks, epochs = [], [], []
             for _ in range(args.rounds):
                 root = Path(tempfile.mkdtemp(dir=base))
+                os.sync()  # the last case's files and their removal written back first, not during this one
                 wall, peak, epoch = run_case(kind, n, root)
                 walls.append(wall)
                 peaks.append(peak)

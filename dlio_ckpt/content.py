@@ -66,6 +66,15 @@ class ByteSource:
         # An odd multiplier spreads keys over the pool; +key*13 keeps starts off 4 KiB boundaries.
         return ((key * _GOLDEN) + key * 13) % (len(self._pool) // 2)
 
+    def piece(self, key: int, nbytes: int) -> memoryview:
+        """Item `key`'s `nbytes` bytes as one view, for an item no longer than `window`: the one
+        chunk `chunks` yields for it when chunk_bytes >= nbytes, without the generator (a small
+        file's only sample: generation calls this once a file)."""
+        if nbytes > self.window:
+            raise ValueError(f"an item of {nbytes} bytes is longer than the pool window ({self.window})")
+        position = 0 if self.zeros else self._start(key) % self.window
+        return memoryview(self._pool[position : position + nbytes])
+
     def chunks(self, key: int, nbytes: int, chunk_bytes: int = 4 << 20) -> Iterator[memoryview]:
         """Yield memoryviews (zero copy) that together hold item `key`'s `nbytes` bytes.
 

@@ -68,8 +68,19 @@ def format_options(ctx: RunContext) -> FormatOptions:
 
 def all_paths(plan: DatasetPlan, fmt: DatasetFormat) -> Iterator[str]:
     """Every file's path (each main file, then its companions), one at a time."""
+    if not fmt.companion_suffixes:
+        return plan.files.paths()
     suffixes = ("",) + tuple(fmt.companion_suffixes)
-    return (spec.path + suffix for spec in plan.files for suffix in suffixes)
+    return (path + suffix for path in plan.files.paths() for suffix in suffixes)
+
+
+def relative_paths(plan: DatasetPlan, fmt: DatasetFormat) -> Iterator[str]:
+    """all_paths relative to the dataset's folder, as the manifest names them: os.path.relpath's
+    result, taken by slicing where a path starts with the folder (every path the naming rule
+    makes does; relpath cost ~20 us a file, most of the manifest's own time)."""
+    folder = os.path.join(plan.folder, "")
+    for path in all_paths(plan, fmt):
+        yield path[len(folder):] if path.startswith(folder) and ".." not in path else os.path.relpath(path, plan.folder)
 
 
 def dataset_folders(plan: DatasetPlan, top: str) -> list[str]:
@@ -78,44 +89,47 @@ def dataset_folders(plan: DatasetPlan, top: str) -> list[str]:
     return entry_folders((os.path.join(folder, MANIFEST_NAME) for folder in plan.files.folders()), top)
 
 
-def _matches(storage: Any, plan: DatasetPlan) -> bool:
-    """The manifest is there, its fingerprint matches and every file is there with the size it
-    recorded (read one entry at a time: dataset_manifest.decode)."""
+def _matching_bytes(storage: Any, plan: DatasetPlan) -> int | None:
+    """The dataset's bytes on disk where the manifest is there, its fingerprint matches and every
+    file is there with the size it recorded (read one entry at a time: dataset_manifest.decode);
+    None where not. The sizes stat'ed here are the ones the run reports (no second stat a file)."""
     if not storage.exists(plan.manifest_path):
-        return False
+        return None
     try:
         handle = storage.open_read(plan.manifest_path)
     except OSError:
-        return False
+        return None
     try:
         header, sizes = dataset_manifest.decode(dataset_manifest.text_lines(handle.read_at, handle.size()))
         if header.get("fingerprint") != plan.fingerprint:
-            return False
-        checked = 0
+            return None
+        checked = total = 0
         for relative, size in sizes:
             try:
                 if storage.file_size(os.path.join(plan.folder, relative)) != size:
-                    return False
+                    return None
             except OSError:
-                return False
+                return None
             checked += 1
-        return checked > 0
+            total += size
+        return total if checked > 0 else None
     except (ValueError, OSError):
-        return False
+        return None
     finally:
         handle.close()
 
 
-def _write_manifest(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workload: str) -> None:
+def _write_manifest(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workload: str) -> int:
     """The commit record, last: header and every file's size, written through the backend's
     commit primitive (temporary name, fsync, rename, folder fsync on POSIX) in pieces of
     MANIFEST_WRITE_BYTES (one write below that size), the names made again as they are written:
     no table of names is held. The sizes are stat'ed first, as before the manifest was streamed
-    (the same calls in the same order), into one int64 array: 8 bytes a file."""
+    (the same calls in the same order), into one int64 array: 8 bytes a file. Returns their sum,
+    the dataset's bytes on disk (the run reports it: no second stat of every file)."""
     sizes = np.fromiter((storage.file_size(p) for p in all_paths(plan, fmt)), dtype=np.int64)
     header = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": workload,
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    entries = zip((os.path.relpath(p, plan.folder) for p in all_paths(plan, fmt)), sizes)
+    entries = zip(relative_paths(plan, fmt), sizes.tolist())
     handle = storage.open_staged(plan.manifest_path)
     try:
         pending: list[bytes] = []
@@ -133,6 +147,7 @@ def _write_manifest(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workloa
         handle.abort()
         raise
     handle.close()
+    return int(sizes.sum())
 
 
 def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool,
@@ -166,11 +181,11 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
     config, world = ctx.config, ctx.world
     storage = ctx.storage.with_phase("generate")
 
-    def decide() -> tuple[bool, bool]:
-        """(reuse, in place) on rank 0."""
-        reuse = not config.generate.force and _matches(storage, plan)
-        if reuse:
-            return True, False
+    def decide() -> tuple[bool, bool, int | None]:
+        """(reuse, in place, the dataset's bytes on disk where reused) on rank 0."""
+        on_disk = None if config.generate.force else _matching_bytes(storage, plan)
+        if on_disk is not None:
+            return True, False, on_disk
         if not config.generate.enabled:
             raise UserError(
                 f"no matching dataset in {plan.folder} and generate.enabled=false; "
@@ -185,13 +200,14 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
         in_place = claim_dataset(storage, plan)
         if not in_place and wait_for_live_claim(storage, plan):
             # another run of this host generated it meanwhile, in place: use its commit, or take over
-            if not config.generate.force and _matches(storage, plan):
-                return True, False
+            on_disk = None if config.generate.force else _matching_bytes(storage, plan)
+            if on_disk is not None:
+                return True, False, on_disk
             in_place = claim_dataset(storage, plan)
         mark_dataset(ctx.storage.inner, plan.folder, ctx.run_id, ctx.run_dir)  # this run's now (clean may remove it)
-        return False, in_place
+        return False, in_place, None
 
-    reused, in_place = world.root_first(decide)
+    reused, in_place, on_disk = world.root_first(decide)
     # The content pool (64 MiB of seeded random bytes, ~0.2 s) is set-up, like fio filling its
     # buffers before it starts its clock: generate_s times the files only.
     source = None if reused else ctx.source(seed=config.dataset.seed, zeros=config.dataset.content == "zeros")
@@ -223,17 +239,17 @@ def ensure_dataset(ctx: RunContext, plan: DatasetPlan, fmt: DatasetFormat) -> Ge
             # One line from each rank that failed; the others end quietly (exit 1).
             raise RunFailure(f"dataset generation failed: {failure_text(failure)}" if failure else "", known_everywhere=True)
 
-        def finish() -> None:
+        def finish() -> int:
             if config.storage.fsync:
                 # Every file's entry in its folder, and each folder's entry in its parent up to
                 # storage.root: each folder fsynced once, after all ranks wrote, before the manifest.
                 sync_folders(storage, dataset_folders(plan, backend_root(storage) or config.storage.root))
-            _write_manifest(storage, plan, fmt, config.workload)
+            on_disk = _write_manifest(storage, plan, fmt, config.workload)
             if in_place:
                 release_claim(storage, plan)  # committed: the next generation may write in place
+            return on_disk
 
-        world.root_first(finish)
+        on_disk = world.root_first(finish)
     seconds = world.allreduce_max(time.perf_counter() - start)
-    on_disk = world.root_first(lambda: sum(storage.file_size(p) for p in all_paths(plan, fmt)))
     return GenerateResult(reused=reused, files_written=int(world.allreduce_sum(written_files)), seconds=seconds,
                           bytes_on_disk=int(on_disk))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener, Scratch
-from dlio_ckpt.formats.streams import OffsetReader, buffered, write_samples
+from dlio_ckpt.formats.streams import OffsetReader, buffered, write_in_one, write_samples
 
 
 class RawFormat:
@@ -16,8 +16,10 @@ class RawFormat:
     compressions: tuple[str, ...] = ("none",)  # dataset.compression values it offers
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
-        with buffered(open_output(""), options) as out:
-            write_samples(out, spec, source, options)
+        handle = open_output("")
+        if not write_in_one(handle, spec, source, options):  # a small file: its one write, as buffered issues it
+            with buffered(handle, options) as out:
+                write_samples(out, spec, source, options)
 
     def open(self, open_input: Opener, spec: FileSpec, options: FormatOptions,
              scratch: Scratch | None = None) -> OffsetReader:

@@ -29,6 +29,24 @@ def buffered(handle: Any, options: FormatOptions) -> Iterator[io.BufferedWriter]
         writer.detach()  # flushes
 
 
+def write_in_one(handle: Any, spec: FileSpec, source: ByteSource, options: FormatOptions) -> bool:
+    """What `buffered` and `write_samples` issue for a file that fits the buffer, without them:
+    the whole file in one write (none for an empty file), as the BufferedWriter flushes it when
+    detached. The writer, its context manager and the samples' generator cost more than the
+    file's own open, write and close when files are small (4 KiB: benchmarks/README.md, "Memory
+    in the file count"). False, and nothing written, where the file is larger than the buffer."""
+    total = spec.payload_bytes
+    if total > max(options.write_chunk_bytes, io.DEFAULT_BUFFER_SIZE):
+        return False
+    if spec.num_samples == 1 and 0 < total <= min(options.write_chunk_bytes, source.window):
+        handle.write(source.piece(spec.sample_key(0), total))  # the one sample's one chunk
+    elif total:
+        chunk, key, size = options.write_chunk_bytes, spec.sample_key, spec.sample_bytes
+        pieces = [piece for sample in range(spec.num_samples) for piece in source.chunks(key(sample), size, chunk)]
+        handle.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+    return True
+
+
 def read_span(handle: Any, buffer: memoryview, offset: int, transfer_size: int, size: int | None = None) -> None:
     """Fill `buffer` from `offset`, in transfer_size pieces when > 0 (one call per piece); with
     `size`, read that many bytes through `buffer` as a window that each call overwrites.

@@ -14,6 +14,7 @@ is not trusted (ValueError), as a damaged one is not, and the dataset is generat
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring_ascii
 from collections.abc import Callable, Iterable, Iterator
 
 SIZES = "sizes"
@@ -25,9 +26,12 @@ def encode(header: dict, sizes: Iterable[tuple[str, int]]) -> Iterator[str]:
     head = json.dumps({**header, SIZES: {}}, indent=1)
     opening = head[: -len("{}\n}")]  # up to and including '"sizes": '
     yield opening + "{"
+    # json.dumps of a str is encode_basestring_ascii's (ensure_ascii), of an int int.__repr__:
+    # called directly, the same text at a fifth of the cost a file
+    quoted = encode_basestring_ascii
     empty = True
     for name, size in sizes:
-        yield ("\n  " if empty else ",\n  ") + json.dumps(name) + ": " + json.dumps(int(size))
+        yield ("\n  " if empty else ",\n  ") + quoted(name) + ": " + repr(int(size))
         empty = False
     yield "}\n}" if empty else "\n }\n}"
 
