@@ -19,6 +19,7 @@ import json
 import os
 import struct
 import threading
+import zipfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,14 +240,28 @@ class EventRecorder:
         return op_counts(self.array())
 
     def array(self) -> np.ndarray:
+        """All events so far as one EVENT_DTYPE array, read-only: the recorder keeps it as its only
+        chunk, so a long run holds its events once, not once in chunks and again joined. The tail of
+        appended bytes becomes a chunk as `compact` makes one (appends meanwhile land after it) and
+        the chunks are copied into the joined array one at a time, each let go once copied: the
+        peak is the events plus one chunk."""
         with self._chunk_lock:
-            chunks = list(self._chunks)
-            packed = self._events[:]  # a snapshot (a copy): other threads may still be appending
-        tail = events_of(packed, self.clock.shift)
-        return np.concatenate([*chunks, tail]) if chunks else tail
+            count = len(self._events)
+            if count:
+                self._chunks.append(events_of(self._events[:count], self.clock.shift))
+                del self._events[:count]
+            if len(self._chunks) != 1:
+                self._chunks = [_joined(self._chunks)]
+            joined = self._chunks[0]
+        joined.flags.writeable = False  # callers share it with the recorder
+        return joined
 
     def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:
-        """Write this rank's events as `events/rank-NNNNN.npz` (array + path table + metadata).
+        """Write this rank's events as `events/rank-NNNNN.npz`: arrays `events` (EVENT_DTYPE),
+        `path_bytes` (uint8: the paths' UTF-8, back to back) and `path_ends` (int64: where each
+        path's bytes end), and `meta` (JSON). The path table is a byte per ASCII character, where a
+        numpy unicode array took four for the longest path's every character; each array is written
+        into the archive block by block, so saving holds no second copy of the events or the paths.
 
         `events` is this recorder's array() when the caller already built it."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -259,14 +274,87 @@ class EventRecorder:
             "ops": list(OPS),
             "phases": list(PHASES),
         }
+        events = self.array() if events is None else events
         tmp = target.with_suffix(".tmp.npz")
         with open(tmp, "wb") as out:
-            paths = np.array(self.paths, dtype=str) if self.paths else np.zeros(0, "U1")
-            np.savez(out, events=self.array() if events is None else events, paths=paths, meta=np.array(json.dumps(meta)))
+            with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+                _write_events(archive, events)
+                _write_path_table(archive, self.paths)
+                with archive.open("meta.npy", "w", force_zip64=True) as entry:
+                    np.lib.format.write_array(entry, np.array(json.dumps(meta)), allow_pickle=False)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)
         return target
+
+
+def _joined(chunks: list[np.ndarray]) -> np.ndarray:
+    """The chunks end to end in one new array, emptying `chunks` as each is copied, so no chunk
+    is held twice for long."""
+    joined = np.empty(sum(len(chunk) for chunk in chunks), EVENT_DTYPE)
+    at = 0
+    while chunks:
+        chunk = chunks.pop(0)
+        joined[at:at + len(chunk)] = chunk
+        at += len(chunk)
+    return joined
+
+
+# Paths encoded per block while the path table is written: the table's Python bytes objects are
+# never more than this many at once.
+PATH_BLOCK = 1 << 14
+
+
+def _encoded(paths: list[str], start: int) -> list[bytes]:
+    """One block of paths as bytes. "surrogatepass" keeps a path that os.fsdecode gave lone
+    surrogates (undecodable bytes) exact through the round trip (`decoded_paths`)."""
+    return [path.encode("utf-8", "surrogatepass") for path in paths[start:start + PATH_BLOCK]]
+
+
+def _npy_entry(archive: zipfile.ZipFile, name: str, dtype: np.dtype, count: int):
+    """A zip entry holding a one-dimensional .npy array of `count` items, its header written: the
+    caller writes the items' bytes."""
+    entry = archive.open(f"{name}.npy", "w", force_zip64=True)
+    np.lib.format.write_array_header_2_0(entry, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                 "fortran_order": False, "shape": (count,)})
+    return entry
+
+
+def _write_events(archive: zipfile.ZipFile, events: np.ndarray) -> None:
+    """`events`, written from views of the array a block at a time (numpy's own writer copies up
+    to 16 MiB at once into bytes)."""
+    flat = np.ascontiguousarray(events, EVENT_DTYPE).view(np.uint8)
+    block = COMPACT_EVENTS * EVENT_BYTES
+    with _npy_entry(archive, "events", EVENT_DTYPE, len(events)) as entry:
+        for start in range(0, len(flat), block):
+            entry.write(flat[start:start + block])
+
+
+def _write_path_table(archive: zipfile.ZipFile, paths: list[str]) -> None:
+    """`path_ends` then `path_bytes`, both streamed a block of paths at a time (each block encoded
+    twice rather than all of it kept)."""
+    count = len(paths)
+    end = 0
+    with _npy_entry(archive, "path_ends", np.int64, count) as entry:
+        for start in range(0, count, PATH_BLOCK):
+            ends = end + np.cumsum([len(path) for path in _encoded(paths, start)], dtype=np.int64)
+            entry.write(ends.tobytes())
+            end = int(ends[-1])
+    with _npy_entry(archive, "path_bytes", np.uint8, end) as entry:
+        for start in range(0, count, PATH_BLOCK):
+            entry.write(b"".join(_encoded(paths, start)))
+
+
+def decoded_paths(path_bytes: np.ndarray, path_ends: np.ndarray) -> list[str]:
+    """The path table of an event file (`path_bytes`, `path_ends`) as strings; ValueError where it
+    does not hold together (ends that go back or past the bytes, bytes that are not UTF-8)."""
+    blob = path_bytes.tobytes()
+    ends = path_ends.astype(np.int64, copy=False)
+    if path_bytes.dtype != np.uint8 or path_ends.ndim != 1 or (len(ends) and (
+            ends[0] < 0 or (np.diff(ends) < 0).any() or int(ends[-1]) != len(blob))) or (not len(ends) and blob):
+        raise ValueError("its path table does not hold together")
+    starts = [0, *ends[:-1].tolist()]
+    return [blob[start:end].decode("utf-8", "surrogatepass") for start, end in zip(starts, ends.tolist())]
 
 
 def op_counts(events: np.ndarray) -> dict[tuple[str, str], int]:
@@ -316,7 +404,8 @@ class RankEvents:
                 rank=int(meta["rank"]),
                 hostname=str(meta["hostname"]),
                 job_start_wall=float(meta["job_start_wall"]),
-                paths=[str(p) for p in data["paths"]],
+                paths=(decoded_paths(data["path_bytes"], data["path_ends"]) if "path_ends" in data.files
+                       else [str(p) for p in data["paths"]]),  # event files written before the byte table
                 events=data["events"].copy(),
             )
 
