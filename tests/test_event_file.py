@@ -94,20 +94,21 @@ def test_the_recorder_holds_38_bytes_an_event_and_array_keeps_them_once(monkeypa
     of them, the one it returns (read-only, since the recorder keeps it), and nothing else."""
     monkeypatch.setattr(events_module, "COMPACT_EVENTS", 64)
     recorder = recorded(1000)
-    held = sum(chunk.nbytes for chunk in recorder._chunks) + len(recorder._events)
-    assert held == 5000 * EVENT_BYTES and len(recorder._chunks) == 5000 // 64
+    assert recorder._stored * EVENT_BYTES + len(recorder._events) == 5000 * EVENT_BYTES
+    assert recorder._stored == 5000 // 64 * 64
+    # spare room: at most an eighth and a compaction's worth (64) more than the rows stored
+    assert recorder._store.nbytes <= (recorder._stored * 9 // 8 + 2 * 64) * EVENT_BYTES
     events = recorder.array()
-    assert len(recorder._chunks) == 1 and recorder._chunks[0] is events and len(recorder._events) == 0
+    assert events.base is recorder._store and len(recorder._events) == 0  # a view, not a copy
     assert events.nbytes == 5000 * EVENT_BYTES and not events.flags.writeable
-    assert recorder.array() is events  # nothing new recorded: the same array, no copy
     recorder.record("read", "train", "/x", 0, 1, 9.0, 9.5)
     again = recorder.array()
-    assert len(again) == 5001 and again[:5000].tobytes() == events.tobytes() and len(recorder._chunks) == 1
+    assert len(again) == 5001 and again[:5000].tobytes() == events.tobytes() == recorded(1000).array().tobytes()
 
 
 def test_array_and_save_add_at_most_a_block_to_the_memory_held(tmp_path, monkeypatch):
-    """tracemalloc's peak above what the recorder held: joining 200 chunks and saving add about a
-    chunk and a block of paths, where one more copy of the events (228 KB) or the unicode path
+    """tracemalloc's peak above what the recorder held: array() (after 200 compactions) and saving
+    add about a compaction's events and a block of paths, where one more copy of the events (228 KB) or the unicode path
     table (4 x 44 characters x 1,200 paths = 211 KB) would show."""
     monkeypatch.setattr(events_module, "COMPACT_EVENTS", 30)
     monkeypatch.setattr(events_module, "PATH_BLOCK", 64)
@@ -125,6 +126,6 @@ def test_array_and_save_add_at_most_a_block_to_the_memory_held(tmp_path, monkeyp
         _, peak_save = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak_array - held <= events_bytes + 30 * EVENT_BYTES
+    assert peak_array - held < events_bytes // 4
     assert peak_save - held_after < 40_000
     assert len(events) == 6000

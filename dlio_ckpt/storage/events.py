@@ -2,9 +2,10 @@
 
 While a rank runs, an event (op, phase, path index, offset, length, start, end) is packed as the
 38 bytes of an EVENT_DTYPE row (`pack_event`) and appended to one bytearray in a single `extend`
-(cheap, and atomic between threads). Every COMPACT_EVENTS events they are moved into a numpy
-chunk and joined into one array when the run ends. Times are seconds since the job started, on a
-clock that all ranks share (`JobClock`), so events of different ranks can be put on one timeline
+(cheap, and atomic between threads). Every COMPACT_EVENTS events they are moved into one numpy
+array, grown in place, which `array()` hands out as it is: the events are held once, 38 bytes
+each, and the event file's path table takes a byte a character (`save`). Times are seconds since
+the job started, on a clock that all ranks share (`JobClock`), so events of different ranks can be put on one timeline
 (traced handles append raw perf_counter readings, flagged RAW_TIMES in the phase, and the
 recorder moves them onto that clock as it converts them).
 
@@ -153,7 +154,11 @@ class EventRecorder:
     _path_index: dict[str, int] = field(default_factory=dict)
     _path_lock: threading.Lock = field(default_factory=threading.Lock)
     _events: bytearray = field(default_factory=bytearray)  # EVENT_BYTES per event (pack_event)
-    _chunks: list[np.ndarray] = field(default_factory=list)
+    # The converted events, in one array grown in place (`_store_rows`), then spare room: `_stored`
+    # rows are events. One array rather than a list of chunks, so that `array()` needs no second
+    # copy to join them.
+    _store: np.ndarray = field(default_factory=lambda: np.empty(0, EVENT_DTYPE))
+    _stored: int = 0
     _chunk_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def path_id(self, path: str) -> int:
@@ -175,7 +180,7 @@ class EventRecorder:
             self.compact()
 
     def compact(self) -> None:
-        """Move the appended events into a numpy chunk once there are COMPACT_EVENTS of them
+        """Move the appended events into the numpy store once there are COMPACT_EVENTS of them
         (callers: `record`, and traced handles as they close). Appends by other threads meanwhile
         land after the slice taken, so deleting that slice loses none; `array` takes the lock."""
         if len(self._events) < COMPACT_EVENTS * EVENT_BYTES:
@@ -184,8 +189,30 @@ class EventRecorder:
             count = len(self._events)  # whole events: each is one atomic extend of EVENT_BYTES
             if count >= COMPACT_EVENTS * EVENT_BYTES:
                 # a slice is a copy, taken in one step; a view would stop the appending threads
-                self._chunks.append(events_of(self._events[:count], self.clock.shift))
+                self._store_rows(events_of(self._events[:count], self.clock.shift))
                 del self._events[:count]
+
+    def _store_rows(self, rows: np.ndarray) -> None:
+        """Add converted rows after the stored ones (the caller holds `_chunk_lock`)."""
+        end = self._stored + len(rows)
+        if end > len(self._store):
+            self._grow(end)
+        self._store[self._stored:end] = rows
+        self._stored = end
+
+    def _grow(self, needed: int) -> None:
+        """Room for `needed` rows and an eighth more. `resize` reallocates in place: for a large
+        array the C library moves its pages (mremap) rather than copying them, so the store grows
+        without a second copy at any moment (the spare eighth caps how often, and what is held
+        unused). An array() result still looking at the store (resize refuses then) keeps the old
+        memory; the rows are copied into a new array."""
+        capacity = max(needed, len(self._store) + len(self._store) // 8 + COMPACT_EVENTS)
+        try:
+            self._store.resize(capacity, refcheck=True)
+        except ValueError:
+            grown = np.empty(capacity, EVENT_DTYPE)
+            grown[:self._stored] = self._store[:self._stored]
+            self._store = grown
 
     def extender(self):
         """Append one event as `extend(pack_event(op, phase | RAW_TIMES, path id, offset, length,
@@ -211,13 +238,15 @@ class EventRecorder:
     def take_packed(self) -> bytes:
         """The events appended so far, removed from this recorder: what a worker process sends
         its parent (`absorb`) with each batch. Only for a recorder nothing else appends to meanwhile.
-        Compacted chunks come first (their times already on the job clock, as `events_of` leaves
-        rows without RAW_TIMES), then the raw tail."""
+        The stored events come first (their times already on the job clock, as `events_of` leaves
+        rows without RAW_TIMES), then the raw tail. The store starts afresh (an array() result may
+        still look at the old one)."""
         with self._chunk_lock:
-            chunks, self._chunks = self._chunks, []
+            stored = self._store[:self._stored].tobytes()
+            self._store, self._stored = np.empty(0, EVENT_DTYPE), 0
             packed = bytes(self._events)
             del self._events[:]
-        return b"".join(chunk.tobytes() for chunk in chunks) + packed
+        return stored + packed
 
     def path_table(self) -> dict[str, int]:
         """The path -> index table, for a caller that looks a path up before calling `path_id`
@@ -240,21 +269,17 @@ class EventRecorder:
         return op_counts(self.array())
 
     def array(self) -> np.ndarray:
-        """All events so far as one EVENT_DTYPE array, read-only: the recorder keeps it as its only
-        chunk, so a long run holds its events once, not once in chunks and again joined. The tail of
-        appended bytes becomes a chunk as `compact` makes one (appends meanwhile land after it) and
-        the chunks are copied into the joined array one at a time, each let go once copied: the
-        peak is the events plus one chunk."""
+        """All events so far as one EVENT_DTYPE array: a read-only view of the recorder's store, so
+        a long run holds its events once. The tail of appended bytes is stored first, as `compact`
+        does (appends meanwhile land after it)."""
         with self._chunk_lock:
             count = len(self._events)
             if count:
-                self._chunks.append(events_of(self._events[:count], self.clock.shift))
+                self._store_rows(events_of(self._events[:count], self.clock.shift))
                 del self._events[:count]
-            if len(self._chunks) != 1:
-                self._chunks = [_joined(self._chunks)]
-            joined = self._chunks[0]
-        joined.flags.writeable = False  # callers share it with the recorder
-        return joined
+            events = self._store[:self._stored]
+        events.flags.writeable = False  # the recorder's own rows
+        return events
 
     def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:
         """Write this rank's events as `events/rank-NNNNN.npz`: arrays `events` (EVENT_DTYPE),
@@ -286,18 +311,6 @@ class EventRecorder:
             os.fsync(out.fileno())
         os.replace(tmp, target)
         return target
-
-
-def _joined(chunks: list[np.ndarray]) -> np.ndarray:
-    """The chunks end to end in one new array, emptying `chunks` as each is copied, so no chunk
-    is held twice for long."""
-    joined = np.empty(sum(len(chunk) for chunk in chunks), EVENT_DTYPE)
-    at = 0
-    while chunks:
-        chunk = chunks.pop(0)
-        joined[at:at + len(chunk)] = chunk
-        at += len(chunk)
-    return joined
 
 
 # Paths encoded per block while the path table is written: the table's Python bytes objects are
