@@ -372,26 +372,26 @@ def decoded_paths(path_bytes: np.ndarray, path_ends: np.ndarray) -> list[str]:
 
 def op_counts(events: np.ndarray) -> dict[tuple[str, str], int]:
     """Number of events per (phase, op), only those that occurred."""
-    codes = events["phase"].astype(np.int64) * len(OPS) + events["op"]
+    codes = events["phase"].astype(np.uint16) * len(OPS) + events["op"]  # 2 bytes an event, not 8
     counts = np.bincount(codes, minlength=len(PHASES) * len(OPS))
     return {(PHASES[code // len(OPS)], OPS[code % len(OPS)]): int(n) for code, n in enumerate(counts) if n}
 
 
 def totals_by_phase(events: np.ndarray) -> dict[str, dict[str, int]]:
     """Per phase that has events: bytes moved by reads and by writes, and the number of reads,
-    writes and operations of any kind. Exact: summed from the events, never kept running."""
+    writes and operations of any kind. Exact: summed from the events, never kept running. The
+    sums take masks (a byte an event) over the length column rather than copies of the events."""
     totals: dict[str, dict[str, int]] = {}
     counts = op_counts(events)
+    phases, ops_of, lengths = events["phase"], events["op"], events["length"]
     for phase in PHASES:
-        mask = events["phase"] == PHASE_CODE[phase]
         ops = sum(n for (p, _), n in counts.items() if p == phase)
         if not ops:
             continue
-        selected = events[mask]
-        lengths = selected["length"]
+        in_phase = phases == PHASE_CODE[phase]
         totals[phase] = {
-            "bytes_read": int(lengths[selected["op"] == OP_CODE["read"]].sum()),
-            "bytes_written": int(lengths[selected["op"] == OP_CODE["write"]].sum()),
+            "bytes_read": int(lengths.sum(where=in_phase & (ops_of == OP_CODE["read"]))),
+            "bytes_written": int(lengths.sum(where=in_phase & (ops_of == OP_CODE["write"]))),
             "reads": counts.get((phase, "read"), 0),
             "writes": counts.get((phase, "write"), 0),
             "ops": ops,
