@@ -201,12 +201,15 @@ class EventRecorder:
         self._stored = end
 
     def _grow(self, needed: int) -> None:
-        """Room for `needed` rows and an eighth more. `resize` reallocates in place: for a large
-        array the C library moves its pages (mremap) rather than copying them, so the store grows
-        without a second copy at any moment (the spare eighth caps how often, and what is held
-        unused). An array() result still looking at the store (resize refuses then) keeps the old
-        memory; the rows are copied into a new array."""
-        capacity = max(needed, len(self._store) + len(self._store) // 8 + COMPACT_EVENTS)
+        """Room for `needed` rows and more. `resize` reallocates in place: for an array past the C
+        library's mmap threshold (at most 32 MiB) it moves the pages (mremap) rather than copying
+        them, so the store grows by an eighth without a second copy at any moment; below it a
+        reallocation may copy, so the store doubles there (amortised: a copy per row at most, and
+        the spare room, zero-filled, stays under 32 MiB). An array() result still looking at the
+        store (resize refuses then) keeps the old memory; the rows are copied into a new array."""
+        size = len(self._store)
+        more = size if size * EVENT_BYTES < _COPYING_REALLOC_BYTES else size // 8
+        capacity = max(needed, size + more + COMPACT_EVENTS)
         try:
             self._store.resize(capacity, refcheck=True)
         except ValueError:
@@ -312,6 +315,9 @@ class EventRecorder:
         os.replace(tmp, target)
         return target
 
+
+# glibc's largest mmap threshold: a reallocation below it may copy the array, one above moves pages.
+_COPYING_REALLOC_BYTES = 32 << 20
 
 # Paths encoded per block while the path table is written: the table's Python bytes objects are
 # never more than this many at once.
