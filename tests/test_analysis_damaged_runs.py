@@ -63,11 +63,22 @@ EVENT_DAMAGE = {
     "cut": (lambda p: p.write_bytes(p.read_bytes()[:500]), "not a dlio_ckpt event file"),
     "no meta": (lambda p: np.savez(p, events=np.zeros(1)), "not a dlio_ckpt event file"),
     "other layout": (lambda p: _rewrite(p, events=np.zeros(3)), "layout"),
-    "file past the paths": (lambda p: _rewrite(p, paths=np.array(["/only/one"])), "past its 1 paths"),
+    "file past the paths": (lambda p: _rewrite(p, path_bytes=np.frombuffer(b"/only/one", np.uint8),
+                                               path_ends=np.array([9])), "past its 1 paths"),
+    "path table past its bytes": (lambda p: _rewrite(p, path_ends=np.array([10**6])), "path table does not hold together"),
+    "old unicode path table": (lambda p: _rewrite_old_format(p, ["/only/one"]), "past its 1 paths"),
     "unknown op": (lambda p: _rewrite(p, events=_with(p, "op", 200)), "codes this version does not know"),
     "negative length": (lambda p: _rewrite(p, events=_with(p, "length", -5)), "negative byte counts"),
     "infinite time": (lambda p: _rewrite(p, events=_with(p, "end", np.inf)), "not finite"),
 }
+
+
+def _rewrite_old_format(path: Path, paths: list[str]) -> None:
+    """The event file as versions before the byte path table wrote it (a unicode `paths` array),
+    which RankEvents still reads."""
+    with np.load(path, allow_pickle=False) as data:
+        contents = {key: data[key] for key in data.files if key not in ("path_bytes", "path_ends")}
+    np.savez(path, **contents, paths=np.array(paths))
 
 
 def _with(path: Path, field: str, value) -> np.ndarray:

@@ -234,7 +234,7 @@ def test_the_recorder_keeps_an_event_in_38_bytes_and_any_offset_below_2_63_exact
     recorder.record("unlink", "checkpoint", "/g", -1, 0, 2.0, 2.0)  # the third: compacted
     recorder.record("stat", "other", "/f", -1, 0, 3.0, 3.0)
     events = recorder.array()
-    assert len(recorder._chunks) == 1 and events.dtype == events_module.EVENT_DTYPE
+    assert recorder._stored == 4 and events.dtype == events_module.EVENT_DTYPE
     assert events["offset"].tolist() == [top, (1 << 53) + 1, -1, -1] and events["length"].tolist() == [top - 1, 1, 0, 0]
     assert events["file"].tolist() == [0, 1, 1, 0] and events["start"].tolist() == [0.5, 1.0, 2.0, 3.0]
     assert [OPS[op] for op in events["op"]] == ["read", "write", "unlink", "stat"]

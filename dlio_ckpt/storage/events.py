@@ -2,9 +2,10 @@
 
 While a rank runs, an event (op, phase, path index, offset, length, start, end) is packed as the
 38 bytes of an EVENT_DTYPE row (`pack_event`) and appended to one bytearray in a single `extend`
-(cheap, and atomic between threads). Every COMPACT_EVENTS events they are moved into a numpy
-chunk and joined into one array when the run ends. Times are seconds since the job started, on a
-clock that all ranks share (`JobClock`), so events of different ranks can be put on one timeline
+(cheap, and atomic between threads). Every COMPACT_EVENTS events they are moved into one numpy
+array, grown in place, which `array()` hands out as it is: the events are held once, 38 bytes
+each, and the event file's path table takes a byte a character (`save`). Times are seconds since
+the job started, on a clock that all ranks share (`JobClock`), so events of different ranks can be put on one timeline
 (traced handles append raw perf_counter readings, flagged RAW_TIMES in the phase, and the
 recorder moves them onto that clock as it converts them).
 
@@ -19,6 +20,7 @@ import json
 import os
 import struct
 import threading
+import zipfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,7 +154,11 @@ class EventRecorder:
     _path_index: dict[str, int] = field(default_factory=dict)
     _path_lock: threading.Lock = field(default_factory=threading.Lock)
     _events: bytearray = field(default_factory=bytearray)  # EVENT_BYTES per event (pack_event)
-    _chunks: list[np.ndarray] = field(default_factory=list)
+    # The converted events, in one array grown in place (`_store_rows`), then spare room: `_stored`
+    # rows are events. One array rather than a list of chunks, so that `array()` needs no second
+    # copy to join them.
+    _store: np.ndarray = field(default_factory=lambda: np.empty(0, EVENT_DTYPE))
+    _stored: int = 0
     _chunk_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def path_id(self, path: str) -> int:
@@ -174,7 +180,7 @@ class EventRecorder:
             self.compact()
 
     def compact(self) -> None:
-        """Move the appended events into a numpy chunk once there are COMPACT_EVENTS of them
+        """Move the appended events into the numpy store once there are COMPACT_EVENTS of them
         (callers: `record`, and traced handles as they close). Appends by other threads meanwhile
         land after the slice taken, so deleting that slice loses none; `array` takes the lock."""
         if len(self._events) < COMPACT_EVENTS * EVENT_BYTES:
@@ -183,8 +189,33 @@ class EventRecorder:
             count = len(self._events)  # whole events: each is one atomic extend of EVENT_BYTES
             if count >= COMPACT_EVENTS * EVENT_BYTES:
                 # a slice is a copy, taken in one step; a view would stop the appending threads
-                self._chunks.append(events_of(self._events[:count], self.clock.shift))
+                self._store_rows(events_of(self._events[:count], self.clock.shift))
                 del self._events[:count]
+
+    def _store_rows(self, rows: np.ndarray) -> None:
+        """Add converted rows after the stored ones (the caller holds `_chunk_lock`)."""
+        end = self._stored + len(rows)
+        if end > len(self._store):
+            self._grow(end)
+        self._store[self._stored:end] = rows
+        self._stored = end
+
+    def _grow(self, needed: int) -> None:
+        """Room for `needed` rows and more. `resize` reallocates in place: for an array past the C
+        library's mmap threshold (at most 32 MiB) it moves the pages (mremap) rather than copying
+        them, so the store grows by an eighth without a second copy at any moment; below it a
+        reallocation may copy, so the store doubles there (amortised: a copy per row at most, and
+        the spare room, zero-filled, stays under 32 MiB). An array() result still looking at the
+        store (resize refuses then) keeps the old memory; the rows are copied into a new array."""
+        size = len(self._store)
+        more = size if size * EVENT_BYTES < _COPYING_REALLOC_BYTES else size // 8
+        capacity = max(needed, size + more + COMPACT_EVENTS)
+        try:
+            self._store.resize(capacity, refcheck=True)
+        except ValueError:
+            grown = np.empty(capacity, EVENT_DTYPE)
+            grown[:self._stored] = self._store[:self._stored]
+            self._store = grown
 
     def extender(self):
         """Append one event as `extend(pack_event(op, phase | RAW_TIMES, path id, offset, length,
@@ -210,13 +241,15 @@ class EventRecorder:
     def take_packed(self) -> bytes:
         """The events appended so far, removed from this recorder: what a worker process sends
         its parent (`absorb`) with each batch. Only for a recorder nothing else appends to meanwhile.
-        Compacted chunks come first (their times already on the job clock, as `events_of` leaves
-        rows without RAW_TIMES), then the raw tail."""
+        The stored events come first (their times already on the job clock, as `events_of` leaves
+        rows without RAW_TIMES), then the raw tail. The store starts afresh (an array() result may
+        still look at the old one)."""
         with self._chunk_lock:
-            chunks, self._chunks = self._chunks, []
+            stored = self._store[:self._stored].tobytes()
+            self._store, self._stored = np.empty(0, EVENT_DTYPE), 0
             packed = bytes(self._events)
             del self._events[:]
-        return b"".join(chunk.tobytes() for chunk in chunks) + packed
+        return stored + packed
 
     def path_table(self) -> dict[str, int]:
         """The path -> index table, for a caller that looks a path up before calling `path_id`
@@ -239,14 +272,24 @@ class EventRecorder:
         return op_counts(self.array())
 
     def array(self) -> np.ndarray:
+        """All events so far as one EVENT_DTYPE array: a read-only view of the recorder's store, so
+        a long run holds its events once. The tail of appended bytes is stored first, as `compact`
+        does (appends meanwhile land after it)."""
         with self._chunk_lock:
-            chunks = list(self._chunks)
-            packed = self._events[:]  # a snapshot (a copy): other threads may still be appending
-        tail = events_of(packed, self.clock.shift)
-        return np.concatenate([*chunks, tail]) if chunks else tail
+            count = len(self._events)
+            if count:
+                self._store_rows(events_of(self._events[:count], self.clock.shift))
+                del self._events[:count]
+            events = self._store[:self._stored]
+        events.flags.writeable = False  # the recorder's own rows
+        return events
 
     def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:
-        """Write this rank's events as `events/rank-NNNNN.npz` (array + path table + metadata).
+        """Write this rank's events as `events/rank-NNNNN.npz`: arrays `events` (EVENT_DTYPE),
+        `path_bytes` (uint8: the paths' UTF-8, back to back) and `path_ends` (int64: where each
+        path's bytes end), and `meta` (JSON). The path table is a byte per ASCII character, where a
+        numpy unicode array took four for the longest path's every character; each array is written
+        into the archive block by block, so saving holds no second copy of the events or the paths.
 
         `events` is this recorder's array() when the caller already built it."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -259,38 +302,102 @@ class EventRecorder:
             "ops": list(OPS),
             "phases": list(PHASES),
         }
+        events = self.array() if events is None else events
         tmp = target.with_suffix(".tmp.npz")
         with open(tmp, "wb") as out:
-            paths = np.array(self.paths, dtype=str) if self.paths else np.zeros(0, "U1")
-            np.savez(out, events=self.array() if events is None else events, paths=paths, meta=np.array(json.dumps(meta)))
+            with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+                _write_events(archive, events)
+                _write_path_table(archive, self.paths)
+                with archive.open("meta.npy", "w", force_zip64=True) as entry:
+                    np.lib.format.write_array(entry, np.array(json.dumps(meta)), allow_pickle=False)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, target)
         return target
 
 
+# glibc's largest mmap threshold: a reallocation below it may copy the array, one above moves pages.
+_COPYING_REALLOC_BYTES = 32 << 20
+
+# Paths encoded per block while the path table is written: the table's Python bytes objects are
+# never more than this many at once.
+PATH_BLOCK = 1 << 14
+
+
+def _encoded(paths: list[str], start: int) -> list[bytes]:
+    """One block of paths as bytes. "surrogatepass" keeps a path that os.fsdecode gave lone
+    surrogates (undecodable bytes) exact through the round trip (`decoded_paths`)."""
+    return [path.encode("utf-8", "surrogatepass") for path in paths[start:start + PATH_BLOCK]]
+
+
+def _npy_entry(archive: zipfile.ZipFile, name: str, dtype: np.dtype, count: int):
+    """A zip entry holding a one-dimensional .npy array of `count` items, its header written: the
+    caller writes the items' bytes."""
+    entry = archive.open(f"{name}.npy", "w", force_zip64=True)
+    np.lib.format.write_array_header_2_0(entry, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                 "fortran_order": False, "shape": (count,)})
+    return entry
+
+
+def _write_events(archive: zipfile.ZipFile, events: np.ndarray) -> None:
+    """`events`, written from views of the array a block at a time (numpy's own writer copies up
+    to 16 MiB at once into bytes)."""
+    flat = np.ascontiguousarray(events, EVENT_DTYPE).view(np.uint8)
+    block = COMPACT_EVENTS * EVENT_BYTES
+    with _npy_entry(archive, "events", EVENT_DTYPE, len(events)) as entry:
+        for start in range(0, len(flat), block):
+            entry.write(flat[start:start + block])
+
+
+def _write_path_table(archive: zipfile.ZipFile, paths: list[str]) -> None:
+    """`path_ends` then `path_bytes`, both streamed a block of paths at a time (each block encoded
+    twice rather than all of it kept)."""
+    count = len(paths)
+    end = 0
+    with _npy_entry(archive, "path_ends", np.int64, count) as entry:
+        for start in range(0, count, PATH_BLOCK):
+            ends = end + np.cumsum([len(path) for path in _encoded(paths, start)], dtype=np.int64)
+            entry.write(ends.tobytes())
+            end = int(ends[-1])
+    with _npy_entry(archive, "path_bytes", np.uint8, end) as entry:
+        for start in range(0, count, PATH_BLOCK):
+            entry.write(b"".join(_encoded(paths, start)))
+
+
+def decoded_paths(path_bytes: np.ndarray, path_ends: np.ndarray) -> list[str]:
+    """The path table of an event file (`path_bytes`, `path_ends`) as strings; ValueError where it
+    does not hold together (ends that go back or past the bytes, bytes that are not UTF-8)."""
+    blob = path_bytes.tobytes()
+    ends = path_ends.astype(np.int64, copy=False)
+    if path_bytes.dtype != np.uint8 or path_ends.ndim != 1 or (len(ends) and (
+            ends[0] < 0 or (np.diff(ends) < 0).any() or int(ends[-1]) != len(blob))) or (not len(ends) and blob):
+        raise ValueError("its path table does not hold together")
+    starts = [0, *ends[:-1].tolist()]
+    return [blob[start:end].decode("utf-8", "surrogatepass") for start, end in zip(starts, ends.tolist())]
+
+
 def op_counts(events: np.ndarray) -> dict[tuple[str, str], int]:
     """Number of events per (phase, op), only those that occurred."""
-    codes = events["phase"].astype(np.int64) * len(OPS) + events["op"]
+    codes = events["phase"].astype(np.uint16) * len(OPS) + events["op"]  # 2 bytes an event, not 8
     counts = np.bincount(codes, minlength=len(PHASES) * len(OPS))
     return {(PHASES[code // len(OPS)], OPS[code % len(OPS)]): int(n) for code, n in enumerate(counts) if n}
 
 
 def totals_by_phase(events: np.ndarray) -> dict[str, dict[str, int]]:
     """Per phase that has events: bytes moved by reads and by writes, and the number of reads,
-    writes and operations of any kind. Exact: summed from the events, never kept running."""
+    writes and operations of any kind. Exact: summed from the events, never kept running. The
+    sums take masks (a byte an event) over the length column rather than copies of the events."""
     totals: dict[str, dict[str, int]] = {}
     counts = op_counts(events)
+    phases, ops_of, lengths = events["phase"], events["op"], events["length"]
     for phase in PHASES:
-        mask = events["phase"] == PHASE_CODE[phase]
         ops = sum(n for (p, _), n in counts.items() if p == phase)
         if not ops:
             continue
-        selected = events[mask]
-        lengths = selected["length"]
+        in_phase = phases == PHASE_CODE[phase]
         totals[phase] = {
-            "bytes_read": int(lengths[selected["op"] == OP_CODE["read"]].sum()),
-            "bytes_written": int(lengths[selected["op"] == OP_CODE["write"]].sum()),
+            "bytes_read": int(lengths.sum(where=in_phase & (ops_of == OP_CODE["read"]))),
+            "bytes_written": int(lengths.sum(where=in_phase & (ops_of == OP_CODE["write"]))),
             "reads": counts.get((phase, "read"), 0),
             "writes": counts.get((phase, "write"), 0),
             "ops": ops,
@@ -316,7 +423,8 @@ class RankEvents:
                 rank=int(meta["rank"]),
                 hostname=str(meta["hostname"]),
                 job_start_wall=float(meta["job_start_wall"]),
-                paths=[str(p) for p in data["paths"]],
+                paths=(decoded_paths(data["path_bytes"], data["path_ends"]) if "path_ends" in data.files
+                       else [str(p) for p in data["paths"]]),  # event files written before the byte table
                 events=data["events"].copy(),
             )
 
