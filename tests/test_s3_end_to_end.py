@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from conftest import BIN, load_summary, run_cli
+from test_event_file import read_independently
 
 PREFIX = "e2e"
 TINY_CKPT = ["workload=llama3_8b", "scale=tiny", "progress=false", "checkpoint.drop_caches=false"]
@@ -54,8 +55,7 @@ def test_train_run_counts_the_bytes_the_server_holds(workdir, s3_server, s3_buck
     assert not root.exists()  # nothing of the dataset or checkpoints on the local file system
     assert summary["dataset"]["page_cache_risk"] is False  # no local page cache in front of S3
     assert not any("page cache" in warning for warning in summary.get("warnings", []))
-    with __import__("numpy").load(run / "events" / "rank-00000.npz") as events:
-        paths = [str(p) for p in events["paths"]]
+    _, paths, _ = read_independently(run / "events" / "rank-00000.npz")
     assert any(p.startswith(str(root)) and "/train/" in p for p in paths)
 
     # The S3 requests are in the Chrome trace (ranged GETs as reads, upload completions as fsyncs)
@@ -194,9 +194,8 @@ def test_retention_deletes_only_this_runs_older_checkpoints(workdir, s3_server, 
     assert decoy in objects
     assert not any("global_step1" in k or "global_step2" in k for k in objects if k != decoy)
     # The deletions are S3 operations too: one unlink event per object removed, none for the decoy.
-    with __import__("numpy").load(workdir / "run" / "events" / "rank-00000.npz") as data:
-        paths, events = [str(p) for p in data["paths"]], data["events"]
-        unlink = json.loads(str(data["meta"]))["ops"].index("unlink")
+    events, paths, meta = read_independently(workdir / "run" / "events" / "rank-00000.npz")
+    unlink = meta["ops"].index("unlink")
     unlinked = sorted(paths[i] for i in events[events["op"] == unlink]["file"])
     kept = sorted(k.split("/global_step3/", 1)[1] for k in objects if "/global_step3/" in k)
     for step in (1, 2):
