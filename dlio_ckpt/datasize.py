@@ -20,7 +20,7 @@ from typing import Sequence
 from dlio_ckpt.config.groups import override_values, parse_overrides
 from dlio_ckpt.config.load import check_override_keys, compose_each, expand_sweep, explicit_keys, to_run_config
 from dlio_ckpt.config.mlperf_rules import division
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
 
 

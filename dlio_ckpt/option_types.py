@@ -2,8 +2,8 @@
 
 Below every layer, so the tables that are not config/'s own can use them without importing
 config/ (an upward edge): a storage backend declares its options (`storage.<backend>.*`) in its
-own table (storage/s3_options.py), which config/typed.py builds and checks like every other
-section. config/typed.py re-exports both names.
+own table (storage/s3_options.py), which typed.py builds and checks like every other
+section. typed.py re-exports both names.
 """
 
 from __future__ import annotations

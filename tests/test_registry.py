@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from dlio_ckpt.checkpoint.registry import STRATEGIES
-from dlio_ckpt.codec.registry import CODECS
+from dlio_ckpt.codec_registry import CODECS
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.errors import ConfigError, MissingDependency
 from dlio_ckpt.formats import DATASET_FORMATS

@@ -18,7 +18,7 @@ from ckpt_util import make_ctx
 from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.content import tensor_key
 from dlio_ckpt.config.load import load_config
-from dlio_ckpt.config.schema import CheckpointConfig
+from dlio_ckpt.schema import CheckpointConfig
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.checkpoint import PlannedFile

@@ -21,7 +21,7 @@ import yaml
 
 from conftest import run_cli
 from dlio_ckpt.config.load import load_config, validate_command_line
-from dlio_ckpt.config.schema import StorageConfig
+from dlio_ckpt.schema import StorageConfig
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.storage import BACKENDS, backend_class, make_backend
 from dlio_ckpt.storage.base import CAPABILITY_MEANING, OPTIONAL_MEMBERS, Capabilities, StorageBackend, StorageFile

@@ -30,7 +30,7 @@ from dlio_ckpt.advisor.search import Candidate, Settings, candidates, exhaustive
 from dlio_ckpt.advisor.simulate import Outcome
 from dlio_ckpt.advisor.surrogate import near, samples, search, train
 from dlio_ckpt.analysis.model import plain
-from dlio_ckpt.config.schema import MAX_PLAN_RANKS
+from dlio_ckpt.schema import MAX_PLAN_RANKS
 from dlio_ckpt.errors import RUN_FAILURE_EXIT_CODE, USAGE_EXIT_CODE, OneLineArgumentParser, UserError
 from dlio_ckpt.optional import check_installed, require
 from dlio_ckpt.local_fs import nearest_existing, system_folder

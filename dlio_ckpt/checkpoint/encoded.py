@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from dlio_ckpt.codec import pipeline
 from dlio_ckpt.codec.base import EncodedFile
-from dlio_ckpt.codec.registry import CODECS, codec_names, codec_setting
+from dlio_ckpt.codec_registry import CODECS, codec_names, codec_setting
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.checkpoint import PlannedFile
 from dlio_ckpt.plan.checkpoint_formats import CHECKPOINT_FORMATS, format_spec

@@ -34,7 +34,7 @@ from dlio_ckpt.checkpoint.registry import canonical_strategy
 from dlio_ckpt.checkpoint.restore import CheckpointReader
 from dlio_ckpt.checkpoint.retention import Retention
 from dlio_ckpt.checkpoint.triggers import Triggers
-from dlio_ckpt.codec.registry import codec_names, encoding_label
+from dlio_ckpt.codec_registry import codec_names, encoding_label
 from dlio_ckpt.checkpoint.write_plan import plan_write
 from dlio_ckpt.checkpoint.writer import CheckpointWriter
 from dlio_ckpt.content import ByteSource

@@ -10,7 +10,7 @@ from typing import Any
 
 from dlio_ckpt.checkpoint.engine import CheckpointEngineImpl
 from dlio_ckpt.checkpoint.levels import MultiLevelEngine
-from dlio_ckpt.checkpoint.strategy_registry import STRATEGIES
+from dlio_ckpt.strategy_registry import STRATEGIES
 
 
 def make_checkpoint_engine(ctx: Any):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlio_ckpt.checkpoint.strategy_registry import STRATEGIES, canonical_strategy, strategy_declares
+from dlio_ckpt.strategy_registry import STRATEGIES, canonical_strategy, strategy_declares
 from dlio_ckpt.plan.checkpoint_formats import CHECKPOINT_FORMATS
 from dlio_ckpt.plan.layouts import LAYOUTS
 

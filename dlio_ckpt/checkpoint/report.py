@@ -21,7 +21,7 @@ from statistics import mean
 from typing import Any
 
 from dlio_ckpt.checkpoint.encoded import merge_stats
-from dlio_ckpt.codec.registry import ratio_name
+from dlio_ckpt.codec_registry import ratio_name
 from dlio_ckpt.plan.checkpoint_formats import format_spec
 from dlio_ckpt.plan.durability import data_fsync, resolve_durability
 from dlio_ckpt.plan.layouts import get_layout

@@ -26,7 +26,7 @@ import json
 from dlio_ckpt.checkpoint.base import CheckpointRecord
 from dlio_ckpt.checkpoint.encoded import Payload, container_tensor, merge_stats
 from dlio_ckpt.checkpoint.fileio import FileEntry, now
-from dlio_ckpt.codec.registry import codec_names, encoding_label
+from dlio_ckpt.codec_registry import codec_names, encoding_label
 from dlio_ckpt.errors import RunFailure, failure_text, report_failure
 from dlio_ckpt.faults import fault_point
 from dlio_ckpt.memory import peak_rss_bytes

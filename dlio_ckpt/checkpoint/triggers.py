@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from dlio_ckpt.config.schema import CheckpointConfig
+from dlio_ckpt.schema import CheckpointConfig
 
 
 @dataclass(frozen=True)

@@ -386,7 +386,7 @@ def _read(link: ChainLink, offset: int, nbytes: int) -> memoryview:
 
 
 class IncrementalCodec:
-    """The `incremental` state codec (codec/registry.py): its options are checkpoint.incremental.*;
+    """The `incremental` state codec (codec_registry.py): its options are checkpoint.incremental.*;
     the leaf follows checkpoint.update where not set."""
 
     name = "incremental"

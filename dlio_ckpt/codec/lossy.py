@@ -728,7 +728,7 @@ def _read_link(link: ChainLink, offset: int, nbytes: int) -> memoryview:
 
 
 class LossyCodec:
-    """The `lossy` state codec (codec/registry.py): its options are checkpoint.lossy.*; the
+    """The `lossy` state codec (codec_registry.py): its options are checkpoint.lossy.*; the
     reconstructed state it keeps lives in scratch stores under checkpoint.state_dir. It
     quantises how values change, so it needs a state that evolves (not checkpoint.update=random)."""
 

@@ -1,5 +1,5 @@
 """A codec pipeline: one state codec, then bytes codecs in order (zarr v3's array-to-bytes then
-bytes-to-bytes), built from `checkpoint.codecs` through the codec registry (codec/registry.py).
+bytes-to-bytes), built from `checkpoint.codecs` through the codec registry (codec_registry.py).
 
 A single state codec is returned as it is, so `checkpoint.encoding=incremental` (or
 `codecs=[incremental]`) writes exactly the container it always did. Bytes stages stream a
@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import xxhash
 
 from dlio_ckpt.codec.base import ChainLink, Decoder, EncodedFile, Encoder, Stream
-from dlio_ckpt.codec.registry import CODECS, PIPE, codec_names, encoding_label
+from dlio_ckpt.codec_registry import CODECS, PIPE, codec_names, encoding_label
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.state.base import FileView, MutableFileView

@@ -13,7 +13,7 @@ import os
 import psutil
 
 from dlio_ckpt.checkpoint.registry import strategy_declares
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
 
 GIB = float(1 << 30)

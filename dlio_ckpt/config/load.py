@@ -25,9 +25,9 @@ from dlio_ckpt.config.limits import check_memory
 from dlio_ckpt.config.needs import check_storage_needs, writes_checkpoints
 from dlio_ckpt.config.paths import _file_in_the_way, check_paths
 from dlio_ckpt.config.scale import apply_scale
-from dlio_ckpt.config.schema import MAX_PLAN_RANKS, RunConfig
+from dlio_ckpt.schema import MAX_PLAN_RANKS, RunConfig
 from dlio_ckpt.config.space import FREE_BYTES_VARIABLE, check_free_space
-from dlio_ckpt.config.typed import all_keys, build
+from dlio_ckpt.typed import all_keys, build
 from dlio_ckpt.config.workload_files import resolve
 from dlio_ckpt.engine.plan_mode import plan_world_size
 from dlio_ckpt.engine.workers import can_fork

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.local_fs import nearest_existing
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dlio_ckpt.config.schema import TENSOR_DTYPES, RunConfig
+from dlio_ckpt.schema import TENSOR_DTYPES, RunConfig
 
 
 def _capped(value: int | float, cap: int | float) -> int | float:

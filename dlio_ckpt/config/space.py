@@ -19,7 +19,7 @@ import math
 import os
 
 from dlio_ckpt.checkpoint.triggers import Triggers
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.formats import get_format
 from dlio_ckpt.plan import dataset_manifest

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 
 from dlio_ckpt.config.dlio_import import import_file
 from dlio_ckpt.config.groups import override_values, parse_overrides, workload_names
-from dlio_ckpt.config.schema import RunConfig
-from dlio_ckpt.config.typed import all_keys, convert
+from dlio_ckpt.schema import RunConfig
+from dlio_ckpt.typed import all_keys, convert
 from dlio_ckpt.config.yaml_files import dotted_leaves, file_name, parse_yaml, read_yaml_text
 from dlio_ckpt.errors import ConfigError, close_match
 

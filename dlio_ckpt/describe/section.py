@@ -1,6 +1,6 @@
 """A tensor list -> the explicit model section the current schema accepts (pure), and its YAML.
 
-The schema (config/schema.py ModelConfig, plan/model.py `_explicit_shards`) declares an explicit
+The schema (schema.py ModelConfig, plan/model.py `_explicit_shards`) declares an explicit
 model as a list of tensor element counts at one model element size (`layer_parameters` x
 `model_dtype_bytes`), a list of optimizer tensors at one optimizer element size
 (`optimization_groups` x `optimizer_dtype_bytes`, one state each) and a byte blob
@@ -27,7 +27,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from dlio_ckpt.config.schema import TENSOR_DTYPES
+from dlio_ckpt.schema import TENSOR_DTYPES
 from dlio_ckpt.describe.readers import Tensor, TensorList
 
 _SIZES = (1, 2, 4, 8)  # the element sizes model_dtype_bytes / optimizer_dtype_bytes accept

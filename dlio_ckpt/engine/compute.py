@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlio_ckpt.config.schema import TrainConfig
+from dlio_ckpt.schema import TrainConfig
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.storage.events import EventRecorder, JobClock
 from dlio_ckpt.storage.traced import TracedStorage

@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.metrics.bandwidth import required_read_bandwidth
 from dlio_ckpt.metrics.report import log_report, plain_table
 from dlio_ckpt.metrics.words import plural

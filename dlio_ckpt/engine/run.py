@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.engine.checkpoint_mode import run_checkpoint_mode, run_restore_mode
 from dlio_ckpt.engine.context import RunContext
 from dlio_ckpt.engine.left_on_disk import left_on_disk

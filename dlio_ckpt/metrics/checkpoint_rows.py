@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from statistics import mean
 
-from dlio_ckpt.codec.registry import ratio_name
+from dlio_ckpt.codec_registry import ratio_name
 from dlio_ckpt.metrics.words import plural
 
 MIB = float(1 << 20)

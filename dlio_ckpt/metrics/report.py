@@ -6,7 +6,7 @@ import logging
 import sys
 from typing import Any
 
-from dlio_ckpt.checkpoint.strategy_registry import strategy_declares
+from dlio_ckpt.strategy_registry import strategy_declares
 from dlio_ckpt.metrics.checkpoint_rows import encoding_rows, writer_rows
 from dlio_ckpt.metrics.mlperf import metric_block, mlperf_rows
 from dlio_ckpt.metrics.replay_compare import comparison_rows

@@ -13,7 +13,7 @@ from functools import cached_property
 
 from dlio_ckpt.plan.checkpoint_formats import format_spec
 from dlio_ckpt.plan.layouts import Layout, get_layout
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.plan.model import ModelPlan, TensorSpec, build_model_plan
 
 MANIFEST_NAME = "dlio_ckpt_manifest.json"

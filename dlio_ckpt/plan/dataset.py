@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.plan.file_list import FileList, SplitFiles
 
 MANIFEST_NAME = ".dlio_ckpt_dataset.json"

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dlio_ckpt.codec.registry import codec_names, codec_setting
-from dlio_ckpt.config.schema import RunConfig
+from dlio_ckpt.codec_registry import codec_names, codec_setting
+from dlio_ckpt.schema import RunConfig
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dlio_ckpt.config.schema import TENSOR_DTYPES, ModelConfig
+from dlio_ckpt.schema import TENSOR_DTYPES, ModelConfig
 from dlio_ckpt.errors import ConfigError
 
 OPTIMIZER_STATE_NAMES = ("fp32_master", "exp_avg", "exp_avg_sq")

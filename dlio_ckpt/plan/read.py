@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlio_ckpt.config.schema import ReaderConfig
+from dlio_ckpt.schema import ReaderConfig
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.formats.base import FileSpec
 from dlio_ckpt.plan.file_list import sample_counts, total_samples

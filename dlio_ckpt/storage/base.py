@@ -288,7 +288,7 @@ class BackendClass(Protocol):
     dataclass of its `storage.<name>.*` section (None: it has none), typed with the builtins and
     option_types.Bytes and checking its values in `validate(key)` with one line naming the key.
     It lives in a module that imports no optional library (storage/s3_options.py), so the loader
-    builds and checks the section for any backend; config/schema.py's StorageConfig has a field
+    builds and checks the section for any backend; schema.py's StorageConfig has a field
     `<name>` of that type and conf/config.yaml the section's defaults (a test keeps the three in
     step), so an unknown key under it is refused as any other (one line, a close match, exit 2)."""
 
@@ -296,6 +296,6 @@ class BackendClass(Protocol):
     options: "type | None"
 
     def from_config(self, config, root: str) -> StorageBackend:
-        """The backend for `config` (a config.schema.StorageConfig) serving the paths under `root`
+        """The backend for `config` (a schema.StorageConfig) serving the paths under `root`
         (absolute). Reads and validates its own options (`config.<name>`, e.g. `config.s3`) and
         raises ConfigError naming the key for an impossible one; does no I/O (that is check())."""

@@ -1,7 +1,7 @@
 """The S3 backend's options table: the keys under `storage.s3.*`, their types and their limits.
 
 The backend owns its options, as an IOR backend owns its options table: this table is the
-section's schema (config/schema.py's StorageConfig only points at it, conf/config.yaml holds its
+section's schema (schema.py's StorageConfig only points at it, conf/config.yaml holds its
 defaults), `validate` checks each value when the config is built, and S3Storage.from_config
 (storage/s3.py) reads it and checks what only matters when s3 is the chosen backend (the bucket).
 It is apart from storage/s3.py so the loader reads it without the optional S3 client libraries.

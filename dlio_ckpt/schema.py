@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from dlio_ckpt.config.typed import Bytes, require
+from dlio_ckpt.typed import Bytes, require
 from dlio_ckpt.storage.s3_options import S3Options
 
 # Seeds feed numpy's SeedSequence, which takes non-negative integers.
@@ -325,7 +325,7 @@ class CheckpointConfig:
     update_files: str  # files: the folder of a training run's saved states (state/trajectory.py)
     state_dir: str  # where a state larger than memory lives (scratch, untraced); empty: the system temp folder
     encoding: Literal["full", "incremental", "lossy"]
-    codecs: list[str]  # a codec pipeline (codec/registry.py), state codec first: [lossy, zstd]; empty: checkpoint.encoding's one
+    codecs: list[str]  # a codec pipeline (codec_registry.py), state codec first: [lossy, zstd]; empty: checkpoint.encoding's one
     incremental: IncrementalOptions
     lossy: LossyOptions
     policy: Literal["fixed", "young_daly", "checkfreq"]  # when to checkpoint (checkpoint/policy.py, docs/failures.md)
