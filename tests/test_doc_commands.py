@@ -133,6 +133,10 @@ def block_calls(doc: str, lines: list[str], workdir: Path) -> list[Call]:
         command = line.strip()[2:] if prompted else line.strip()
         command = command.replace(".venv/bin/", "")
         command = re.sub(r"<([A-Za-z ]+)>", lambda m: "@" + m.group(1).replace(" ", "_") + "@", command)  # <run id>
+        # A job put in the background (`... &`, then `wait`) is recorded in order, in the foreground:
+        # background jobs recording at once interleaved their records (bash's printf writes a
+        # record in several pieces), and the calls run one after another here anyway.
+        command = re.sub(r"(?<![&|])&\s*$", "", command)
         script.append(command)
         origin.append(line.strip())
     if not script:
