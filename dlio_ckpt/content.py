@@ -16,6 +16,7 @@ from typing import Iterator
 import numpy as np
 
 _GOLDEN = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
 _LAP_SHIFT = 4097  # odd, and not a multiple of any block size
 _STEP_MIX = 0x9E3779B1
 
@@ -25,6 +26,17 @@ def tensor_key(owner: int, name: str, step: int) -> int:
     checkpoints, so the storage can neither deduplicate nor skip unchanged blocks. Here, below
     both the checkpoint writers and the model states, because both key their bytes by it."""
     return (zlib.crc32(name.encode()) << 20) ^ (owner * 1_000_003) ^ (step * _STEP_MIX)
+
+
+def spread(key: int) -> int:
+    """A 64-bit mix of `key` (splitmix64's finaliser): keys that differ only in high bits (a file
+    index shifted left, as sample keys are) or by small steps land far apart. A plain odd
+    multiplier modulo the pool's power-of-two size keeps only the key's low bits, and gave every
+    one-sample file of a dataset one of two starting points (files i and i+2 identical)."""
+    z = (key + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def random_bytes(seed: int, nbytes: int) -> np.ndarray:
@@ -63,8 +75,7 @@ class ByteSource:
     def _start(self, key: int) -> int:
         if self.zeros:
             return 0
-        # An odd multiplier spreads keys over the pool; +key*13 keeps starts off 4 KiB boundaries.
-        return ((key * _GOLDEN) + key * 13) % (len(self._pool) // 2)
+        return (spread(key) % (len(self._pool) // 2)) | 1  # odd: off every block boundary
 
     def piece(self, key: int, nbytes: int) -> memoryview:
         """Item `key`'s `nbytes` bytes as one view, for an item no longer than `window`: the one

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlio_ckpt.content import ByteSource
+from dlio_ckpt.content import ByteSource, tensor_key
+from dlio_ckpt.formats.base import FileSpec
 
 
 def collect(source: ByteSource, key: int, nbytes: int, chunk: int) -> np.ndarray:
@@ -51,3 +52,24 @@ def test_the_pool_holds_the_bytes_of_numpys_full_range_uint8_draw():
     expected = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
     assert np.array_equal(source.array(0, 0), expected[:0])
     assert np.array_equal(source._pool, np.concatenate([expected, expected]))
+
+
+def test_the_files_and_samples_of_a_dataset_do_not_share_blocks():
+    """Sample keys are a file index shifted left plus the sample number; every sample of 1,000
+    files of 8 samples starts somewhere else in the pool, and no 4 KiB block repeats between the
+    one-sample files of a dataset (the old start, an odd multiplier modulo the pool's power-of-two
+    size, gave every one-sample file one of two contents)."""
+    source = ByteSource(seed=1)
+    keys = [FileSpec(index, "f", 8, 4096).sample_key(sample) for index in range(1000) for sample in range(8)]
+    starts = [source._start(key) for key in keys]
+    assert len(set(starts)) >= len(keys) - 2  # a birthday pair or two among 8,000 draws from 2^25
+    assert all(start % 2 for start in starts)  # never on a block boundary
+    blocks = np.stack([source.array(FileSpec(index, "f", 1, 4096).sample_key(0), 4096) for index in range(2000)])
+    assert len(np.unique(blocks, axis=0)) == len(blocks)
+
+
+def test_checkpoint_tensors_of_ranks_and_steps_do_not_share_blocks():
+    source = ByteSource(seed=1)
+    pieces = np.stack([source.array(tensor_key(rank, name, step), 4096)
+                       for rank in range(4) for name in ("a.weight", "a.bias", "b.weight") for step in range(0, 400, 100)])
+    assert len(np.unique(pieces, axis=0)) == len(pieces)

@@ -72,7 +72,7 @@ def dataset_fingerprint(config: RunConfig) -> str:
         "content": ds.content,
         "seed": ds.seed,
         "pool_bytes": config.generate.pool_bytes,
-        "version": 1,
+        "version": 2,  # 2: sample contents spread by content.spread (version 1 repeated every other file)
     }
     if ds.format == "parquet":  # only there, so that no other dataset's fingerprint (and folder) changes
         identity["parquet"] = [list(ds.parquet_columns), ds.parquet_row_group_size]
