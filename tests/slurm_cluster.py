@@ -84,7 +84,9 @@ AccountingStorageType=accounting_storage/none
 SchedulerType=sched/builtin
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 ReturnToService=2
-KillWait=5
+# SIGKILL 30 s after scancel's SIGTERM (a site's usual value); with 5 the ranks' 3 s grace plus
+# MPI_Abort (4.8 s quiet) was SIGKILLed on a loaded 2-core machine before their line was printed
+KillWait=30
 MinJobAge=600
 InactiveLimit=0
 NodeName={host} NodeAddr=127.0.0.1 CPUs={NODE_CPUS} State=UNKNOWN

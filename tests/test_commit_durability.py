@@ -15,6 +15,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
 import pytest
 from ckpt_util import make_ctx
@@ -216,17 +218,33 @@ def test_a_run_that_finds_a_live_generator_of_this_host_waits_for_it(tmp_path, m
     from dlio_ckpt.engine.dataset_claim import CLAIM_NAME
     from dlio_ckpt.plan.dataset import plan_dataset
 
+    from dlio_ckpt.engine import dataset_claim
+
     ctx = make_ctx(tmp_path, ["workload=unet3d", "scale=tiny", "dataset.num_subfolders_train=2"])
     folder = plan_dataset(ctx.config, "npz").folder
     os.makedirs(folder)
     claim = os.path.join(folder, CLAIM_NAME)
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    # The holder lives until the run has seen its claim and begun to wait (its first poll), however
+    # slowly the run starts: a holder on a timer could end first on a loaded machine.
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    polls = []
+
+    def poll(seconds):
+        polls.append(seconds)
+        if not holder.stdin.closed:
+            holder.stdin.close()
+            holder.wait()  # exited and reaped; the claim it held stays on disk, not released
+        time.sleep(seconds)
+
+    monkeypatch.setattr(dataset_claim, "time", SimpleNamespace(sleep=poll))
     with open(claim, "w") as handle:
         handle.write(f"{socket.gethostname()} {holder.pid}")
     try:
         plan, fmt, calls = _generated_with_calls(tmp_path, monkeypatch)
     finally:
+        holder.kill()
         holder.wait()
+    assert polls  # it waited
     assert f"process {holder.pid} is generating this dataset" in capsys.readouterr().out
     (commit,) = check_commits(calls, str(tmp_path))
     assert commit.problems == [] and commit.files == len(plan.files)
