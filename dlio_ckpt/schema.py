@@ -321,6 +321,9 @@ class CheckpointConfig:
     strategy: str
     layout: str
     format: str
+    # torch: the folder name torch.save's zip records (torch.save(obj, path) takes the file's name
+    # without its extension); empty: the emulated file's own, as torch.save into it would record
+    archive_name: str
     checksum: Literal["xxh3_128", "blake3", "none"]
     durability: Literal["framework", "commit"]  # framework: the framework's own calls only; commit: manifest, fsyncs, checksums (plan/durability.py)
     replicas: Literal["one", "all"]
@@ -375,6 +378,9 @@ class CheckpointConfig:
         require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
         require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")
         require(self.write_chunk_bytes % 8 == 0, f"{key}write_chunk_bytes: must be a multiple of 8 (whole elements)")
+        require("/" not in self.archive_name and self.archive_name.isascii(),
+                f"{key}archive_name: give the name of the program's checkpoint file without its folder or extension, "
+                f"ASCII only (got {self.archive_name!r})")
 
 
 @dataclass(frozen=True)

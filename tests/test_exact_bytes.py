@@ -114,6 +114,24 @@ def test_torch_save_container_is_the_programs_byte_for_byte(tmp_path):
     assert b["optimizer"]["param_groups"] == a["optimizer"]["param_groups"]
 
 
+def test_archive_name_gives_the_programs_zip_under_another_file_name(tmp_path):
+    """checkpoint.archive_name: the raw layout's rank_00000.pt holding checkpoint_1.pt's container."""
+    torch = pytest.importorskip("torch")
+    import dataclasses
+
+    from dlio_ckpt.checkpoint.formats import get_format
+
+    model, optimizer = small_training_state(torch)
+    real = tmp_path / "checkpoint_1.pt"
+    torch.save({"epoch": 1, "state_dict": model.state_dict(), "optimizer": optimizer.state_dict()}, real)
+    fmt = dataclasses.replace(get_format("torch"), archive_name="checkpoint_1")
+    handle = File(tmp_path / "rank_00000.pt")
+    fmt.write_prepared(handle, fmt.prepare(plan_of(real), zeros))
+    handle.close()
+    assert _listing(tmp_path / "rank_00000.pt") == _listing(real)
+    assert (tmp_path / "rank_00000.pt").stat().st_size == real.stat().st_size
+
+
 def test_torch_save_to_a_stream_keeps_its_own_name(tmp_path):
     """Without a path (an object upload), the container is torch.save's into a stream: `archive/`."""
     torch = pytest.importorskip("torch")
@@ -226,3 +244,11 @@ def test_a_tensor_cut_into_parts_is_flat():
     plan = build_model_plan(config, 2)
     assert [(t.numel, t.dims) for t in plan.rank_tensors(0)] == [(3, (3,)), (1, ())]
     assert [(t.numel, t.dims) for t in plan.rank_tensors(1)] == [(3, (3,))]
+
+
+def test_an_archive_name_with_a_folder_is_refused():
+    from dlio_ckpt.schema import CheckpointConfig
+
+    defaults = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())["checkpoint"]
+    with pytest.raises(ConfigError, match="archive_name: give the name of the program's checkpoint file"):
+        build(CheckpointConfig, {**defaults, "archive_name": "ckpt/checkpoint_1"}, "checkpoint.").validate("checkpoint.")

@@ -37,10 +37,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from dlio_ckpt.checkpoint.filebuf import FilebufStream
-from dlio_ckpt.checkpoint.torch_archive import ArchiveNamed, archive_stem
+from dlio_ckpt.checkpoint.torch_archive import ArchiveNamed
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.optional import require
-from dlio_ckpt.plan.checkpoint_formats import CheckpointFormatSpec, format_spec, npy_header
+from dlio_ckpt.plan.checkpoint_formats import CheckpointFormatSpec, archive_stem, format_spec, npy_header
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.registry import import_target
 
@@ -193,14 +193,18 @@ class TorchFormat(CheckpointFormatSpec):
     torch.save into a path writes through a C++ std::ofstream; given our FilebufStream (filebuf.py)
     instead, torch's own writer produces the same bytes (a valid torch.save file: torch.load reads
     it) and the stream issues the same calls: one writev per tensor record of 1 KiB or more, straight
-    from the tensor's memory, and one write at the end. The bytes differ from a path's only in the
-    archive's folder name inside the zip (torch names it `archive/` for a stream, after the file for
-    a path): a few bytes per record.
+    from the tensor's memory, and one write at the end. torch names the zip's folder `archive/` for
+    a stream and after the file for a path; the records are renamed as a path's (below).
 
     `prepare` builds the state dict (one file's tensors in memory) before the file is opened: a
     training program has its tensors in memory already, so assembling them from the emulated state
     is not part of its save and not timed.
+
+    The zip's folder is named as torch.save(state, path) names it, after the file
+    (torch_archive.py), or `archive_name` (checkpoint.archive_name: the program's file's name).
     """
+
+    archive_name: str = ""
 
     def prepare(self, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> dict:
         import torch
@@ -215,7 +219,8 @@ class TorchFormat(CheckpointFormatSpec):
 
         stream = FilebufStream(handle)
         path = getattr(handle, "path", "")  # torch.save(obj, path) names the zip's folder after the file
-        target = ArchiveNamed(stream, archive_stem(path), _storage_alignment(torch)) if path else stream
+        name = self.archive_name or (archive_stem(path) if path else "")
+        target = ArchiveNamed(stream, name, _storage_alignment(torch)) if name else stream
         torch.save(state, target)  # ends with stream.flush(): the ofstream's close
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:

@@ -30,13 +30,6 @@ ZIP64_ID = 0x0001
 STREAM_NAME = b"archive/"  # what torch names the folder of a zip written to a stream
 
 
-def archive_stem(path: str) -> str:
-    """The folder name torch.save(obj, path) gives the zip: the file's name without its last
-    extension (PyTorchStreamWriter's constructor)."""
-    name = path.rsplit("/", 1)[-1]
-    return name[: name.rfind(".")] if "." in name else name
-
-
 class ArchiveNamed(io.RawIOBase):
     """A write-only stream renaming torch.save's records from `archive/` to `<stem>/` (see the module)."""
 

@@ -101,8 +101,8 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
         f"# {len(listing.tensors)} tensors, {total:,} bytes: "
         + ", ".join(f"{dtype} {nbytes:,} B" for dtype, nbytes in by_dtype.most_common())
         + (f"; {listing.other_entries} non-tensor entries (model.extra_state)" if listing.other_entries else "") + ".",
-        "# Model tensors of several element types are listed with model.layer_dtypes; optimizer tensors whose",
-        "# element size differs from optimizer_dtype_bytes are counted byte for byte in model_size_bytes.",
+        "# Tensors of several element types are listed with model.layer_dtypes (an optimizer's of another type",
+        "# after the model's), each with its name and shape (model.layer_names, layer_shapes, ...).",
         "model:",
         f"  name: {section['name']}",
         "  kind: explicit",
