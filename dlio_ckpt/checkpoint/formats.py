@@ -355,33 +355,45 @@ class DcpTorchFormat(TorchFormat):
             for spec in tensors[entry["path"]]:
                 if spec.name in where:
                     chunks.setdefault(spec.name, []).append((spec, entry["path"], *where[spec.name]))
-        # each flat key one string object, shared by the state's key, its storage index and its
-        # planner_data key, as in DCP's own (pickle writes it once and refers back to it)
+        # Each flat key is one string object in the plan of the rank that writes it. With several
+        # ranks the plans reach the coordinator pickled (gather_object), so every rank's keys are
+        # its own copies: planner_data's keys are the last rank's (DCP merges the plans' mappings
+        # with a ChainMap, whose keys come from the last map), and storage_data's are the copies in
+        # the write results, gathered after the writes. Pickle writes a string object once, then
+        # refers back to it, so which keys are one object is bytes of the .metadata.
         fqns = {name: _fqn(name) for name in chunks}
+        single = len(files) <= 1  # one process: nothing is pickled on the way, every key one object
+        last = files[-1]["path"] if files else ""
+
+        def copy(key: str) -> str:
+            return key if single else key.encode().decode()
+
+        planner_keys = {name: fqn if single or parts[0][1] == last else copy(fqn)
+                        for (name, parts), fqn in zip(chunks.items(), fqns.values())}
         state, storage = {}, {}
         for name, parts in chunks.items():
             fqn = fqns[name]
             spec, path, offset, length = parts[0]
             if spec.is_object:  # a bytes item: described by name only, its one piece where it was written
                 state[fqn] = BytesStorageMetadata()
-                storage[MetadataIndex(fqn)] = _StorageInfo(path, offset, length)
+                storage[MetadataIndex(copy(fqn))] = _StorageInfo(path, offset, length)
                 continue
             if len(parts) == 1:  # a whole tensor: its own shape, one chunk at the origin
                 dims = spec.dims
-                storage[MetadataIndex(fqn, torch.Size([0] * len(dims)), 0)] = _StorageInfo(path, offset, length)
+                storage[MetadataIndex(copy(fqn), torch.Size([0] * len(dims)), 0)] = _StorageInfo(path, offset, length)
                 pieces = [ChunkStorageMetadata(torch.Size([0] * len(dims)), torch.Size(dims))]
             else:  # tensor-parallel parts: flat chunks one after another
                 at, pieces = 0, []
                 for spec, path, offset, length in parts:
                     pieces.append(ChunkStorageMetadata(torch.Size([at]), torch.Size([spec.numel])))
-                    storage[MetadataIndex(fqn, torch.Size([at]), 0)] = _StorageInfo(path, offset, length)
+                    storage[MetadataIndex(copy(fqn), torch.Size([at]), 0)] = _StorageInfo(path, offset, length)
                     at += spec.numel
                 dims = (at,)
             dtype = getattr(torch, parts[0][0].framework_dtype)
             state[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(dims), pieces)
         # planner_data: each flat key's path through the nested state dict (flatten_state_dict's
         # mapping: the name's '/'-separated components, state_path)
-        paths = {fqns[name]: state_path(name) for name in chunks}
+        paths = {planner_keys[name]: state_path(name) for name in chunks}
         # FileSystemWriter keeps its checkpoint_id as a pathlib.Path, and pickles it so
         metadata = Metadata(state_dict_metadata=state, planner_data=paths, storage_data=storage,
                             storage_meta=StorageMeta(checkpoint_id=pathlib.Path(folder), save_id=str(uuid.uuid4())),

@@ -217,7 +217,11 @@ def _dcp(path: Path):
     metadata = FileSystemReader(str(path)).read_metadata()
     tensors, entries = [], []
     paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
-    for fqn, entry in metadata.state_dict_metadata.items():
+    # in the program's state dict order, which planner_data keeps (the flattening's), not in
+    # .metadata's (each rank's share in turn): DCP's planner splits replicated entries in that order
+    order = {fqn: i for i, fqn in enumerate(paths)}
+    listed = sorted(metadata.state_dict_metadata.items(), key=lambda item: order.get(item[0], len(order)))
+    for fqn, entry in listed:
         # the key's path through the program's nested state dict (flatten_state_dict's mapping),
         # '/' between levels: DCP's flat key is the path joined with dots
         keys = paths.get(fqn)
