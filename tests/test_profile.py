@@ -58,6 +58,10 @@ NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
     # CheckpointManager writes with every kept checkpoint and its timestamp (the tensorflow layout
     # writes the latest only), and the index's offsets in TF's object-graph write order
     ("keras_tfdata", "checkpoint bytes per save"): (0.9997, 1.0),
+    # 10 write calls to the emulated run's TensorFlow checkpoint files in its Darshan log against the
+    # program's 34 (2026-12-01; not investigated: SaveV2 and MergeV2Checkpoints write inside
+    # TensorFlow, and the engine records their writes itself); pytorch_cnn and ddp_dcp meet the 15 %
+    ("keras_tfdata", "checkpoint writes"): (0.25, 1.15),
 }
 
 
@@ -223,8 +227,7 @@ def test_profiled_workload_reproduces_the_program(traced, tmp_path, name):
     # exactly: the containers are the program's byte for byte, but for where the emulated run keeps them
     _ratio_ok(name, "checkpoint bytes per save", per_save.log + _location_bytes(name, run, tmp_path), per_save.emulated, 0.0)
     _ratio_ok(name, "checkpoint bytes_written", rows["checkpoint bytes_written"].log, rows["checkpoint bytes_written"].emulated, BYTES_TOLERANCE)
-    if name == "pytorch_cnn":  # torch.save's writev calls, one per tensor record of 1 KiB or more, both sides
-        _ratio_ok(name, "checkpoint writes", rows["checkpoint writes"].log, rows["checkpoint writes"].emulated, CALLS_TOLERANCE)
+    _ratio_ok(name, "checkpoint writes", rows["checkpoint writes"].log, rows["checkpoint writes"].emulated, CALLS_TOLERANCE)
     assert not profile.job.partial, [log.name for log, _ in profile.job.partial]
     _ratio_ok(name, "dataset bytes_read", rows["dataset bytes_read"].log, rows["dataset bytes_read"].emulated, BYTES_TOLERANCE)
     _ratio_ok(name, "dataset reads", rows["dataset reads"].log, rows["dataset reads"].emulated, CALLS_TOLERANCE)
