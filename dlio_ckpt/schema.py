@@ -9,6 +9,7 @@ that backends declare for their own sections (storage.s3.*: storage/s3_options.p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -189,6 +190,19 @@ class StateEntry:
         require(self.bytes < 0 or self.value is None, f"{key}: give either value or bytes, not both")
 
 
+def _check_shapes(key: str, shapes: list[list[int]], counts: list[int], counted: str) -> None:
+    """Shapes, where given, one per counted tensor, each holding exactly its element count (a
+    scalar is [], one element)."""
+    if not shapes:
+        return
+    require(len(shapes) == len(counts), f"{key}: {len(shapes)} shapes for {len(counts)} {counted}; give one per "
+                                        "entry (or none: flat tensors)")
+    for i, (shape, count) in enumerate(zip(shapes, counts)):
+        require(all(d >= 0 for d in shape), f"{key}[{i}]: a dimension cannot be negative (got {shape})")
+        require(math.prod(shape) == count, f"{key}[{i}]: shape {shape} holds {math.prod(shape)} elements, "
+                                           f"but {counted}[{i}] is {count}; give the tensor's own shape")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
@@ -200,6 +214,10 @@ class ModelConfig:
     extra_state: list[StateEntry]  # non-tensor entries saved beside the tensors (torch, DCP, TensorFlow formats)
     layer_names: list[str]  # explicit models: one name per layer_parameters entry (the state dict's key); empty: layers.<i>
     optimization_group_names: list[str]  # one name per optimization_groups entry (optimizer_states 1); empty: optimizer.group<g>.<state>
+    # the tensors' shapes as the framework records them (torch's pickle, DCP's .metadata, TF's index),
+    # one per layer_parameters / optimization_groups entry, each the entry's element count; empty: flat
+    layer_shapes: list[list[int]]
+    optimization_group_shapes: list[list[int]]
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -235,6 +253,12 @@ class ModelConfig:
                 f"{key}optimization_group_names: give one name per optimization_groups entry, with optimizer_states 1 "
                 f"(got {len(self.optimization_group_names)} names, {len(self.optimization_groups)} groups, "
                 f"{self.optimizer_states} states)")
+        _check_shapes(f"{key}layer_shapes", self.layer_shapes, self.layer_parameters, "layer_parameters")
+        _check_shapes(f"{key}optimization_group_shapes", self.optimization_group_shapes, self.optimization_groups,
+                      "optimization_groups")
+        require(not self.optimization_group_shapes or self.optimizer_states == 1,
+                f"{key}optimization_group_shapes: shapes need optimizer_states 1 (each group one tensor); got "
+                f"{self.optimizer_states}")
         every = [*self.layer_names, *self.optimization_group_names, *names]
         require(len(set(every)) == len(every), f"{key}layer_names: a name is given twice (layer, optimization group "
                                                "and extra_state names must all differ)")
@@ -297,6 +321,9 @@ class CheckpointConfig:
     strategy: str
     layout: str
     format: str
+    # torch: the folder name torch.save's zip records (torch.save(obj, path) takes the file's name
+    # without its extension); empty: the emulated file's own, as torch.save into it would record
+    archive_name: str
     checksum: Literal["xxh3_128", "blake3", "none"]
     durability: Literal["framework", "commit"]  # framework: the framework's own calls only; commit: manifest, fsyncs, checksums (plan/durability.py)
     replicas: Literal["one", "all"]
@@ -351,6 +378,9 @@ class CheckpointConfig:
         require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
         require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")
         require(self.write_chunk_bytes % 8 == 0, f"{key}write_chunk_bytes: must be a multiple of 8 (whole elements)")
+        require("/" not in self.archive_name and self.archive_name.isascii(),
+                f"{key}archive_name: give the name of the program's checkpoint file without its folder or extension, "
+                f"ASCII only (got {self.archive_name!r})")
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,12 @@ def test_tensorflow_bundle_reads_back_exactly(tmp_path, strategy):
     dtypes = {t.dtype for t in pf.tensors}
     assert dtypes == {"uint8", "float16", "float32"}
     listed = dict(tf.train.list_variables(prefix))
-    assert listed == {TensorflowFormat.variable_name(0, t): [t.numel] for t in pf.tensors}
+    # one rank's bundle (one shard): the names as given, no rank scope
+    assert listed == {TensorflowFormat.variable_name(0, t, 1): [t.numel] for t in pf.tensors}
+    assert listed == {t.name: [t.numel] for t in pf.tensors}
     reader = tf.train.load_checkpoint(prefix)
     for tensor in pf.tensors:
-        value = reader.get_tensor(TensorflowFormat.variable_name(0, tensor))
+        value = reader.get_tensor(TensorflowFormat.variable_name(0, tensor, 1))
         assert value.dtype == np.dtype(tensor.dtype)
         assert value.tobytes() == expected_bytes(engine.source, 0, tensor.name, 7, tensor.nbytes)
     # the data file holds exactly the payload; the manifest lists it and the index under TF's names

@@ -51,6 +51,13 @@ def test_torch_state_dict_with_batchnorm_and_momentum(tmp_path, capsys):
     assert m["model_size_bytes"] == 0
     expected = sum(t.numel() * t.element_size() for t in model.state_dict().values()) + sum(t.numel() * 4 for t in momentum)
     assert declared_bytes(m) == expected
+    # each tensor's key under its level of the saved dict ('/'), its shape, and the module's versions
+    assert m["layer_names"] == [f"state_dict/{k}" for k in model.state_dict()]
+    assert m["layer_shapes"] == [list(t.shape) for t in tensors]
+    assert m["optimization_group_names"] == [f"optimizer/state/{i}/momentum_buffer" for i in range(len(momentum))]
+    assert m["optimization_group_shapes"] == [list(t.shape) for t in momentum]
+    entries = {e["name"]: e.get("value") for e in m["extra_state"]}
+    assert entries["epoch"] == 1 and entries["state_dict/_metadata"] == dict(model.state_dict()._metadata)
 
 
 def test_npz_and_safetensors_take_the_dominant_element_size(tmp_path, capsys):

@@ -9,7 +9,6 @@ checkpoint holds, as the key takes them, and the YAML it prints loads back as th
 
 from __future__ import annotations
 
-import io
 import json
 import warnings
 from pathlib import Path
@@ -57,11 +56,12 @@ def test_torch_save_pickles_the_entries_as_the_program_does(tmp_path):
     values = arrays()
     state = {name: torch.from_numpy(array) for name, array in values.items()}
     state.update(epoch=3, **{"optimizer.param_groups": GROUPS})
-    real = io.BytesIO()  # a stream, as the emulation's: the same `archive/` names inside the zip
+    (tmp_path / "real").mkdir()
+    real = tmp_path / "real" / "emulated_raw"  # the emulated file's name: the zip's folder is named after it
     torch.save(state, real)
-    assert emulate(tmp_path, "raw", TENSORS + OBJECTS) == real.getvalue()
+    assert emulate(tmp_path, "raw", TENSORS + OBJECTS) == real.read_bytes()
     # and describe-model lists them as the key takes them
-    (tmp_path / "real.pt").write_bytes(real.getvalue())
+    (tmp_path / "real.pt").write_bytes(real.read_bytes())
     listing = read_tensors(tmp_path / "real.pt")
     assert [(e.name, e.value, e.blob) for e in listing.entries] == [("epoch", 3, -1), ("optimizer.param_groups", GROUPS, -1)]
     yaml = to_yaml(listing, model_section(listing, "real"), None)

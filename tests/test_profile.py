@@ -35,18 +35,15 @@ SLOW = {"ddp_dcp", "keras_tfdata"}
 # Targets of issue 22, emulated / log.
 BYTES_TOLERANCE = 0.02
 CALLS_TOLERANCE = 0.15
-# compute per step is inferred from timings, and on a loaded 2-core machine the program's own step
-# times move by 10-15 % (0.87x seen under load 8); the 10 % target is measured on a quiet machine
-# (docs/profile.md: 0.995-1.02x), the test guards against a regression beyond that noise
-COMPUTE_TOLERANCE = 0.25
+# compute per step is inferred from timings; it is checked against the program's own figures of the
+# same run, bracketed (_compute_ok): above, the 10 % target over the program's compute plus the waits
+# its loader's hand-overs cost under load; below, 25 %: under load the inference falls short of the
+# program's own compute (0.83x at load ~10 here, pytorch_cnn; 0.995-1.02x on a quiet machine,
+# docs/profile.md), for a reason not found yet (issue 22's 10 % is met quiet only)
+COMPUTE_TOLERANCE = 0.10
+COMPUTE_LOW = 0.25
 # Where the emulation differs today for reasons outside the profiler, measured at this commit (tiny
 # sizes; the accepted range holds the target too, so a fix passes at once):
-# - per-save bytes: the profiled workloads carry the checkpoint's names, element types and
-#   non-tensor entries (model.layer_names, layer_dtypes, extra_state); what remains is the
-#   containers' record of the tensors' shapes (flat in the emulation) and DCP's planner_data:
-#   pytorch_cnn 9,877,855 B per save against 9,878,637 (0.99992x; 0.99935x before), ddp_dcp
-#   10,060,070 against 10,070,159 (0.99900x; 0.9933x), keras_tfdata 1,555,198 against 1,555,726
-#   (0.99966x; 0.9946x), all within 0.1 %, none exact (issue 22's target);
 # - keras_tfdata's compute: its first epoch holds ~2 s that are neither its timed steps nor its
 #   timed save (tf.function tracing of the first step and the first save's setup overlap them), so
 #   the loop's span per step is up to 1.65x what the program times (1.10-1.19x in two runs, 1.63x
@@ -55,10 +52,16 @@ COMPUTE_TOLERANCE = 0.25
 # now meet the targets (2026-12-01: npz bytes and reads 1.000x, TFRecord reads 16 / 16), so they
 # have no entry here.
 NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
-    ("pytorch_cnn", "checkpoint bytes per save"): (0.9995, 1.0),
-    ("ddp_dcp", "checkpoint bytes per save"): (0.998, 1.0),
-    ("keras_tfdata", "checkpoint bytes per save"): (0.999, 1.0),
     ("keras_tfdata", "compute"): (0.9, 2.0),
+    # 1,555,408 B per save against 1,555,726 (0.99980x; 0.99966x before): the containers are
+    # TensorFlow's (tests/test_exact_bytes.py); what differs is the `checkpoint` state file, which
+    # CheckpointManager writes with every kept checkpoint and its timestamp (the tensorflow layout
+    # writes the latest only), and the index's offsets in TF's object-graph write order
+    ("keras_tfdata", "checkpoint bytes per save"): (0.9997, 1.0),
+    # 10 write calls to the emulated run's TensorFlow checkpoint files in its Darshan log against the
+    # program's 34 (2026-12-01; not investigated: SaveV2 and MergeV2Checkpoints write inside
+    # TensorFlow, and the engine records their writes itself); pytorch_cnn and ddp_dcp meet the 15 %
+    ("keras_tfdata", "checkpoint writes"): (0.25, 1.15),
 }
 
 
@@ -144,6 +147,46 @@ def _ratio_ok(program: str, name: str, log: float, emulated: float, tolerance: f
     assert lo <= emulated / log <= hi, f"{program} {name}: emulated {emulated:,} / log {log:,} = {emulated / log:.4f}"
 
 
+def _location_bytes(program: str, run: dict, kept: Path) -> int:
+    """What a save records of its own location, which is the emulated run's, not the program's: DCP's
+    .metadata pickles the checkpoint's folder (StorageMeta.checkpoint_id, a Path), and the two runs
+    keep their saves in folders of other names (real_checkpoints/epoch_1, checkpoints/<run>/
+    step_00000002). The emulated save is the program's plus the difference of the two paths'
+    pickles, each read back from its .metadata. (torch.save's zip records its file's name too:
+    the profile sets checkpoint.archive_name to the program's, so that one is equal.)"""
+    if program != "ddp_dcp":
+        return 0
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    def recorded(folder: Path):
+        return FileSystemReader(str(folder)).read_metadata().storage_meta.checkpoint_id
+
+    (emulated, *_) = sorted(kept.glob("dlio_ckpt-profile-check-*/storage/checkpoints/**/.metadata"))
+    real = recorded(run["storage"] / "real_checkpoints" / "epoch_1")
+    return len(pickle.dumps(Path(recorded(emulated.parent)))) - len(pickle.dumps(Path(real)))
+
+
+def _compute_ok(program: str, metrics: dict, inferred: float) -> None:
+    """The log shows when a batch's reads ended, not when the loader handed the batch over: the
+    rest (the worker's decode and collate, its hand-over) the program counts as waiting in next(),
+    the profile as compute where it overlaps the loop, and it grows with the machine's load. So the
+    inferred compute per step is bracketed by what the program measured in the same run, not by
+    one figure: at least its compute, at most its compute plus its waits for batches after the
+    first of each epoch (the workers' start, before the loop the profile spans), within
+    COMPUTE_LOW and COMPUTE_TOLERANCE. It fails when the profile loses compute or invents time the
+    program did not spend."""
+    steps = max(1, metrics["steps"])
+    compute = metrics["compute_s_per_step"]
+    waits = max(0.0, metrics["data_wait_s"] - metrics["first_wait_s"]) / steps
+    lo, hi = NOT_YET.get((program, "compute"), (1 - COMPUTE_LOW, 1 + COMPUTE_TOLERANCE))
+    assert compute > 0, f"{program}: the program timed no compute: the check would mean nothing"
+    assert lo * compute <= inferred <= hi * (compute + waits), (
+        f"{program} compute per step: inferred {inferred:.4f} s, the program's {compute:.4f} s "
+        f"(+ {waits:.4f} s of waits for batches)")
+
+
 @pytest.mark.parametrize("name", ["pytorch_cnn", "ddp_dcp", "keras_tfdata"])
 def test_profiled_workload_reproduces_the_program(traced, tmp_path, name):
     run = traced(name)
@@ -166,8 +209,8 @@ def test_profiled_workload_reproduces_the_program(traced, tmp_path, name):
     text = out.read_text()
     for value in ("# measured:", "# inferred:", "# given: --batch-size", "Not inferred"):
         assert value in text
-    # the compute per step the log implies, against the program's own timing of its loop
-    _ratio_ok(name, "compute", run["metrics"]["compute_s_per_step"], workload.train.computation_time, COMPUTE_TOLERANCE)
+    # the compute per step the log implies, against the program's own timing of its loop in the same run
+    _compute_ok(name, run["metrics"], workload.train.computation_time)
     if name == "pytorch_cnn":
         assert workload.reader.read_threads == 2  # --workers 2
         assert workload.checkpoint.format == "torch" and workload.checkpoint.layout == "raw"
@@ -175,16 +218,16 @@ def test_profiled_workload_reproduces_the_program(traced, tmp_path, name):
     from dlio_ckpt.profile.check import run_check
 
     profile = _profile(run)
-    rows = {row.name: row for row in run_check(profile, out)}
+    rows = {row.name: row for row in run_check(profile, out, keep=tmp_path)}
     saves = rows["checkpoints (saves)"]
     assert saves.log == saves.emulated == size.epochs
     per_save = rows["checkpoint bytes per save"]
     if name == "pytorch_cnn":  # the log's figure is the file torch.save wrote
         assert per_save.log == (run["storage"] / "real_checkpoints" / "checkpoint_1.pt").stat().st_size
-    _ratio_ok(name, "checkpoint bytes per save", per_save.log, per_save.emulated, 0.0)
+    # exactly: the containers are the program's byte for byte, but for where the emulated run keeps them
+    _ratio_ok(name, "checkpoint bytes per save", per_save.log + _location_bytes(name, run, tmp_path), per_save.emulated, 0.0)
     _ratio_ok(name, "checkpoint bytes_written", rows["checkpoint bytes_written"].log, rows["checkpoint bytes_written"].emulated, BYTES_TOLERANCE)
-    if name == "pytorch_cnn":  # torch.save's writev calls, one per tensor record of 1 KiB or more, both sides
-        _ratio_ok(name, "checkpoint writes", rows["checkpoint writes"].log, rows["checkpoint writes"].emulated, CALLS_TOLERANCE)
+    _ratio_ok(name, "checkpoint writes", rows["checkpoint writes"].log, rows["checkpoint writes"].emulated, CALLS_TOLERANCE)
     assert not profile.job.partial, [log.name for log, _ in profile.job.partial]
     _ratio_ok(name, "dataset bytes_read", rows["dataset bytes_read"].log, rows["dataset bytes_read"].emulated, BYTES_TOLERANCE)
     _ratio_ok(name, "dataset reads", rows["dataset reads"].log, rows["dataset reads"].emulated, CALLS_TOLERANCE)

@@ -31,15 +31,20 @@ from strace_io import strace_available  # noqa: E402
 # Issue 21's targets, emulated / real.
 BYTES_TOLERANCE = 0.01
 CALLS_TOLERANCE = 0.10
-# checkpoint bytes per save: the workloads describe the programs' names, element types and non-tensor
-# entries (model.extra_state), so a save is within 0.1 % of the program's (measured 2026-12-01:
-# 0.99992x / 0.99936x / 0.99972x); what remains is the tensors' shapes in the containers
-PER_SAVE_TOLERANCE = 0.001
+# checkpoint bytes per save: the workloads describe the programs' tensors (names, nesting, types,
+# shapes) and non-tensor entries, and the containers are the frameworks' byte for byte
+# (tests/test_exact_bytes.py), so a save is the program's exactly, but for what a checkpoint records
+# of where it is kept, which differs between the two runs (bytes either way, measured 2026-12-01):
+# - ddp_dcp: DCP's .metadata pickles the checkpoint folder's path (real_checkpoints/epoch_1 beside
+#   checkpoints/<run>/step_00000002): +16 B of 10,070,146 (was -6,403 B);
+# - keras_tfdata: CheckpointManager's `checkpoint` state file lists every kept checkpoint with its
+#   timestamp, the tensorflow layout's the latest only: -230 B of 1,555,638 (was -440 B).
+PER_SAVE_LOCATION_BYTES = {"ddp_dcp": 64, "keras_tfdata": 400}
 
 # Known differences still accepted: (program, file class, count) -> the emulated/real range
 # accepted, each with today's figure and the reason in a comment. Empty: at the tiny size every
 # program is within the targets (measured 2026-12-01, docs/fidelity.md): checkpoint bytes per
-# save 0.9994-0.9999x, write calls 1.000x (ddp_dcp's 350 with its param_groups as bytes items),
+# save as above, write calls 1.000x (ddp_dcp's 350 with its param_groups as bytes items),
 # opens, fsyncs, renames and unlinks equal.
 NOT_YET_FAITHFUL: dict[tuple[str, str, str], tuple[float, float]] = {}
 # Calls the real program never makes, accepted today: (program, file class, count) -> how many
@@ -101,8 +106,7 @@ def test_emulation_issues_the_programs_io(measured, name):
     # checkpoint bytes per save: issue 21's target, met today by every program
     per_save = result["io_ratio"]["checkpoint_bytes_per_save"]
     assert per_save["real"] > 0
-    lo, hi = NOT_YET_FAITHFUL.get((name, "checkpoint", "bytes_written"), (1 - PER_SAVE_TOLERANCE, 1 + PER_SAVE_TOLERANCE))
-    assert lo <= per_save["emulated"] / per_save["real"] <= hi, per_save
+    assert abs(per_save["emulated"] - per_save["real"]) <= PER_SAVE_LOCATION_BYTES.get(name, 0), per_save
     _check_ratio(name, "checkpoint", "bytes_written", real["checkpoint"]["bytes_written"], emu["checkpoint"]["bytes_written"], BYTES_TOLERANCE)
     _check_ratio(name, "checkpoint", "writes", real["checkpoint"]["writes"], emu["checkpoint"]["writes"], CALLS_TOLERANCE)
     _check_ratio(name, "checkpoint", "opens", real["checkpoint"]["opens"], emu["checkpoint"]["opens"], CALLS_TOLERANCE)

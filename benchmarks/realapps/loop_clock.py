@@ -20,6 +20,7 @@ class LoopClock:
 
     def __init__(self) -> None:
         self.data_wait = self.compute = 0.0
+        self.first_wait = 0.0  # of data_wait: each epoch's wait for its first batch (workers starting)
         self.steps = 0
         self.saves: list[float] = []
         self.start = time.perf_counter()
@@ -27,9 +28,13 @@ class LoopClock:
     def batches(self, loader: Iterable) -> Iterator:
         """The loader's batches; blocked in next() counts as data wait, holding a batch as compute."""
         end = time.perf_counter()
+        first = True
         for batch in loader:
             fetched = time.perf_counter()
             self.data_wait += fetched - end
+            if first:
+                self.first_wait += fetched - end
+                first = False
             yield batch
             self.steps += 1
             end = time.perf_counter()
@@ -44,6 +49,7 @@ class LoopClock:
     def figures(self) -> dict:
         """This process's figures, under the names fidelity.py reads."""
         return {"steps": self.steps, "wall_s": time.perf_counter() - self.start, "data_wait_s": self.data_wait,
+                "first_wait_s": self.first_wait,
                 "compute_s": self.compute, "compute_s_per_step": self.compute / max(1, self.steps),
                 "checkpoint_s": list(self.saves)}
 

@@ -18,6 +18,7 @@ docs/checkpointing.md ("Atomic commit").
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Callable
@@ -59,6 +60,8 @@ class CheckpointEngineImpl:
         self.plan = plan or build_checkpoint_plan(ctx.config, ctx.world.size)
         self.layout = self.plan.layout
         self.fmt = get_format(self.cfg.format, self.layout.name)
+        if self.cfg.archive_name and hasattr(self.fmt, "archive_name"):  # torch: the program's file's name
+            self.fmt = dataclasses.replace(self.fmt, archive_name=self.cfg.archive_name)
         needs = getattr(self.fmt, "needs_layout", None)
         if needs and needs != self.layout.name:
             raise ConfigError(f"checkpoint.format={self.fmt.name} writes {needs}'s own file names; "

@@ -90,6 +90,7 @@ class _Hashing(io.RawIOBase):
         super().__init__()
         self._h = handle
         self._hasher = hasher
+        self.path = getattr(handle, "path", "")  # the file's name (torch.save names its zip's folder after it)
         self.expected = 0
         self.sequential = True
         self.moved = 0  # what the traced write calls returned: the bytes the tracer counted

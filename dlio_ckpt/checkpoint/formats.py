@@ -23,9 +23,11 @@ the files and reads them back for the manifest's checksums through the traced st
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import os
+import pathlib
 import re
 import sys
 import zipfile
@@ -35,9 +37,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from dlio_ckpt.checkpoint.filebuf import FilebufStream
+from dlio_ckpt.checkpoint.torch_archive import ArchiveNamed
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.optional import require
-from dlio_ckpt.plan.checkpoint_formats import CheckpointFormatSpec, format_spec, npy_header
+from dlio_ckpt.plan.checkpoint_formats import CheckpointFormatSpec, archive_stem, format_spec, npy_header
 from dlio_ckpt.plan.model import TensorSpec
 from dlio_ckpt.registry import import_target
 
@@ -133,6 +136,56 @@ class Hdf5Format(CheckpointFormatSpec):
                     position += len(values)
 
 
+def torch_values(tensors: tuple[TensorSpec, ...], chunks: Chunks) -> Iterator[tuple[str, Any]]:
+    """Each entry as the program holds it: a tensor of its recorded type and shape, or
+    (model.extra_state) the entry's own value, which the format pickles as the program's."""
+    import torch
+
+    for tensor in tensors:
+        if tensor.is_object:
+            yield tensor.name, tensor.object_value()
+            continue
+        value = torch.from_numpy(whole_tensor(tensor, chunks))
+        if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, viewed as torch's type
+            value = value.view(getattr(torch, tensor.framework_dtype))
+        yield tensor.name, value.reshape(tensor.dims)
+
+
+def _storage_alignment(torch: Any) -> int:
+    """The alignment torch.save pads each record's data to (64 unless configured otherwise)."""
+    alignment = getattr(torch.serialization, "_get_storage_alignment", None)
+    return alignment() if alignment is not None else 64
+
+
+def state_path(name: str) -> tuple[str | int, ...]:
+    """The keys that reach a tensor in the program's nested state dict: a name's '/'-separated
+    components (`state_dict/conv1.weight`: a model's state dict under 'state_dict', whose own keys
+    hold dots), an all-digit component an integer key (the optimizer's state by parameter index,
+    a list's index), as torch.save pickles them and DCP records them (docs/fidelity.md)."""
+    # A key written in the program's code ('state_dict', 'momentum_buffer') is one shared string,
+    # which pickle writes once and then refers back to (by the object's identity); a module path
+    # ('layers.0.conv1.weight') is built for each dict that holds it, a new string every time
+    return tuple(int(part) if part.isdigit() else part if "." in part else sys.intern(part)
+                 for part in name.split("/"))
+
+
+def _place(state: dict, name: str, value: Any) -> None:
+    """Put `value` in the nested dict `state` at `name`'s path (state_path). An entry named
+    `<path>/_metadata` is not a key but what a module's state_dict() carries: the dict at <path> is
+    then an OrderedDict whose `_metadata` attribute (each submodule's version) torch.save pickles
+    after its items."""
+    *outer, last = state_path(name)
+    parent = None
+    for key in outer:
+        parent, state = state, state.setdefault(key, {})
+    if last == "_metadata" and parent is not None and isinstance(value, dict):
+        ordered = collections.OrderedDict(state)
+        ordered._metadata = collections.OrderedDict(value)
+        parent[outer[-1]] = ordered  # replaces the plain dict in its place
+        return
+    state[last] = value
+
+
 @dataclass(frozen=True)
 class TorchFormat(CheckpointFormatSpec):
     """torch.save of a dict of tensors, issuing the system calls torch.save(state, path) issues.
@@ -140,34 +193,35 @@ class TorchFormat(CheckpointFormatSpec):
     torch.save into a path writes through a C++ std::ofstream; given our FilebufStream (filebuf.py)
     instead, torch's own writer produces the same bytes (a valid torch.save file: torch.load reads
     it) and the stream issues the same calls: one writev per tensor record of 1 KiB or more, straight
-    from the tensor's memory, and one write at the end. The bytes differ from a path's only in the
-    archive's folder name inside the zip (torch names it `archive/` for a stream, after the file for
-    a path): a few bytes per record.
+    from the tensor's memory, and one write at the end. torch names the zip's folder `archive/` for
+    a stream and after the file for a path; the records are renamed as a path's (below).
 
     `prepare` builds the state dict (one file's tensors in memory) before the file is opened: a
     training program has its tensors in memory already, so assembling them from the emulated state
     is not part of its save and not timed.
+
+    The zip's folder is named as torch.save(state, path) names it, after the file
+    (torch_archive.py), or `archive_name` (checkpoint.archive_name: the program's file's name).
     """
+
+    archive_name: str = ""
 
     def prepare(self, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> dict:
         import torch
 
-        state = {}
-        for tensor in tensors:
-            if tensor.is_object:  # model.extra_state: pickled into data.pkl as the program's own value
-                state[tensor.name] = tensor.object_value()
-                continue
-            value = torch.from_numpy(whole_tensor(tensor, chunks))
-            if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, viewed as torch's type
-                value = value.view(getattr(torch, tensor.framework_dtype))
-            state[tensor.name] = value
+        state: dict = {}
+        for name, value in torch_values(tensors, chunks):
+            _place(state, name, value)
         return state
 
     def write_prepared(self, handle: Any, state: dict) -> None:
         import torch
 
         stream = FilebufStream(handle)
-        torch.save(state, stream)  # ends with stream.flush(): the ofstream's close
+        path = getattr(handle, "path", "")  # torch.save(obj, path) names the zip's folder after the file
+        name = self.archive_name or (archive_stem(path) if path else "")
+        target = ArchiveNamed(stream, name, _storage_alignment(torch)) if name else stream
+        torch.save(state, target)  # ends with stream.flush(): the ofstream's close
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         self.write_prepared(handle, self.prepare(tensors, chunks))
@@ -203,6 +257,10 @@ class DcpTorchFormat(TorchFormat):
     tensor's bytes larger than the buffer written straight from its memory, one flush per tensor.
     """
 
+    def prepare(self, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> dict:
+        """The flat state (DCP's planner flattens the nested dict: one item per name)."""
+        return dict(torch_values(tensors, chunks))
+
     def preload(self) -> None:
         """Import DCP's modules now, before training starts its clock: a DCP program imports
         torch.distributed.checkpoint at its start, so the first save must not pay that import
@@ -233,7 +291,7 @@ class DcpTorchFormat(TorchFormat):
             if tensor.is_object:
                 items.append(_create_write_item_for_bytesio(tensor.name, None))
             else:
-                meta = torch.empty(tensor.numel, dtype=getattr(torch, tensor.framework_dtype), device="meta")
+                meta = torch.empty(tensor.dims, dtype=getattr(torch, tensor.framework_dtype), device="meta")
                 items.append(_create_write_item_for_tensor(tensor.name, meta))
         local = SavePlan(items, planner_data={t.name: (t.name,) for t in held})
         gathered = world.gather(pickle.dumps(local))
@@ -258,8 +316,9 @@ class DcpTorchFormat(TorchFormat):
         records = []
         # FileSystemWriter writes a file's bytes items first (each non-tensor entry torch.save'd into
         # a BytesIO by the planner's transform_object, then written as one piece), then its tensors
-        objects = [(name, value) for name, value in state.items() if not isinstance(value, torch.Tensor)]
-        for name, value in objects + [(name, value) for name, value in state.items() if isinstance(value, torch.Tensor)]:
+        leaves = list(state.items())
+        objects = [(name, value) for name, value in leaves if not isinstance(value, torch.Tensor)]
+        for name, value in objects + [(name, value) for name, value in leaves if isinstance(value, torch.Tensor)]:
             start = stream.tell()
             if isinstance(value, torch.Tensor):
                 torch.save(value, stream)
@@ -288,33 +347,63 @@ class DcpTorchFormat(TorchFormat):
 
         # A name saved by several ranks (the tensor-parallel shards of one weight) is one tensor
         # of several chunks, one after another in rank order, as DCP records a sharded tensor.
+        # In the order of each rank's plan (its entries as the state dict lists them, not as the
+        # file holds them: bytes items first), rank after rank, as DCP's global metadata is built
         chunks: dict[str, list] = {}
         for entry in files:
-            specs = {t.name: t for t in tensors[entry["path"]]}
-            for name, offset, length in entry.get("records", ()):
-                chunks.setdefault(name, []).append((specs[name], entry["path"], offset, length))
+            where = {name: (offset, length) for name, offset, length in entry.get("records", ())}
+            for spec in tensors[entry["path"]]:
+                if spec.name in where:
+                    chunks.setdefault(spec.name, []).append((spec, entry["path"], *where[spec.name]))
+        # Each flat key is one string object in the plan of the rank that writes it. With several
+        # ranks the plans reach the coordinator pickled (gather_object), so every rank's keys are
+        # its own copies: planner_data's keys are the last rank's (DCP merges the plans' mappings
+        # with a ChainMap, whose keys come from the last map), and storage_data's are the copies in
+        # the write results, gathered after the writes. Pickle writes a string object once, then
+        # refers back to it, so which keys are one object is bytes of the .metadata.
+        fqns = {name: _fqn(name) for name in chunks}
+        single = len(files) <= 1  # one process: nothing is pickled on the way, every key one object
+        last = files[-1]["path"] if files else ""
+
+        def copy(key: str) -> str:
+            return key if single else key.encode().decode()
+
+        planner_keys = {name: fqn if single or parts[0][1] == last else copy(fqn)
+                        for (name, parts), fqn in zip(chunks.items(), fqns.values())}
         state, storage = {}, {}
         for name, parts in chunks.items():
+            fqn = fqns[name]
             spec, path, offset, length = parts[0]
             if spec.is_object:  # a bytes item: described by name only, its one piece where it was written
-                state[name] = BytesStorageMetadata()
-                storage[MetadataIndex(name)] = _StorageInfo(path, offset, length)
+                state[fqn] = BytesStorageMetadata()
+                storage[MetadataIndex(copy(fqn))] = _StorageInfo(path, offset, length)
                 continue
-            at, pieces = 0, []
-            for spec, path, offset, length in parts:
-                pieces.append(ChunkStorageMetadata(torch.Size([at]), torch.Size([spec.numel])))
-                storage[MetadataIndex(name, torch.Size([at]), 0)] = _StorageInfo(path, offset, length)
-                at += spec.numel
+            if len(parts) == 1:  # a whole tensor: its own shape, one chunk at the origin
+                dims = spec.dims
+                storage[MetadataIndex(copy(fqn), torch.Size([0] * len(dims)), 0)] = _StorageInfo(path, offset, length)
+                pieces = [ChunkStorageMetadata(torch.Size([0] * len(dims)), torch.Size(dims))]
+            else:  # tensor-parallel parts: flat chunks one after another
+                at, pieces = 0, []
+                for spec, path, offset, length in parts:
+                    pieces.append(ChunkStorageMetadata(torch.Size([at]), torch.Size([spec.numel])))
+                    storage[MetadataIndex(copy(fqn), torch.Size([at]), 0)] = _StorageInfo(path, offset, length)
+                    at += spec.numel
+                dims = (at,)
             dtype = getattr(torch, parts[0][0].framework_dtype)
-            state[name] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size([at]), pieces)
+            state[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(dims), pieces)
         # planner_data: each flat key's path through the nested state dict (flatten_state_dict's
-        # mapping); the emulation's nesting is its names' dots, each component one shared string,
-        # as the program's dict keys are shared objects in DCP's pickle
-        paths = {name: tuple(sys.intern(part) for part in name.split(".")) for name in state}
-        metadata = Metadata(state_dict_metadata=state, planner_data=paths,
-                            storage_data=storage, storage_meta=StorageMeta(checkpoint_id=folder, save_id=str(uuid.uuid4())),
+        # mapping: the name's '/'-separated components, state_path)
+        paths = {planner_keys[name]: state_path(name) for name in chunks}
+        # FileSystemWriter keeps its checkpoint_id as a pathlib.Path, and pickles it so
+        metadata = Metadata(state_dict_metadata=state, planner_data=paths, storage_data=storage,
+                            storage_meta=StorageMeta(checkpoint_id=pathlib.Path(folder), save_id=str(uuid.uuid4())),
                             version=CURRENT_DCP_VERSION)
         return pickle.dumps(metadata)
+
+
+def _fqn(name: str) -> str:
+    """DCP's flat key of a nested entry: its path's keys joined with dots (flatten_state_dict)."""
+    return ".".join(str(key) for key in state_path(name))
 
 
 @dataclass(frozen=True)
@@ -354,10 +443,11 @@ class TensorflowFormat(CheckpointFormatSpec):
     """
 
     @staticmethod
-    def variable_name(owner: int, tensor: TensorSpec) -> str:
+    def variable_name(owner: int, tensor: TensorSpec, shards: int = 2) -> str:
         """Ranks hold tensors of the same name (optimizer states, ZeRO partitions); one bundle
-        needs unique keys, so the owning rank leads the key, as a per-device scope would."""
-        return f"rank_{owner:05d}/{tensor.name}"
+        needs unique keys, so the owning rank leads the key, as a per-device scope would. A bundle
+        of one shard (one rank's names, unique) keeps the names as given: the program's own keys."""
+        return tensor.name if shards == 1 else f"rank_{owner:05d}/{tensor.name}"
 
     @staticmethod
     def _parse(data_path: str) -> re.Match:
@@ -381,11 +471,13 @@ class TensorflowFormat(CheckpointFormatSpec):
             if tensor.is_object:  # model.extra_state: a string tensor (the object graph's serialized proto)
                 values.append(tf.constant(tensor.object_value()))
                 continue
-            value = tf.constant(whole_tensor(tensor, chunks))
+            value = tf.constant(whole_tensor(tensor, chunks).reshape(tensor.dims))  # the shape TF's index records
             if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, as TF's type
                 value = tf.bitcast(value, getattr(tf, tensor.framework_dtype))
             values.append(value)
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[t.name if t.is_object else self.variable_name(owner, t) for t in tensors],
+        shards = int(self._parse(data_path)["shards"])
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[t.name if t.is_object else self.variable_name(owner, t, shards)
+                                                       for t in tensors],
                           shape_and_slices=[""] * len(tensors), tensors=values)
         return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))
 

@@ -157,12 +157,15 @@ def _torch(path: Path):
             tensors.append(Tensor(prefix, tuple(value.shape), str(value.dtype).removeprefix("torch."), value.element_size()))
         elif not holds_tensor(value):  # a subtree with no tensor (the epoch, param_groups) is one entry
             entries.append(_entry(prefix or "state", value))
-        elif isinstance(value, dict):
+        elif isinstance(value, dict):  # a nesting level: '/' (the emulation nests the dict again)
             for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
+                walk(f"{prefix}/{key}" if prefix else str(key), item)
+            versions = getattr(value, "_metadata", None)  # a module's state_dict(): its submodules' versions
+            if prefix and isinstance(versions, dict):
+                entries.append(_entry(f"{prefix}/_metadata", dict(versions)))
         else:
             for i, item in enumerate(value):
-                walk(f"{prefix}.{i}" if prefix else str(i), item)
+                walk(f"{prefix}/{i}" if prefix else str(i), item)
 
     walk("", obj)
     return tensors, entries
@@ -213,20 +216,29 @@ def _dcp(path: Path):
         raise MissingDependency(f"{path}: reading a DCP checkpoint needs PyTorch: pip install torch") from None
     metadata = FileSystemReader(str(path)).read_metadata()
     tensors, entries = [], []
-    for name, entry in metadata.state_dict_metadata.items():
+    paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
+    # in the program's state dict order, which planner_data keeps (the flattening's), not in
+    # .metadata's (each rank's share in turn): DCP's planner splits replicated entries in that order
+    order = {fqn: i for i, fqn in enumerate(paths)}
+    listed = sorted(metadata.state_dict_metadata.items(), key=lambda item: order.get(item[0], len(order)))
+    for fqn, entry in listed:
+        # the key's path through the program's nested state dict (flatten_state_dict's mapping),
+        # '/' between levels: DCP's flat key is the path joined with dots
+        keys = paths.get(fqn)
+        name = "/".join(str(key) for key in keys) if isinstance(keys, tuple) else fqn
         if isinstance(entry, TensorStorageMetadata):
             dtype = entry.properties.dtype
             element = torch.empty((), dtype=dtype).element_size()
             tensors.append(Tensor(name, tuple(entry.size), str(dtype).removeprefix("torch."), element))
         else:  # a bytes item: the planner's torch.save of the value, read back from its .distcp
-            entries.append(_dcp_entry(path, name, metadata, torch))
+            entries.append(_dcp_entry(path, fqn, name, metadata, torch))
     return tensors, entries
 
 
-def _dcp_entry(path: Path, name: str, metadata, torch) -> Entry:
+def _dcp_entry(path: Path, fqn: str, name: str, metadata, torch) -> Entry:
     from torch.distributed.checkpoint.metadata import MetadataIndex
 
-    info = (metadata.storage_data or {}).get(MetadataIndex(name))
+    info = (metadata.storage_data or {}).get(MetadataIndex(fqn))
     if info is None:
         return Entry(name, blob=0)
     with open(path / info.relative_path, "rb") as f:

@@ -4,20 +4,20 @@ The schema (schema.py ModelConfig, plan/model.py `_explicit_shards`) declares an
 model as a list of tensor element counts at one model element size (`layer_parameters` x
 `model_dtype_bytes`), a list of optimizer tensors at one optimizer element size
 (`optimization_groups` x `optimizer_dtype_bytes`, one state each) and a byte blob
-(`model_size_bytes`), with each listed tensor's name (`layer_names`, `optimization_group_names`:
-the keys the checkpoint's container records). Shapes have no key, so:
+(`model_size_bytes`), with each listed tensor's name and shape (`layer_names`,
+`optimization_group_names`, `layer_shapes`, `optimization_group_shapes`: what the checkpoint's
+container records beside the bytes, so the emulated container is the program's byte for byte). So:
 
 - the element size holding most of a role's bytes becomes that role's dtype size;
-- every tensor of that size is one entry (its element count), in the checkpoint's order; model
-  tensors of other types (BatchNorm's int64 `num_batches_tracked`) are entries too, in their
-  places, their types in `layer_dtypes`;
-- optimizer tensors of any other size (Adam's int64 step) are added, byte for byte, to
+- every tensor of that size is one entry (its element count), in the checkpoint's order; tensors
+  of other types (BatchNorm's int64 `num_batches_tracked`, an optimizer's int64 step counter) are
+  layer entries too, model tensors in their places, optimizer ones after them, their types in
+  `layer_dtypes`;
+- where a type has no schema name, tensors of another size are added, byte for byte, to
   `model_size_bytes`;
-- each entry carries its name, shape and dtype as a YAML comment, so nothing is lost to a reader
-  and a later schema with per-tensor dtypes can be filled from the same output.
+- each entry carries its name, shape and dtype as a YAML comment as well.
 
-Bytes are exact (the sum of the section equals the sum of the tensors); the tensor count differs
-only by the folded tensors, which become one blob.
+Bytes are exact (the sum of the section equals the sum of the tensors).
 """
 
 from __future__ import annotations
@@ -48,10 +48,13 @@ def model_section(listing: TensorList, name: str) -> dict:
     mdt, odt = dominant_size(model), dominant_size(optimizer)
     # model tensors of several element types keep their places and types (model.layer_dtypes), so
     # the checkpoint holds as many tensors as the program's (a container per tensor under DCP)
-    typed = any(t.itemsize != mdt for t in model) and all(t.dtype in TENSOR_DTYPES for t in model)
-    layers = model if typed else [t for t in model if t.itemsize == mdt]
+    # optimizer tensors of another element size (Adam's or Keras's int64 step) too, after the model's,
+    # each in its own name, type and shape, where every one of those types is one the schema knows
+    odd = [t for t in optimizer if t.itemsize != odt]
+    typed = (any(t.itemsize != mdt for t in model) or bool(odd)) and all(t.dtype in TENSOR_DTYPES for t in model + odd)
+    layers = model + odd if typed else [t for t in model if t.itemsize == mdt]
     groups = [t for t in optimizer if t.itemsize == odt]
-    folded = ([] if typed else [t for t in model if t.itemsize != mdt]) + [t for t in optimizer if t.itemsize != odt]
+    folded = [] if typed else [t for t in model if t.itemsize != mdt] + odd
     return {
         "name": name,
         "kind": "explicit",
@@ -64,6 +67,8 @@ def model_section(listing: TensorList, name: str) -> dict:
         "optimization_groups": [t.numel for t in groups],
         "layer_names": [t.name for t in layers],
         "optimization_group_names": [t.name for t in groups],
+        "layer_shapes": [list(t.shape) for t in layers],
+        "optimization_group_shapes": [list(t.shape) for t in groups],
         "extra_state": [{"name": e.name, "bytes": e.blob} if e.blob >= 0 else {"name": e.name, "value": e.value}
                         for e in listing.entries],
         "_notes": {"layer_parameters": layers, "optimization_groups": groups, "model_size_bytes": folded},
@@ -96,8 +101,8 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
         f"# {len(listing.tensors)} tensors, {total:,} bytes: "
         + ", ".join(f"{dtype} {nbytes:,} B" for dtype, nbytes in by_dtype.most_common())
         + (f"; {listing.other_entries} non-tensor entries (model.extra_state)" if listing.other_entries else "") + ".",
-        "# Model tensors of several element types are listed with model.layer_dtypes; optimizer tensors whose",
-        "# element size differs from optimizer_dtype_bytes are counted byte for byte in model_size_bytes.",
+        "# Tensors of several element types are listed with model.layer_dtypes (an optimizer's of another type",
+        "# after the model's), each with its name and shape (model.layer_names, layer_shapes, ...).",
         "model:",
         f"  name: {section['name']}",
         "  kind: explicit",
@@ -117,6 +122,8 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
     lines += _list("optimization_groups", section["optimization_groups"], notes["optimization_groups"])
     lines += _names("layer_names", section["layer_names"])
     lines += _names("optimization_group_names", section["optimization_group_names"])
+    lines += _shapes("layer_shapes", section["layer_shapes"])
+    lines += _shapes("optimization_group_shapes", section["optimization_group_shapes"])
     lines += _entries(section["extra_state"])
     lines.append(f"# declared bytes: {section_bytes(section):,} (= the tensors' {total:,})")
     return "\n".join(lines) + "\n"
@@ -134,6 +141,13 @@ def _names(key: str, names: list[str]) -> list[str]:
     if not names:
         return []
     return [f"  {key}:   # the checkpoint's own names, in the order above"] + [f"    - {json.dumps(n)}" for n in names]
+
+
+def _shapes(key: str, shapes: list[list[int]]) -> list[str]:
+    """The tensors' shapes, in the entries' order: what the container records beside each name."""
+    if not shapes:
+        return []
+    return [f"  {key}:   # the tensors' own shapes, in the order above"] + [f"    - {json.dumps(s)}" for s in shapes]
 
 
 def _entries(entries: list[dict]) -> list[str]:

@@ -27,6 +27,13 @@ def npy_header(numel: int, dtype: str) -> bytes:
     return buffer.getvalue()
 
 
+def archive_stem(path: str) -> str:
+    """The folder name torch.save(obj, path) gives its zip: the file's name without its last
+    extension (PyTorchStreamWriter's constructor); checkpoint.archive_name takes the same."""
+    name = path.rsplit("/", 1)[-1]
+    return name[: name.rfind(".")] if "." in name else name
+
+
 @dataclass(frozen=True)
 class CheckpointFormatSpec:
     """One checkpoint format as plans and the loader see it (the writer subclasses this)."""

@@ -64,6 +64,9 @@ class TensorSpec:
     dtype_name: str = ""  # the element type a framework records (model.layer_dtypes); "": by dtype_bytes
     value: str = ""  # kind "object": the entry's value as JSON text (hashable, as a plan's values are)
     blob: int = -1  # kind "object": >= 0, an opaque blob of this many bytes instead of a value
+    # the tensor's shape as the framework records it (model.layer_shapes); None: flat, (numel,).
+    # A tensor cut into parts (tensor parallelism, ZeRO) is flat: its part has no shape of its own
+    shape: tuple[int, ...] | None = None
 
     @property
     def is_object(self) -> bool:
@@ -73,6 +76,11 @@ class TensorSpec:
         """A non-tensor entry's value as the program holds it: the plain value, or a blob of
         `blob` bytes."""
         return bytes(self.blob) if self.blob >= 0 else json.loads(self.value)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """The shape a format records: the given one, else flat."""
+        return (self.numel,) if self.shape is None else self.shape
 
     @property
     def nbytes(self) -> int:
@@ -364,15 +372,24 @@ def _explicit_shards(cfg: ModelConfig, tp: int, pp: int):
                 dtype = cfg.layer_dtypes[i] if cfg.layer_dtypes else ""
                 size = TENSOR_DTYPES[dtype] if dtype else mdt
                 name = cfg.layer_names[i] if cfg.layer_names else f"layers.{i}"
-                model.append(TensorSpec(name, split(cfg.layer_parameters[i], tp, t), size, "model", dtype))
+                numel = split(cfg.layer_parameters[i], tp, t)
+                model.append(TensorSpec(name, numel, size, "model", dtype,
+                                        shape=_shape(cfg.layer_shapes, i, numel, cfg.layer_parameters[i])))
             optimizer = [
                 TensorSpec(cfg.optimization_group_names[g] if cfg.optimization_group_names else f"optimizer.group{g}.{s}",
-                           split(size, mp, index), odt, "optimizer")
+                           split(size, mp, index), odt, "optimizer",
+                           shape=_shape(cfg.optimization_group_shapes, g, split(size, mp, index), size))
                 for g, size in enumerate(cfg.optimization_groups)
                 for s in states
             ]
             shards.append((tuple(m for m in model if m.numel), tuple(o for o in optimizer if o.numel)))
     return tuple(shards)
+
+
+def _shape(shapes: list[list[int]], i: int, numel: int, whole: int) -> tuple[int, ...] | None:
+    """Entry i's given shape (model.layer_shapes, optimization_group_shapes) where this rank holds
+    the whole tensor; None (flat) where none is given or the tensor is cut into parts."""
+    return tuple(shapes[i]) if shapes and numel == whole else None
 
 
 def object_specs(cfg: ModelConfig) -> tuple[TensorSpec, ...]:

@@ -21,6 +21,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from dlio_ckpt.plan.checkpoint_formats import archive_stem
 from dlio_ckpt.profile import on_disk
 from dlio_ckpt.profile.classify import CHECKPOINT, Roles
 from dlio_ckpt.profile.records import FileUse, Job
@@ -76,6 +77,10 @@ def checkpoint_values(job: Job, roles: Roles, epochs: int, framework: str,
     layout, fmt, why = _layout(names, framework, len(writers))
     add(Value("checkpoint.layout", layout, INFERRED, why))
     add(Value("checkpoint.format", fmt, INFERRED, why))
+    if fmt == "torch" and layout == "raw" and saves:  # torch.save(obj, path) records the file's name in its zip
+        first = saves[0].files[0][0]
+        add(Value("checkpoint.archive_name", archive_stem(first), MEASURED,
+                  f"the folder torch.save's zip records: {os.path.basename(first)}'s name (the first save)"))
     many = max(job.nprocs, len(ranks))
     add(Value("checkpoint.strategy", "single_writer" if len(writers) == 1 and many > 1 else "sharded", INFERRED,
               f"{len(writers)} of {many} rank(s) wrote checkpoint bytes"))
@@ -98,7 +103,8 @@ def checkpoint_values(job: Job, roles: Roles, epochs: int, framework: str,
                   f"the container adds the rest of the {per_save[0]:,} B per save", MEASURED, "on disk"))
     else:
         add(Value("model.kind", "explicit", ASSUMED, "the checkpoint is not on disk here (or its library is missing): "
-                  "one blob of the per-save bytes per rank"))
+                  "one blob of the per-save bytes per rank; a Darshan log holds no tensor names or shapes, so for the "
+                  "container's exact bytes paste `dlio_ckpt-describe-model <a saved checkpoint>`'s model section"))
         add(Value("model.model_size_bytes", max(per_save) if per_save else 0, INFERRED if source != "unknown" else ASSUMED,
                   f"bytes per save ({source})"))
     return values, CheckpointFacts(saves, max(per_save) if per_save else 0, source, model_yaml)
