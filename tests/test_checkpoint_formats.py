@@ -192,7 +192,12 @@ def test_tensorflow_checkpoint_under_mpirun(tmp_path, tensorflow_without_keras):
     assert not any("_temp" in name for name in on_disk)  # MergeV2Checkpoints removed the staging
     # Every byte written is accounted for: the files on disk, plus what was written and then
     # replaced or deleted: each earlier `checkpoint` tag, and each checkpoint's staged indexes.
-    earlier_tags = sum(len(plan.layout.tag(step)[1]) for step in steps[:-1])
+    # (The tag lists the kept checkpoints with the times TF's reader reads back from the last one.)
+    state = tf.train.get_checkpoint_state(str(root))
+    saves = list(zip(steps, state.all_model_checkpoint_timestamps))
+    keep = config.checkpoint.keep_last
+    earlier_tags = sum(len(plan.layout.tag_texts(step, saves[:i + 1], keep, state.last_preserved_timestamp)[-1])
+                       for i, step in enumerate(steps[:-1]))
     (tmp_path / "probe").mkdir()
     staged = _staged_index_bytes(tf, plan, tmp_path / "probe")
     assert summary["io"]["bytes_written"] == sum(on_disk.values()) + earlier_tags + len(steps) * staged

@@ -252,3 +252,40 @@ def test_an_archive_name_with_a_folder_is_refused():
     defaults = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())["checkpoint"]
     with pytest.raises(ConfigError, match="archive_name: give the name of the program's checkpoint file"):
         build(CheckpointConfig, {**defaults, "archive_name": "ckpt/checkpoint_1"}, "checkpoint.").validate("checkpoint.")
+
+
+def test_tensorflow_state_file_is_checkpoint_managers(tmp_path, monkeypatch):
+    """Every write of CheckpointManager's `checkpoint` state (two per save, max_to_keep=2, four
+    saves) against the tensorflow layout's, given the same save times: the same bytes, but for the
+    emulation's folder per checkpoint (`ckpt-N/ckpt-N` where TF names `ckpt-N`)."""
+    import re
+
+    tf = pytest.importorskip("tensorflow")
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    from dlio_ckpt.plan.layouts import get_layout
+
+    real = []
+    write = checkpoint_management.file_io.atomic_write_string_to_file
+
+    def capture(filename, contents, overwrite=True):
+        if os.path.basename(filename) == "checkpoint":
+            real.append(contents)
+        return write(filename, contents, overwrite)
+
+    monkeypatch.setattr(checkpoint_management.file_io, "atomic_write_string_to_file", capture)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), str(tmp_path), max_to_keep=2)
+    for _ in range(4):
+        manager.save()
+    assert len(real) == 8
+
+    def numbers(text, field):
+        return [float(v) for v in re.findall(rf"^{field}: (\S+)$", text, re.M)]
+
+    (preserved,) = numbers(real[0], "last_preserved_timestamp")
+    layout, saves, emulated = get_layout("tensorflow"), [], []
+    for step in range(1, 5):
+        saves.append((step, numbers(real[2 * step - 2], "all_model_checkpoint_timestamps")[-1]))
+        emulated += layout.tag_texts(step, saves, 2, preserved)
+        saves = saves[-2:]
+    assert [re.sub(r'"ckpt-(\d+)/ckpt-\1"', r'"ckpt-\1"', text) for text in emulated] == real

@@ -402,3 +402,39 @@ def test_dcp_writer_imports_dcps_modules_before_the_first_save():
              " if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['torch.distributed.checkpoint.filesystem', 'torch.distributed.checkpoint.metadata']"
+
+
+def test_tensorflow_state_file_lists_the_kept_checkpoints_as_checkpoint_manager_does(tmp_path, monkeypatch):
+    """CheckpointManager(max_to_keep=2) writes its `checkpoint` state twice per save: every tracked
+    checkpoint with its time, then, after deleting the oldest past max_to_keep, the kept ones. TF's
+    own reader finds the kept checkpoints on disk, their times in order, and the manager's start."""
+    tf = pytest.importorskip("tensorflow")
+    from dlio_ckpt.checkpoint import publish
+
+    written = []
+    real_write = publish.write_framework_metadata
+
+    def capture(storage, path, content, how):
+        if os.path.basename(path) == "checkpoint":
+            written.append(bytes(content).decode())
+        return real_write(storage, path, content, how)
+
+    monkeypatch.setattr(publish, "write_framework_metadata", capture)
+    ctx = make_ctx(tmp_path, [*FRAMEWORK, "checkpoint.format=tensorflow", "checkpoint.layout=tensorflow",
+                              "checkpoint.keep_last=2"])
+    engine = make_checkpoint_engine(ctx)
+    for step in (1, 2, 3, 4):
+        engine.save(step, 1)
+    engine.finish()
+    root = Path(engine.root)
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["ckpt-3", "ckpt-4"]
+    state = tf.train.get_checkpoint_state(str(root))
+    assert state.model_checkpoint_path == str(root / "ckpt-4" / "ckpt-4")
+    assert list(state.all_model_checkpoint_paths) == [str(root / f"ckpt-{s}" / f"ckpt-{s}") for s in (3, 4)]
+    times = list(state.all_model_checkpoint_timestamps)
+    assert len(times) == 2 and state.last_preserved_timestamp < times[0] < times[1]
+    assert len(written) == 8  # two writes per save
+    tracked = [text.count("all_model_checkpoint_paths") for text in written]
+    assert tracked == [1, 1, 2, 2, 3, 2, 3, 2]  # before and after each sweep
+    assert written[4].count("all_model_checkpoint_timestamps") == 3 and '"ckpt-1/ckpt-1"' in written[4]
+    assert '"ckpt-1/ckpt-1"' not in written[5]

@@ -82,8 +82,7 @@ class Committer:
             if self.commit_durability:
                 status = ("ok", self._write_manifest(index, step, epoch, files))
             else:  # framework durability: its tag and retention are written here
-                metadata = self.publisher.framework_metadata(step, files)
-                self.retention.framework_written(step)
+                metadata = self.publisher.framework_metadata(step, files, lambda: self.retention.framework_written(step))
                 status = ("ok", metadata)
         except Exception as exc:  # every rank must hear of it, or they wait forever
             self.folders.discard_failed(step)

@@ -97,7 +97,7 @@ class CheckpointEngineImpl:
         top = backend_root(base_storage) or os.path.abspath(self.config.storage.root)
         self.publisher = Publisher(self.folders, self.storage, self.fmt, self.plan.files_by_rank, self.world.size,
                                    self.cfg.fsync, self.cfg.checksum, self.cfg.write_chunk_bytes, framework_writes,
-                                   top)
+                                   top, self.cfg.keep_last)
         identity = CheckpointIdentity(ctx.run_id, canonical_strategy(self.cfg.strategy), self.layout.name,
                                       self.fmt.name, self.cfg.checksum, self.world.size)
         self.committer = Committer(self.world, self.folders, self.publisher, self.retention, identity,

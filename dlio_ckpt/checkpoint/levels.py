@@ -325,7 +325,7 @@ class MultiLevelEngine:
         tag = self.layout.tag(flush.record.step)
         if tag:
             try:
-                target.storage.write_atomic(os.path.join(target.root, tag[0]), tag[1].encode())
+                target.publisher.write_tag(flush.record.step)
             except Exception as exc:
                 raise RunFailure(f"its {tag[0]!r} tag was not written: {failure_text(exc)}") from None
         if target.cfg.keep_last:

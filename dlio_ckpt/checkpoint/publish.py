@@ -18,7 +18,8 @@ tests/test_commit_durability.py checks it call by call): change it only with tha
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 from dlio_ckpt.checkpoint.fileio import merge_framework_files, write_framework_metadata
 from dlio_ckpt.checkpoint.folders import CheckpointFolders
@@ -36,7 +37,7 @@ class Publisher:
 
     def __init__(self, folders: CheckpointFolders, storage: Any, fmt: Any,
                  files_by_rank: Sequence[tuple[PlannedFile, ...]], world_size: int, fsync: bool, checksum: str,
-                 chunk_bytes: int, framework_writes: bool, top: str) -> None:
+                 chunk_bytes: int, framework_writes: bool, top: str, keep_last: int = 0) -> None:
         self.folders = folders
         self.storage = storage
         self.fmt = fmt
@@ -47,6 +48,11 @@ class Publisher:
         self.chunk_bytes = chunk_bytes
         self.framework_writes = framework_writes
         self.top = top
+        self.keep_last = keep_last
+        # the checkpoints a framework's tag lists (TensorFlow's CheckpointManager keeps them with
+        # their times): (step, time written), at most keep_last + 1, and when its keeper started
+        self.saves: list[tuple[int, float]] = []
+        self.started = time.time() - 1.0
 
     def sync_file_folders(self, step: int, relpaths: list[str]) -> int:
         """This rank's part of a commit: fsync the folders that the entries of its files of
@@ -89,19 +95,31 @@ class Publisher:
             sync_folders(self.storage, entry_folders([folder], self.top))
         self.storage.write_atomic(os.path.join(folder, MANIFEST_NAME), manifest)
 
+    def tag_texts(self, step: int) -> list[str]:
+        """The contents of each write of the layout's tag for checkpoint `step`, written now."""
+        self.saves = [s for s in self.saves if s[0] != step] + [(step, time.time())]
+        texts = self.folders.layout.tag_texts(step, self.saves, self.keep_last, self.started)
+        if self.keep_last:
+            self.saves = self.saves[-self.keep_last:]
+        return texts
+
     def write_tag(self, step: int) -> int:
-        """Rank 0, after the manifest: the framework's "latest" tag, written all or nothing; its bytes."""
+        """Rank 0, after the manifest: the framework's "latest" tag, written all or nothing, as it
+        stands after the framework's rotation; its bytes."""
         tag = self.folders.layout.tag(step)
         if not tag:
             return 0
-        self.storage.write_atomic(os.path.join(self.folders.root, tag[0]), tag[1].encode())
-        return len(tag[1])
+        text = self.tag_texts(step)[-1]
+        self.storage.write_atomic(os.path.join(self.folders.root, tag[0]), text.encode())
+        return len(text)
 
-    def framework_metadata(self, step: int, files: list[dict]) -> int:
+    def framework_metadata(self, step: int, files: list[dict], rotate: Callable[[], None] = lambda: None) -> int:
         """checkpoint.durability=framework, on the coordinator: the files the framework itself
         writes after the data (TensorFlow's merged index, DCP's `.metadata`, the layout's "latest"
         tag), written as the framework writes them (`Layout.metadata_write`). No manifest: a real
-        program writes none. Returns their bytes."""
+        program writes none. `rotate` (deleting the checkpoints past keep_last) runs after the
+        tag's first write, as CheckpointManager sweeps between its two, or after the metadata when
+        the layout has no tag. Returns their bytes."""
         folder = self.folders.path(step)
         layout = self.folders.layout
         metadata = 0
@@ -115,8 +133,13 @@ class Publisher:
                 write_framework_metadata(self.storage, os.path.join(folder, name), content, layout.metadata_write)
                 metadata += len(content)
         tag = layout.tag(step)
-        for _ in range(layout.tag_writes if tag else 0):
-            write_framework_metadata(self.storage, os.path.join(self.folders.root, tag[0]), tag[1].encode(),
+        texts = self.tag_texts(step) if tag else []
+        for index, text in enumerate(texts):
+            write_framework_metadata(self.storage, os.path.join(self.folders.root, tag[0]), text.encode(),
                                      layout.metadata_write)
-            metadata += len(tag[1])
+            metadata += len(text)
+            if index == 0:
+                rotate()
+        if not texts:
+            rotate()
         return metadata

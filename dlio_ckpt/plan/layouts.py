@@ -74,6 +74,15 @@ class Layout:
         """A framework's "latest" pointer (file name at the checkpoint root, contents)."""
         return None
 
+    def tag_texts(self, step: int, saves: Sequence[tuple[int, float]], keep_last: int, preserved: float) -> list[str]:
+        """The contents of each of the framework's `tag_writes` writes of its tag at checkpoint
+        `step`: the same pointer each time, unless the layout's tag lists more than the newest
+        checkpoint. `saves`: this run's checkpoints so far, (step, time.time() when written), the
+        newest last; `keep_last`: how many the framework keeps (0: all); `preserved`: when the
+        framework's checkpoint keeper started."""
+        tag = self.tag(step)
+        return [tag[1]] * self.tag_writes if tag else []
+
 
 @dataclass(frozen=True)
 class RawLayout(Layout):
@@ -335,7 +344,26 @@ class TensorflowLayout(Layout):
         return [f"ckpt-{step}.index"]
 
     def tag(self, step):
-        return "checkpoint", f'model_checkpoint_path: "ckpt-{step}/ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-{step}/ckpt-{step}"\n'
+        return "checkpoint", self._state(step, [(step, None)], None)
+
+    def tag_texts(self, step, saves, keep_last, preserved):
+        """CheckpointManager.save's two writes of its state (`_record_and_sweep_state` in TF's
+        checkpoint_management.py): every checkpoint it tracks, oldest first, with the time each was
+        written, first with the new one added, then again after the sweep that leaves max_to_keep;
+        `last_preserved_timestamp` is when the manager was made, less a second. Text as protobuf's
+        text_format writes a CheckpointState (doubles as Python's repr)."""
+        tracked = list(saves)
+        kept = tracked[-keep_last:] if keep_last else tracked
+        return [self._state(step, tracked, preserved), self._state(step, kept, preserved)]
+
+    @staticmethod
+    def _state(step: int, saves: Sequence[tuple[int, float | None]], preserved: float | None) -> str:
+        lines = [f'model_checkpoint_path: "ckpt-{step}/ckpt-{step}"']
+        lines += [f'all_model_checkpoint_paths: "ckpt-{s}/ckpt-{s}"' for s, _ in saves]
+        lines += [f"all_model_checkpoint_timestamps: {t!r}" for _, t in saves if t is not None]
+        if preserved is not None:
+            lines.append(f"last_preserved_timestamp: {preserved!r}")
+        return "\n".join(lines) + "\n"
 
 
 LAYOUTS = Registry(
