@@ -37,9 +37,10 @@ CALLS_TOLERANCE = 0.10
 # of where it is kept, which differs between the two runs (bytes either way, measured 2026-12-01):
 # - ddp_dcp: DCP's .metadata pickles the checkpoint folder's path (real_checkpoints/epoch_1 beside
 #   checkpoints/<run>/step_00000002): +16 B of 10,070,146 (was -6,403 B);
-# - keras_tfdata: CheckpointManager's `checkpoint` state file lists every kept checkpoint with its
-#   timestamp, the tensorflow layout's the latest only: -230 B of 1,555,638 (was -440 B).
-PER_SAVE_LOCATION_BYTES = {"ddp_dcp": 64, "keras_tfdata": 400}
+# - keras_tfdata: CheckpointManager's `checkpoint` state file, written as the manager writes it,
+#   names each kept checkpoint `ckpt-N`, the emulation's `ckpt-N/ckpt-N` (its folder per
+#   checkpoint): +60 B of 1,555,636 (-230 B when the tag listed the latest only; -440 B before).
+PER_SAVE_LOCATION_BYTES = {"ddp_dcp": 64, "keras_tfdata": 120}
 
 # Known differences still accepted: (program, file class, count) -> the emulated/real range
 # accepted, each with today's figure and the reason in a comment. Empty: at the tiny size every
@@ -112,8 +113,12 @@ def test_emulation_issues_the_programs_io(measured, name):
     _check_ratio(name, "checkpoint", "opens", real["checkpoint"]["opens"], emu["checkpoint"]["opens"], CALLS_TOLERANCE)
     for key in ("fsyncs", "renames", "unlinks"):
         _check_equal(name, "checkpoint", key, real["checkpoint"][key], emu["checkpoint"][key])
-    # no read-back the program does not do (TensorFlow's CheckpointManager reads its `checkpoint` tag)
-    assert emu["checkpoint"]["bytes_read"] <= real["checkpoint"]["bytes_read"], (real["checkpoint"], emu["checkpoint"])
+    # no read-back the program does not do: TensorFlow's MergeV2Checkpoints reads the shards'
+    # indexes back, each whole, the same calls on both sides; an emulated index may differ by a
+    # byte per tensor (its offsets' varints: tests/test_exact_bytes.py), so the bytes within 1 %
+    assert emu["checkpoint"]["reads"] <= real["checkpoint"]["reads"], (real["checkpoint"], emu["checkpoint"])
+    _check_ratio(name, "checkpoint", "bytes_read", real["checkpoint"]["bytes_read"] or 1,
+                 emu["checkpoint"]["bytes_read"] or 1, BYTES_TOLERANCE)
     # the dataset: every file opened as often, bytes and calls
     assert real["dataset"]["files"] == emu["dataset"]["files"] == result["sizes"]["files"]
     _check_ratio(name, "dataset", "opens", real["dataset"]["opens"], emu["dataset"]["opens"], CALLS_TOLERANCE)
