@@ -4,7 +4,8 @@
   record (read back with zipfile, an independent reader, and zlib);
 - checkpoint.framework_cpu_s is spent as CPU on the saving thread, inside the save, and adds no I/O;
 - DCP's `_storage_setup` runs inside the first emulated save, as in dcp.save (its fsspec import);
-- the summary reports it per save (`framework_s_max`) apart from the write time's split.
+- the summary reports it per save (`framework_s_max`) apart from the write time's split, and the
+  save's CPU on its thread (`cpu_s_max`, prepare left out), which fidelity.py compares with the program's.
 No time is asserted beyond what the CPU clock guarantees by construction (a thread kept busy until
 its clock has advanced by s seconds took at least s seconds).
 """
@@ -72,6 +73,8 @@ def test_framework_cpu_is_spent_inside_the_save_and_adds_no_io(tmp_path):
     assert counts[0] == counts[1]  # the same opens, writes, closes: nothing added
     plain, busy = records
     assert busy.framework_s >= 0.05  # kept busy until its CPU clock advanced 0.05 s
+    # the save's CPU on its thread holds that CPU, prepare left out; one thread uses no more CPU than wall time
+    assert 0.05 <= busy.cpu_s <= busy.blocking_s
     assert busy.blocking_s >= busy.framework_s + busy.write_s  # inside the save, apart from the write time
     assert plain.framework_s < busy.framework_s
 
@@ -86,6 +89,7 @@ def test_the_summary_reports_the_framework_work_per_save_apart_from_the_write_sp
     assert summary["framework_cpu_s"] == 0.02 and summary["writer"] == "zero-copy writev"
     for row, record in zip(summary["per_checkpoint"], records):
         assert row["framework_s_max"] == record["framework_s"] >= 0.02
+        assert row["cpu_s_max"] == record["cpu_s"] >= 0.02
         # the write time's split is unchanged by it: write calls + serialization = the write time
         assert row["write_calls_s"] + row["fsync_s"] + row["serialize_s"] == pytest.approx(row["write_s_max"])
         assert row["blocking_s_max"] >= row["framework_s_max"] + row["write_s_max"]

@@ -164,6 +164,7 @@ def _per_checkpoint(records_by_rank: list[list[dict]]) -> list[dict]:
             "verify_s_max": max(r.get("verify_s", 0.0) for r in rows),
             "prepare_s_max": max(r.get("prepare_s", 0.0) for r in rows),
             "framework_s_max": max(r.get("framework_s", 0.0) for r in rows),
+            "cpu_s_max": max(r.get("cpu_s", 0.0) for r in rows),
             "blocking_s_max": max(r["blocking_s"] for r in rows),
             "blocking_s_mean": mean(r["blocking_s"] for r in rows),
             "persist_s_max": max(r["persist_s"] for r in rows),

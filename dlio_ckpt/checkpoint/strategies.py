@@ -92,7 +92,7 @@ class SyncStrategy:
 
     def save(self, index: int, step: int, epoch: int) -> CheckpointRecord:
         e = self.engine
-        start = now()
+        start, cpu = now(), thread_cpu()
         self.encoded_here = []  # (logical bytes, encode seconds, stats) of files this rank encoded, not wrote
         exchange = getattr(e.fmt, "exchange_plans", None)
         # DCP plans inside its save: the plans' gather and scatter (formats.py)
@@ -100,12 +100,13 @@ class SyncStrategy:
             lambda: exchange(e.world, e.layout.held_tensors(e.plan.model, e.world.rank))))
         entries, error = self.write_or_failure(index, step)
         metadata, commit_s = e.commit(index, step, epoch, entries, error)
-        total = now() - start
+        total, cpu_s = now() - start, thread_cpu() - cpu - sum(x.prepare_cpu_s for x in entries)
         record = CheckpointRecord(
             index=index, step=step, epoch=epoch, bytes=sum(x.bytes_written for x in entries), files=len(entries),
             blocking_s=total, persist_s=total, write_s=sum(x.write_s for x in entries), strategy=self.name,
             folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
             peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries), framework_s=framework_s,
+            cpu_s=cpu_s,
         )
         add_codec_figures(record, encoding_label(e.cfg), entries, self.encoded_here)
         add_write_figures(record, entries)
