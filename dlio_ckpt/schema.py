@@ -344,6 +344,7 @@ class CheckpointConfig:
     num_checkpoints_read: int
     sleep_between_s: float
     drop_caches: bool
+    framework_cpu_s: float  # CPU seconds per save of the framework's walk of the program's objects (checkpoint/framework_work.py)
     update: Literal["random", "sparse", "sgd", "trace", "files"]  # how the state evolves per training step (dlio_ckpt/state)
     update_fraction: float  # sparse: fraction of update chunks that change per training step
     update_moves: float  # sparse: fraction of update chunks that move to another offset per training step
@@ -374,6 +375,9 @@ class CheckpointConfig:
         require(self.seconds_between_checkpoints >= 0, f"{key}seconds_between_checkpoints: cannot be negative")
         require(self.sleep_between_s >= 0, f"{key}sleep_between_s: cannot be negative")
         require_seconds(self.sleep_between_s, f"{key}sleep_between_s", MAX_WAIT_S)
+        require(self.framework_cpu_s >= 0, f"{key}framework_cpu_s: CPU seconds per save, cannot be negative "
+                f"(got {self.framework_cpu_s})")
+        require_seconds(self.framework_cpu_s, f"{key}framework_cpu_s", MAX_WAIT_S)
         require_seconds(self.seconds_between_checkpoints, f"{key}seconds_between_checkpoints", MAX_INTERVAL_S)
         require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
         require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")

@@ -139,13 +139,17 @@ def emulated_metrics(summary: dict) -> dict:
     checkpoint_s is the save call as the program makes it: blocking_s_max less prepare_s_max,
     the emulator assembling whole tensors in memory before a torch/TF save, which a program
     already holds (docs/checkpointing.md, Durability); blocking_s keeps it, and is kept too
-    (checkpoint_blocking_s: what the emulated loop lost, prepare included)."""
+    (checkpoint_blocking_s: what the emulated loop lost, prepare included). checkpoint_s includes
+    the framework's work before the bytes (checkpoint_framework_s: checkpoint.framework_cpu_s,
+    DCP's storage setup and plan exchange; docs/fidelity.md)."""
     train, ckpt = summary["train"], summary.get("checkpoint", {})
     saves = ckpt.get("per_checkpoint", [])
     return {"steps": train["steps"], "wall_s": train["wall_s"], "data_wait_s": train["data_wait_s"],
             "compute_s": train["compute_s"],
             "checkpoint_s": [c["blocking_s_max"] - c.get("prepare_s_max", 0.0) for c in saves],
-            "checkpoint_blocking_s": [c["blocking_s_max"] for c in saves]}
+            "checkpoint_blocking_s": [c["blocking_s_max"] for c in saves],
+            "checkpoint_framework_s": [c.get("framework_s_max", 0.0) for c in saves],
+            "checkpoint_cpu_s": [c.get("cpu_s_max", 0.0) for c in saves]}
 
 
 def compare_counts(real_io: dict, emulated_io: dict, saves: int) -> dict:
@@ -167,10 +171,11 @@ def compare_times(reals: list[dict], emus: list[dict]) -> dict:
 
     rows = (("checkpoint_s", "checkpoint_s", "checkpoint_s_per_save"),
             ("checkpoint_s", "checkpoint_blocking_s", "checkpoint_blocking_s_per_save"),
+            ("checkpoint_cpu_s", "checkpoint_cpu_s", "checkpoint_cpu_s_per_save"),
             ("data_wait_s", "data_wait_s", "data_wait_s"), ("wall_s", "wall_s", "wall_s"))
     out = {}
     for real_key, emu_key, label in rows:
-        if not all(emu_key in e for e in emus):
+        if not all(emu_key in e for e in emus) or not all(real_key in r for r in reals):
             continue
         r, e = med(reals, real_key), med(emus, emu_key)
         out[label] = {"real": r, "emulated": e, "ratio": e / r if r else None}

@@ -23,6 +23,7 @@ class LoopClock:
         self.first_wait = 0.0  # of data_wait: each epoch's wait for its first batch (workers starting)
         self.steps = 0
         self.saves: list[float] = []
+        self.save_cpu: list[float] = []  # the saving thread's CPU seconds per save
         self.start = time.perf_counter()
 
     def batches(self, loader: Iterable) -> Iterator:
@@ -42,16 +43,17 @@ class LoopClock:
 
     @contextlib.contextmanager
     def save(self) -> Iterator[None]:
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.thread_time()
         yield
         self.saves.append(time.perf_counter() - began)
+        self.save_cpu.append(time.thread_time() - cpu)
 
     def figures(self) -> dict:
         """This process's figures, under the names fidelity.py reads."""
         return {"steps": self.steps, "wall_s": time.perf_counter() - self.start, "data_wait_s": self.data_wait,
                 "first_wait_s": self.first_wait,
                 "compute_s": self.compute, "compute_s_per_step": self.compute / max(1, self.steps),
-                "checkpoint_s": list(self.saves)}
+                "checkpoint_s": list(self.saves), "checkpoint_cpu_s": list(self.save_cpu)}
 
 
 def report(result: dict, metrics_path: str) -> None:

@@ -43,6 +43,12 @@ class CheckpointRecord:
     # the emulator assembling tensors in memory before a framework's save (torch.save takes whole
     # tensors a real program already holds): in blocking_s, not in write_s
     prepare_s: float = 0.0
+    # the framework's work before the first byte (checkpoint/framework_work.py): DCP's storage setup
+    # and checkpoint.framework_cpu_s (its walk of the program's objects); in blocking_s, not in write_s
+    framework_s: float = 0.0
+    # the saving thread's CPU seconds in a synchronous save, prepare left out: the work itself, which
+    # a busy machine stretches far less than the wall time (fidelity.py compares it with the program's)
+    cpu_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -49,6 +49,7 @@ class FileWrite:
     fsync_s: float = 0.0
     prepare_s: float = 0.0  # assembling the tensors in memory before a framework save (torch): not in write_s
     records: tuple | None = None  # (tensor, offset, length) per record where the format reports them (DCP)
+    prepare_cpu_s: float = 0.0  # the thread's CPU seconds in prepare (to leave out of the save's CPU)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class FileEntry:
     fsync_s: float = 0.0  # the part of write_s inside fsync
     prepare_s: float = 0.0  # the tensors assembled in memory before the save (see FileWrite)
     records: tuple | None = None  # (tensor, offset, length): for the coordinator's index (DCP), not the manifest
+    prepare_cpu_s: float = 0.0  # the thread's CPU seconds in prepare (see FileWrite)
 
     def as_dict(self) -> dict[str, Any]:
         entry = {"path": self.path, "size": self.size, "checksum": self.checksum, "owner": self.owner, "writer": self.writer}
@@ -207,9 +209,9 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
     into memory before the file is opened: that is the program's state, not its save."""
     prepare = getattr(fmt, "prepare", None)
     clock = storage.recorder.clock
-    start = clock.now()
+    start, cpu = clock.now(), time.thread_time()
     prepared = prepare(tensors, chunks) if prepare is not None else None
-    prepare_s = clock.now() - start
+    prepare_s, prepare_cpu_s = clock.now() - start, time.thread_time() - cpu
     start = clock.now()
     handle = storage.open_write(abspath)
     fsync_s = 0.0
@@ -239,7 +241,8 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
         digest = wrapper._hasher.hexdigest()
     else:
         digest, verify_s = _checksum_by_reading(storage, abspath, size, checksum, chunk_bytes)
-    return FileWrite(size, digest, wrapper.moved, write_s, verify_s, wrapper.calls_s, fsync_s, prepare_s, records)
+    return FileWrite(size, digest, wrapper.moved, write_s, verify_s, wrapper.calls_s, fsync_s, prepare_s, records,
+                     prepare_cpu_s)
 
 
 def settle_file(storage: Any, abspath: str, fsync: bool, checksum: str, chunk_bytes: int) -> FileWrite:

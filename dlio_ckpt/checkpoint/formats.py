@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from dlio_ckpt.checkpoint.filebuf import FilebufStream
+from dlio_ckpt.checkpoint.framework_work import dcp_storage_setup
 from dlio_ckpt.checkpoint.torch_archive import ArchiveNamed
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.optional import require
@@ -267,6 +268,10 @@ class DcpTorchFormat(TorchFormat):
         (measured: ~1 s of a tiny run's first save on two busy cores, the other rank waiting)."""
         import torch.distributed.checkpoint.filesystem  # noqa: F401
         import torch.distributed.checkpoint.metadata  # noqa: F401
+
+    def storage_setup(self, checkpoint_id: str) -> None:
+        """dcp.save's storage writer chosen for `checkpoint_id`, before planning (framework_work.py)."""
+        dcp_storage_setup(checkpoint_id)
 
     def exchange_plans(self, world: Any, held: tuple[TensorSpec, ...]) -> None:
         """dcp.save's planning, which happens inside the save, before any write: every rank makes

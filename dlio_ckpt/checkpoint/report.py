@@ -98,6 +98,7 @@ def _writer_figures(config: Any, per_checkpoint: list[dict]) -> dict:
         "writer": fmt.writer_kind,
         "data_fsync": data_fsync(durability, fmt, get_layout(ck.layout), ck.fsync),
         "serialization_share": (sum(shares) / total if total > 0 else 0.0) if known else None,
+        "framework_cpu_s": ck.framework_cpu_s,
     }
 
 
@@ -162,6 +163,8 @@ def _per_checkpoint(records_by_rank: list[list[dict]]) -> list[dict]:
             "write_gib_per_s_min_rank": _min_rank_rate({k: (r["bytes"], r["write_s"]) for k, r in ranks.items()}),
             "verify_s_max": max(r.get("verify_s", 0.0) for r in rows),
             "prepare_s_max": max(r.get("prepare_s", 0.0) for r in rows),
+            "framework_s_max": max(r.get("framework_s", 0.0) for r in rows),
+            "cpu_s_max": max(r.get("cpu_s", 0.0) for r in rows),
             "blocking_s_max": max(r["blocking_s"] for r in rows),
             "blocking_s_mean": mean(r["blocking_s"] for r in rows),
             "persist_s_max": max(r["persist_s"] for r in rows),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,6 +26,7 @@ import json
 from dlio_ckpt.checkpoint.base import CheckpointRecord
 from dlio_ckpt.checkpoint.encoded import Payload, container_tensor, merge_stats
 from dlio_ckpt.checkpoint.fileio import FileEntry, now
+from dlio_ckpt.checkpoint.framework_work import spend_cpu, thread_cpu
 from dlio_ckpt.codec_registry import codec_names, encoding_label
 from dlio_ckpt.errors import RunFailure, failure_text, report_failure
 from dlio_ckpt.faults import fault_point
@@ -41,6 +42,21 @@ def add_write_figures(record: CheckpointRecord, entries: list[FileEntry]) -> Non
     record.write_calls_s = None if any(c is None for c in calls) else sum(calls)
     record.fsync_s = sum(e.fsync_s for e in entries)
     record.prepare_s = sum(e.prepare_s for e in entries)
+
+
+def framework_work(engine: Any, step: int, exchange: Callable[[], None] | None = None) -> float:
+    """The save's framework work before its first byte (framework_work.py), its wall seconds: what
+    the emulation does for real (the format's storage setup, DCP's `_storage_setup`, for a folder
+    on local paths; `exchange`, DCP's planning), then the rest of checkpoint.framework_cpu_s as CPU
+    work (the walk of the program's objects the emulator has not got)."""
+    start, cpu = now(), thread_cpu()
+    setup = getattr(engine.fmt, "storage_setup", None)
+    if setup is not None and engine.storage.capabilities.local_paths:
+        setup(engine.folder_path(step))
+    if exchange is not None:
+        exchange()
+    spend_cpu(engine.cfg.framework_cpu_s - (thread_cpu() - cpu))
+    return now() - start
 
 
 def add_codec_figures(record: CheckpointRecord, encoding: str, entries: list[FileEntry],
@@ -76,19 +92,21 @@ class SyncStrategy:
 
     def save(self, index: int, step: int, epoch: int) -> CheckpointRecord:
         e = self.engine
-        start = now()
+        start, cpu = now(), thread_cpu()
         self.encoded_here = []  # (logical bytes, encode seconds, stats) of files this rank encoded, not wrote
         exchange = getattr(e.fmt, "exchange_plans", None)
-        if exchange is not None:  # DCP plans inside its save: the plans' gather and scatter (formats.py)
-            exchange(e.world, e.layout.held_tensors(e.plan.model, e.world.rank))
+        # DCP plans inside its save: the plans' gather and scatter (formats.py)
+        framework_s = framework_work(e, step, exchange and (
+            lambda: exchange(e.world, e.layout.held_tensors(e.plan.model, e.world.rank))))
         entries, error = self.write_or_failure(index, step)
         metadata, commit_s = e.commit(index, step, epoch, entries, error)
-        total = now() - start
+        total, cpu_s = now() - start, thread_cpu() - cpu - sum(x.prepare_cpu_s for x in entries)
         record = CheckpointRecord(
             index=index, step=step, epoch=epoch, bytes=sum(x.bytes_written for x in entries), files=len(entries),
             blocking_s=total, persist_s=total, write_s=sum(x.write_s for x in entries), strategy=self.name,
             folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
-            peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries),
+            peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries), framework_s=framework_s,
+            cpu_s=cpu_s,
         )
         add_codec_figures(record, encoding_label(e.cfg), entries, self.encoded_here)
         add_write_figures(record, entries)
@@ -281,6 +299,7 @@ class AsyncStrategy:
         staged: list[tuple[PlannedFile, int]] = []  # (file, offset in the buffer)
         direct: list[PlannedFile] = []
         offset = 0
+        framework_s = framework_work(e, step)  # before the snapshot, in the blocking part, as an async save's state_dict()
         snap_start = now()
         for pf in files:
             size = pf.payload_bytes
@@ -309,7 +328,7 @@ class AsyncStrategy:
         record = CheckpointRecord(
             index=index, step=step, epoch=epoch, bytes=0, files=0, blocking_s=0.0, persist_s=0.0,
             write_s=sum(x.write_s for x in sync_entries), strategy=self.name, folder=e.layout.folder(step), wait_s=wait_s,
-            snapshot_s=snapshot_s, peak_rss_bytes=peak_rss_bytes(),
+            snapshot_s=snapshot_s, peak_rss_bytes=peak_rss_bytes(), framework_s=framework_s,
         )
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")

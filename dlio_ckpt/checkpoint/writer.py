@@ -60,7 +60,8 @@ class CheckpointWriter:
                 entries.append(FileEntry(item.relpath, done.size, done.checksum, pf.owner, self.rank,
                                          done.bytes_written, done.write_s, done.verify_s, payload.encoding,
                                          pf.payload_bytes, payload.encode_s, payload.stats or None,
-                                         done.write_calls_s, done.fsync_s, done.prepare_s, done.records))
+                                         done.write_calls_s, done.fsync_s, done.prepare_s, done.records,
+                                         prepare_cpu_s=done.prepare_cpu_s))
                 fault_point(f"checkpoint-step:{plan.step}", self.rank)
         except OSError as exc:  # a full disk, say: name the file, and leave no partial files behind
             self.remove(started)

@@ -32,6 +32,9 @@ def writer_rows(ckpt: dict) -> list[tuple[str, str]]:
                  f"serialization {per_save['serialize_s']:.3f} s per save, all ranks)")
     elif rows:
         text += "; serialization share unknown (the framework makes its own write calls)"
+    if rows and any(r.get("framework_s_max", 0.0) for r in rows):
+        text += (f"; framework work before the bytes {mean(r.get('framework_s_max', 0.0) for r in rows):.3f} s per save "
+                 f"(checkpoint.framework_cpu_s {ckpt.get('framework_cpu_s', 0.0):g} s CPU)")
     return [("durability", text)]
 
 
