@@ -79,7 +79,6 @@ class RunCosts:
     restart_overhead_s: float | None  # per restart, besides the restore
     compute_share: float = 1.0  # compute / (compute + data wait) of an iteration: measured goodput counts compute only
     notes: tuple[str, ...] = ()
-    restart_overhead_count: int = 0  # the restarts restart_overhead_s is the mean of (pooling weighs each restart once)
     checkpoints_per_step: float = 0.0  # checkpoints written / steps run (redone steps included)
 
 
@@ -233,10 +232,8 @@ def run_costs(run_dir: Path) -> RunCosts:
     fail_conf = config.get("failures") or {}
     restarts = [r for r in failures.get("restarts") or [] if isinstance(r, dict)]
     overheads = [float(r["warmup_s"]) for r in restarts if _number(r.get("warmup_s")) is not None]
-    overhead_count = len(overheads)
     if not overheads and restarts and _number(failures.get("restart_s")) is not None:
         overheads = [(float(failures["restart_s"]) - sum(r.get("restore_s") or 0.0 for r in restarts)) / len(restarts)]
-        overhead_count = len(restarts)
     policy = ckpt.get("policy") or {}
     interval = int(policy.get("interval_steps") or ck_conf.get("steps_between_checkpoints") or 0)
     if not interval:
@@ -253,41 +250,54 @@ def run_costs(run_dir: Path) -> RunCosts:
         failure_steps=tuple(int(r["step"]) for r in restarts if _number(r.get("step")) is not None),
         failure_kinds=tuple(str(r.get("kind", fail_conf.get("kind", "process"))) for r in restarts),
         restart_overhead_s=float(np.mean(overheads)) if overheads else None,
-        compute_share=compute_share, notes=tuple(notes), restart_overhead_count=overhead_count,
+        compute_share=compute_share, notes=tuple(notes),
         checkpoints_per_step=len(ckpt["per_checkpoint"]) / max(1, steps + int(accounting.get("lost_steps") or 0)),
     )
 
 
+def typical(values: list[float]) -> float:
+    """The pooled value of one cost over runs: their median. Why not the mean: each run is one draw
+    of the machine's load, and on a machine shared with other jobs the load comes in spikes that
+    make one run in a few cost up to twice as much (a held-out sweep here: one of six fitted runs at
+    0.080 s an iteration and 0.44 s a checkpoint, the other five 0.046-0.065 s and 0.20-0.32 s);
+    a mean of six runs follows that one run, the median does not. Over the 46 runs of another sweep
+    the median and the mean of the runs agree (iteration 0.0440 / 0.0442 s, checkpoint stall
+    0.192 / 0.196 s: docs/advisor.md), so the median estimates the same typical cost."""
+    return float(np.median(values))
+
+
 def pooled_restore(levels: list[LevelCosts]) -> float:
-    """One level's restore time per restart over several runs: each measured restore weighs once (a
-    run that restored four times says more than one that restored once), and a run that restored
-    nothing from the level lends its write time only when no run measured a restore: a stand-in is
-    not a measurement (pooled with them, failure-free runs put their write time in the mean)."""
+    """One level's restore time over several runs: the typical run's mean restore among the runs that
+    restored from it; a run that restored nothing lends its write time only when no run measured a
+    restore: a stand-in is not a measurement (pooled with them, failure-free runs put their write
+    time in the restore)."""
     measured = [lv for lv in levels if not lv.restore_assumed and lv.restore.count]
-    if measured:
-        return sum(lv.restore.mean * lv.restore.count for lv in measured) / sum(lv.restore.count for lv in measured)
-    return float(np.mean([lv.restore.mean for lv in levels]))
+    return typical([lv.restore.mean for lv in (measured or levels)])
 
 
 def split_iteration(runs: list[RunCosts]) -> tuple[float, float]:
-    """(seconds per step, seconds per checkpoint) in the runs' mean iteration time, by least squares
-    over the runs: step_s = per_step + per_checkpoint x checkpoints_per_step.
+    """(seconds per step, seconds per checkpoint) in the runs' iteration time: the line
+    step_s = per_step + per_checkpoint x checkpoints_per_step through the typical run of each
+    interval (least squares over the intervals' medians).
 
     Why: a checkpoint also slows the steps after it (the data pipeline waits longer and the loop's
-    own time grows after a save; over 46 runs of the held-out sweep, about 7 ms of data wait and
+    own time grows after a save; over 46 runs of a held-out sweep, about 7 ms of data wait and
     3 ms of loop time per checkpoint, docs/advisor.md), time that the mean iteration spreads over
     every step. Calibrated at one interval, it is right at that interval only: a longer interval
     gets the shorter one's slower steps. Split, it travels with the checkpoints to any interval.
-    It needs runs at two or more intervals; with runs at one, or a negative slope (noise), all of
+    It needs runs at two or more intervals; with runs at one, or a slope below zero (noise), all of
     the time is per step (per_checkpoint 0)."""
-    x = np.array([r.checkpoints_per_step for r in runs], dtype=float)
-    y = np.array([r.step_s for r in runs], dtype=float)
-    if len({r.interval_steps for r in runs}) < 2 or np.ptp(x) <= 0:
-        return float(y.mean()), 0.0
+    groups = sorted({r.interval_steps for r in runs})
+    if len(groups) < 2:
+        return typical([r.step_s for r in runs]), 0.0
+    x = np.array([typical([r.checkpoints_per_step for r in runs if r.interval_steps == k]) for k in groups])
+    y = np.array([typical([r.step_s for r in runs if r.interval_steps == k]) for k in groups])
+    if np.ptp(x) <= 0:
+        return typical([r.step_s for r in runs]), 0.0
     slope = float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
     per_step = float(y.mean() - slope * x.mean())
     if slope <= 0 or per_step <= 0:
-        return float(y.mean()), 0.0
+        return typical([r.step_s for r in runs]), 0.0
     return per_step, slope
 
 
@@ -395,7 +405,7 @@ class Calibration:
         template = max(runs, key=lambda r: len(r.levels))
 
         def cost(key: str, measured: list[float]) -> float:
-            return float(np.mean(measured)) if pooled else curves[key](target)
+            return typical(measured) if pooled else curves[key](target)
 
         # the iteration's per-checkpoint part (measured at two or more intervals) stalls with each checkpoint
         per_step, per_checkpoint = split_iteration(pooled) if pooled else (cost("step_s", []), 0.0)
@@ -432,9 +442,8 @@ class Calibration:
             else:
                 node_fraction = 0.5 if any(lv.survives != "node" for lv in levels) else 0.0
                 info["assumed"].append(f"share of node failures {node_fraction:g} (no failures measured)")
-        overheads = [r for r in self.runs if r.restart_overhead_s is not None]
-        weights = [max(1, r.restart_overhead_count) for r in overheads]  # each restart once, as the restores
-        downtime = max(0.0, float(np.average([r.restart_overhead_s for r in overheads], weights=weights))) if overheads else 0.0
+        overheads = [r.restart_overhead_s for r in self.runs if r.restart_overhead_s is not None]
+        downtime = max(0.0, typical(overheads)) if overheads else 0.0
         if not overheads:
             info["assumed"].append("restart overhead besides the restore: 0 s (no restarts measured)")
         if len(sizes) > 1:
@@ -450,13 +459,13 @@ class Calibration:
 
 
 def _compute_share(runs: list[RunCosts], per_step_s: float | None) -> float:
-    """Compute over iteration time: the runs' mean compute per step over the pooled iteration's
+    """Compute over iteration time: the typical run's compute per step over the pooled iteration's
     per-step part (split_iteration), so that share x simulated iteration goodput is useful compute
     over wall time whatever part of the iteration is charged as a stall per checkpoint; projected
     (no runs at the world size), the runs' mean share."""
     if per_step_s is None or per_step_s <= 0:
         return float(np.mean([r.compute_share for r in runs]))
-    return min(1.0, float(np.mean([r.compute_share * r.step_s for r in runs])) / per_step_s)
+    return min(1.0, typical([r.compute_share * r.step_s for r in runs]) / per_step_s)
 
 
 def calibrate(folder: Path) -> Calibration:
