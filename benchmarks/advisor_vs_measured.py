@@ -167,6 +167,18 @@ def replay_schedule(system, k: int, steps: int, mtbf_s: float, seed: int, kind: 
     return simulate(system, Plan(k, (1,)), steps, trace, final_checkpoint=steps % k == 0, give_up=GIVE_UP).goodput
 
 
+def run_record(run, fitted: bool) -> dict:
+    """One run's calibrated costs, to see what drifts between the fitted and the held-out runs
+    (time, interval) without the run folders, which the sweep does not keep."""
+    (level,) = run.levels
+    summary = json.loads((Path(run.path) / "summary.json").read_text())
+    return {"run": Path(run.path).name, "fit": fitted, "started_at": summary.get("started_at"),
+            "interval_steps": run.interval_steps, "goodput": run.goodput, "step_s": run.step_s,
+            "checkpoints_per_step": run.checkpoints_per_step, "blocking_s": level.blocking.mean,
+            "restore_s": None if level.restore_assumed else level.restore.mean, "restores": level.restore.count,
+            "restart_overhead_s": run.restart_overhead_s, "failures": run.failures, "compute_share": run.compute_share}
+
+
 def predict_sweep(folder: Path, mtbf_s: float = SWEEP_MTBF_S, fit_seeds: set[int] | None = None,
                   fit_intervals: set[int] | None = None) -> dict:
     """Measured mean goodput per interval against the simulator's expectation from the pooled
@@ -178,8 +190,8 @@ def predict_sweep(folder: Path, mtbf_s: float = SWEEP_MTBF_S, fit_seeds: set[int
     held = [r for r in every.runs if fit_seeds is None or _seed_of(r.path) not in fit_seeds]
     calibration = Calibration(runs=fit, notes=[])
     (variant,) = calibration.variants
-    system, _ = calibration.system(variant, None, mtbf_s=mtbf_s, node_fraction=1.0)
-    share = statistics.mean(r.compute_share for r in calibration.runs)
+    system, info = calibration.system(variant, None, mtbf_s=mtbf_s, node_fraction=1.0)
+    share = info["compute_share"]  # the calibration's: with the iteration split, compute over the per-step part
     steps = calibration.runs[0].steps
     rows = []
     for k in sorted({r.interval_steps for r in held}):
@@ -202,6 +214,7 @@ def predict_sweep(folder: Path, mtbf_s: float = SWEEP_MTBF_S, fit_seeds: set[int
                      "replayed_run_max_abs_difference_points": max(100 * abs(a - b) for a, b in zip(replayed, measured)),
                      "own_costs_difference_points": 100 * (statistics.mean(own) - statistics.mean(measured)),
                      "own_costs_run_max_abs_difference_points": max(100 * abs(a - b) for a, b in zip(own, measured))})
+    per_run = [run_record(r, r in fit) for r in every.runs]
     best_measured = max(rows, key=lambda r: r["measured_goodput_mean"])["interval_steps"]
     best_simulated = max(rows, key=lambda r: r["simulated_goodput"])["interval_steps"]
     errors = [abs(r["difference_points"]) for r in rows]
@@ -210,7 +223,8 @@ def predict_sweep(folder: Path, mtbf_s: float = SWEEP_MTBF_S, fit_seeds: set[int
                                          "restore_s": system.levels[0].restore_s, "restart_overhead_s": system.downtime_s,
                                          "compute_share": share},
             "fit_runs": sorted(Path(r.path).name for r in fit), "held_out_runs": sorted(Path(r.path).name for r in held),
-            "rows": rows, "best_interval_measured": best_measured, "best_interval_simulated": best_simulated,
+            "per_step_s": info["per_step_s"], "per_checkpoint_s": info["per_checkpoint_s"],
+            "rows": rows, "runs": sorted(per_run, key=lambda r: r["started_at"]), "best_interval_measured": best_measured, "best_interval_simulated": best_simulated,
             "mean_abs_difference_points": statistics.mean(errors), "max_abs_difference_points": max(errors),
             "replayed_mean_abs_difference_points": statistics.mean(replay_errors),
             "replayed_max_abs_difference_points": max(replay_errors)}

@@ -79,6 +79,7 @@ class RunCosts:
     restart_overhead_s: float | None  # per restart, besides the restore
     compute_share: float = 1.0  # compute / (compute + data wait) of an iteration: measured goodput counts compute only
     notes: tuple[str, ...] = ()
+    checkpoints_per_step: float = 0.0  # checkpoints written / steps run (redone steps included)
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,54 @@ def run_costs(run_dir: Path) -> RunCosts:
         failure_kinds=tuple(str(r.get("kind", fail_conf.get("kind", "process"))) for r in restarts),
         restart_overhead_s=float(np.mean(overheads)) if overheads else None,
         compute_share=compute_share, notes=tuple(notes),
+        checkpoints_per_step=len(ckpt["per_checkpoint"]) / max(1, steps + int(accounting.get("lost_steps") or 0)),
     )
+
+
+def typical(values: list[float]) -> float:
+    """The pooled value of one cost over runs: their median. Why not the mean: each run is one draw
+    of the machine's load, and on a machine shared with other jobs the load comes in spikes that
+    make one run in a few cost up to twice as much (a held-out sweep here: one of six fitted runs at
+    0.080 s an iteration and 0.44 s a checkpoint, the other five 0.046-0.065 s and 0.20-0.32 s);
+    a mean of six runs follows that one run, the median does not. Over the 46 runs of another sweep
+    the median and the mean of the runs agree (iteration 0.0440 / 0.0442 s, checkpoint stall
+    0.192 / 0.196 s: docs/advisor.md), so the median estimates the same typical cost."""
+    return float(np.median(values))
+
+
+def pooled_restore(levels: list[LevelCosts]) -> float:
+    """One level's restore time over several runs: the typical run's mean restore among the runs that
+    restored from it; a run that restored nothing lends its write time only when no run measured a
+    restore: a stand-in is not a measurement (pooled with them, failure-free runs put their write
+    time in the restore)."""
+    measured = [lv for lv in levels if not lv.restore_assumed and lv.restore.count]
+    return typical([lv.restore.mean for lv in (measured or levels)])
+
+
+def split_iteration(runs: list[RunCosts]) -> tuple[float, float]:
+    """(seconds per step, seconds per checkpoint) in the runs' iteration time: the line
+    step_s = per_step + per_checkpoint x checkpoints_per_step through the typical run of each
+    interval (least squares over the intervals' medians).
+
+    Why: a checkpoint also slows the steps after it (the data pipeline waits longer and the loop's
+    own time grows after a save; over 46 runs of a held-out sweep, about 7 ms of data wait and
+    3 ms of loop time per checkpoint, docs/advisor.md), time that the mean iteration spreads over
+    every step. Calibrated at one interval, it is right at that interval only: a longer interval
+    gets the shorter one's slower steps. Split, it travels with the checkpoints to any interval.
+    It needs runs at two or more intervals; with runs at one, or a slope below zero (noise), all of
+    the time is per step (per_checkpoint 0)."""
+    groups = sorted({r.interval_steps for r in runs})
+    if len(groups) < 2:
+        return typical([r.step_s for r in runs]), 0.0
+    x = np.array([typical([r.checkpoints_per_step for r in runs if r.interval_steps == k]) for k in groups])
+    y = np.array([typical([r.step_s for r in runs if r.interval_steps == k]) for k in groups])
+    if np.ptp(x) <= 0:
+        return typical([r.step_s for r in runs]), 0.0
+    slope = float(np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2))
+    per_step = float(y.mean() - slope * x.mean())
+    if slope <= 0 or per_step <= 0:
+        return typical([r.step_s for r in runs]), 0.0
+    return per_step, slope
 
 
 def fit_curve(xs: list[float], ys: list[float], x_name: str = "N") -> Fit:
@@ -357,16 +405,18 @@ class Calibration:
         template = max(runs, key=lambda r: len(r.levels))
 
         def cost(key: str, measured: list[float]) -> float:
-            return float(np.mean(measured)) if pooled else curves[key](target)
+            return typical(measured) if pooled else curves[key](target)
 
+        # the iteration's per-checkpoint part (measured at two or more intervals) stalls with each checkpoint
+        per_step, per_checkpoint = split_iteration(pooled) if pooled else (cost("step_s", []), 0.0)
         levels = []
         for lv in template.levels:
             same = [x for r in pooled for x in r.levels if x.name == lv.name]
             levels.append(Level(
                 name=lv.name,
-                blocking_s=cost(f"{lv.name}.blocking_s", [x.blocking.mean for x in same]),
+                blocking_s=cost(f"{lv.name}.blocking_s", [x.blocking.mean for x in same]) + per_checkpoint,
                 flush_s=cost(f"{lv.name}.flush_s", [x.flush.mean for x in same]),
-                restore_s=cost(f"{lv.name}.restore_s", [x.restore.mean for x in same]),
+                restore_s=pooled_restore(same) if same else curves[f"{lv.name}.restore_s"](target),
                 survives=lv.survives, flushed=lv.flushed))
         # the machine's failures, whatever the runs checkpointed: taken from every run of the folder
         rank_mtbf = [r.mtbf_s * r.world_size for r in self.runs if r.mtbf_s > 0]  # independent failures: M(N) = M(1) / N
@@ -374,7 +424,8 @@ class Calibration:
                                 "projected": target not in sizes, "assumed": [],
                                 # measured goodput counts compute only: the simulator's share of wall time in
                                 # surviving iterations times the compute share of an iteration is that figure
-                                "compute_share": float(np.mean([r.compute_share for r in (pooled or runs)])),
+                                "compute_share": _compute_share(pooled or runs, per_step if pooled else None),
+                                "per_step_s": per_step, "per_checkpoint_s": per_checkpoint,
                                 "level_bytes": {lv.name: float(np.mean([x.bytes for r in (pooled or runs) for x in r.levels
                                                                          if x.name == lv.name] or [0.0]))
                                                 for lv in template.levels}}
@@ -392,7 +443,7 @@ class Calibration:
                 node_fraction = 0.5 if any(lv.survives != "node" for lv in levels) else 0.0
                 info["assumed"].append(f"share of node failures {node_fraction:g} (no failures measured)")
         overheads = [r.restart_overhead_s for r in self.runs if r.restart_overhead_s is not None]
-        downtime = max(0.0, float(np.mean(overheads))) if overheads else 0.0
+        downtime = max(0.0, typical(overheads)) if overheads else 0.0
         if not overheads:
             info["assumed"].append("restart overhead besides the restore: 0 s (no restarts measured)")
         if len(sizes) > 1:
@@ -402,9 +453,19 @@ class Calibration:
             largest = sizes[-1]
             info["extrapolation"] = (f"world size {target} is {target / largest:.3g}x the largest measured ({largest})"
                                      if target > largest else f"world size {target} lies between measured sizes {sizes}")
-        system = System(step_s=cost("step_s", [r.step_s for r in pooled]), mtbf_s=mtbf_s, levels=tuple(levels),
+        system = System(step_s=per_step, mtbf_s=mtbf_s, levels=tuple(levels),
                         node_fraction=float(node_fraction), downtime_s=downtime)
         return system, info
+
+
+def _compute_share(runs: list[RunCosts], per_step_s: float | None) -> float:
+    """Compute over iteration time: the typical run's compute per step over the pooled iteration's
+    per-step part (split_iteration), so that share x simulated iteration goodput is useful compute
+    over wall time whatever part of the iteration is charged as a stall per checkpoint; projected
+    (no runs at the world size), the runs' mean share."""
+    if per_step_s is None or per_step_s <= 0:
+        return float(np.mean([r.compute_share for r in runs]))
+    return min(1.0, typical([r.compute_share * r.step_s for r in runs]) / per_step_s)
 
 
 def calibrate(folder: Path) -> Calibration:
