@@ -216,8 +216,8 @@ def test_cfg_job_still_prints_a_good_config(workdir):
 
 
 def analyze(log: Path, cwd: Path) -> subprocess.CompletedProcess:
-    """dlio_ckpt-analyze LOG, forked from the tests' server (cli_fork.py): ~2 s of CPU less than a fresh interpreter."""
-    return run_main_forked("dlio_ckpt.analysis.cli", [str(log)], cwd, cli_env(), timeout=120)
+    """dlio_ckpt-analyze LOG, forked from the tests' analysis server (cli_fork.py): ~2 s of CPU less than a fresh interpreter."""
+    return run_main_forked("dlio_ckpt-analyze", [str(log)], cwd, cli_env(), timeout=120)
 
 
 @pytest.mark.parametrize("source", ["ours", "shared"])

@@ -63,7 +63,7 @@ def test_train_run_counts_the_bytes_the_server_holds(workdir, s3_server, s3_buck
     slices = json.loads((run / "trace.chrome.json").read_text())["traceEvents"]
     assert sum(e["args"]["length"] for e in slices if e.get("name") == "read" and e.get("cat") == "train") == summary["train"]["bytes_read"]
     assert any(e.get("name") == "fsync" and e.get("cat") == "checkpoint" for e in slices)
-    analysis = run_main_forked("dlio_ckpt.analysis.cli", ["--json", "--no-plots", str(run)], run.parent, timeout=120)  # dlio_ckpt-analyze
+    analysis = run_main_forked("dlio_ckpt-analyze", ["--json", "--no-plots", str(run)], run.parent, timeout=120)
     assert analysis.returncode == 0, analysis.stderr[-2000:]
     assert json.loads(analysis.stdout)["bytes_read"] == summary["io"]["bytes_read"]
 

@@ -52,8 +52,8 @@ def test_runs_at_two_rank_counts_give_a_weak_scaling_table_and_name_each_ranks_h
         with np.load(runs[2][1] / "events" / f"rank-{rank:05d}.npz") as data:
             assert json.loads(str(data["meta"]))["hostname"] == host
 
-    done = run_main_forked("dlio_ckpt.analysis.cli", ["--scaling", str(runs[1][1]), str(runs[2][1]), "--json"],
-                           workdir / "cwd", cli_env(), timeout=120)  # dlio_ckpt-analyze, forked
+    done = run_main_forked("dlio_ckpt-analyze", ["--scaling", str(runs[1][1]), str(runs[2][1]), "--json"],
+                           workdir / "cwd", cli_env(), timeout=120)
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["rows"]
     assert [r["ranks"] for r in rows] == [1, 2]
@@ -72,8 +72,8 @@ def test_runs_at_two_rank_counts_give_a_weak_scaling_table_and_name_each_ranks_h
 
 
 def test_scaling_of_a_path_that_is_no_run_is_one_line_exit_2(workdir):
-    done = run_main_forked("dlio_ckpt.analysis.cli", ["--scaling", str(workdir / "cwd")], workdir, cli_env(),
-                           timeout=60)  # dlio_ckpt-analyze, forked
+    done = run_main_forked("dlio_ckpt-analyze", ["--scaling", str(workdir / "cwd")], workdir, cli_env(),
+                           timeout=60)
     assert done.returncode == 2
     assert "holds no run folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 

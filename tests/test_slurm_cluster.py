@@ -93,8 +93,8 @@ def test_a_sweep_goes_through_sbatch_runs_the_dry_run_script_and_compares(slurm,
         summary = load_summary(sweep / job)
         assert summary["world_size"] == 2 and [r["rank"] for r in summary["ranks"]] == [0, 1]
         assert summary["train"]["bytes_read"] == summary["train"]["epochs"] * on_disk
-    compared = run_main_forked("dlio_ckpt.analysis.cli", ["--compare", str(sweep), "--json"], workdir / "cwd",
-                               cli_env(), timeout=120)  # dlio_ckpt-analyze, forked
+    compared = run_main_forked("dlio_ckpt-analyze", ["--compare", str(sweep), "--json"], workdir / "cwd",
+                               cli_env(), timeout=120)
     assert compared.returncode == 0, compared.stderr
     table = json.loads(compared.stdout)
     runs = table["comparison"]["runs"]
