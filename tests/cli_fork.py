@@ -162,19 +162,37 @@ def run_forked(argv: list[str], cwd: Path, env: dict[str, str], timeout: float) 
     return _forked(_run, None, argv, cwd, env, timeout)
 
 
+def start_forked(argv: list[str], cwd: Path, env: dict[str, str]) -> ForkedRun:
+    """Start the command `argv` (argv[0] the console script) without waiting for it, like
+    subprocess.Popen: for runs that must overlap (tests/test_concurrent_runs.py)."""
+    return ForkedRun(_run, None, argv, cwd, env)
+
+
 def _forked(target, module: str | None, argv: list[str], cwd: Path, env: dict[str, str],
             timeout: float, server: multiprocessing.forkserver.ForkServer | None = None) -> subprocess.CompletedProcess:
-    with tempfile.TemporaryDirectory(prefix="dlio-cli-") as folder:
-        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        for path in (out, err):  # there to read even if the run dies before it opens them
+    return ForkedRun(target, module, argv, cwd, env, server).wait(timeout)
+
+
+class ForkedRun:
+    """A forked program, started; wait() gives what subprocess.run(capture_output=True, text=True) gives."""
+
+    def __init__(self, target, module: str | None, argv: list[str], cwd: Path, env: dict[str, str],
+                 server: multiprocessing.forkserver.ForkServer | None = None):
+        self.argv = argv
+        self.folder = tempfile.TemporaryDirectory(prefix="dlio-cli-")
+        self.out, self.err = os.path.join(self.folder.name, "stdout"), os.path.join(self.folder.name, "stderr")
+        for path in (self.out, self.err):  # there to read even if the run dies before it opens them
             open(path, "w").close()
         prefix = (module,) if module else ()
-        process = _context().Process(target=target, args=(*prefix, argv, str(cwd), env, out, err))
-        _start(process, server)
-        process.join(timeout)
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(argv, timeout)
-        with open(out, errors="replace") as stdout, open(err, errors="replace") as stderr:
-            return subprocess.CompletedProcess(argv, process.exitcode, stdout.read(), stderr.read())
+        self.process = _context().Process(target=target, args=(*prefix, argv, str(cwd), env, self.out, self.err))
+        _start(self.process, server)
+
+    def wait(self, timeout: float) -> subprocess.CompletedProcess:
+        with self.folder:
+            self.process.join(timeout)
+            if self.process.exitcode is None:
+                self.process.kill()
+                self.process.join()
+                raise subprocess.TimeoutExpired(self.argv, timeout)
+            with open(self.out, errors="replace") as stdout, open(self.err, errors="replace") as stderr:
+                return subprocess.CompletedProcess(self.argv, self.process.exitcode, stdout.read(), stderr.read())
