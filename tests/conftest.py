@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_fork import run_forked
+from cli_fork import run_forked, stop_servers
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -27,6 +27,12 @@ def pytest_sessionstart(session) -> None:
     import dlio_ckpt
 
     compileall.compile_dir(Path(dlio_ckpt.__file__).parent, quiet=1)
+
+
+def pytest_sessionfinish(session) -> None:
+    """The forked runs' servers stop with the session, so that their runs' CPU time is counted
+    (cli_fork.stop_servers)."""
+    stop_servers()
 
 
 def cli_env() -> dict[str, str]:

@@ -30,7 +30,7 @@ in the documented line stands for text that varies); `# exit N` in a comment set
 exit code. Identical adapted commands run once in a block (a repeat that names another run folder
 gets a copy of the first run's). One test per block, so blocks run in parallel under xdist; the
 fixtures are made once per session (the workers share them). The analysis programs are forked from
-the tests' forkserver, which has PyDarshan, pandas and matplotlib imported (cli_fork.PRELOAD).
+the tests' analysis server, which has PyDarshan, pandas and matplotlib imported (cli_fork.ANALYSIS_PRELOAD).
 Measured with -n 0 at load ~6: 42 tests, ~175 s wall (the same as before README.md#7's 2-rank run
 was found and the serial rule came: MPI starts saved in README.md#1/#3/#6, forked analysis in
 analysis.md, checkpointing.md#2, darshan.md#1).
@@ -38,18 +38,16 @@ analysis.md, checkpointing.md#2, darshan.md#1).
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
 import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from cli_fork import run_main_forked
 from conftest import REPO, made_once, run_cli, session_folder
 
 DOCS = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
@@ -479,36 +477,11 @@ def adapt(call: Call, previous: list[str], workdir: Path, fixtures: Fixtures, in
 
 # -- running --------------------------------------------------------------------------------------
 
-ENTRY_POINTS = {"dlio_ckpt-analyze": "dlio_ckpt.analysis.cli", "dlio_ckpt-import-dlio": "dlio_ckpt.import_dlio",
-                "dlio_ckpt-advise": "dlio_ckpt.advisor.cli"}
-
-
-def _call_main(module: str, args: list[str], cwd: str, out: str, err: str) -> None:
-    """In the forked child: the program's main() in `cwd`, its output in files, its exit code."""
-    import importlib
-
-    os.chdir(cwd)
-    os.environ.pop("PYTHONSAFEPATH", None)  # the forkserver's start-up setting (cli_fork._context), not the user's
-    for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(target, fd)
-        os.close(target)
-    sys.exit(importlib.import_module(module).main(args) or 0)
-
-
 def run_in_fork(program: str, args: list[str], cwd: Path) -> tuple[int, str, str]:
-    """An analysis-side program in a child of the tests' single-threaded forkserver (cli_fork.py):
-    as isolated as a process, without its interpreter start-up."""
-    from cli_fork import _context
-
-    with tempfile.TemporaryDirectory(prefix="doc-cmd-") as folder:
-        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        process = _context().Process(target=_call_main, args=(ENTRY_POINTS[program], args, str(cwd), out, err))
-        process.start()
-        process.join(300)
-        assert process.exitcode is not None, f"{program} {args} did not end in 300 s"
-        read = (Path(path).read_text(errors="replace") if os.path.exists(path) else "" for path in (out, err))
-        return (process.exitcode, *read)
+    """An analysis-side program forked from the tests' analysis server (cli_fork.py), which has
+    PyDarshan, pandas and matplotlib imported: as isolated as a process, without its start-up."""
+    done = run_main_forked(program, args, cwd)
+    return done.returncode, done.stdout, done.stderr
 
 
 def execute(adapted: Adapted, cwd: Path) -> tuple[int, str, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli_fork import start_forked
 from conftest import BIN, cli_env, load_summary, made_once, run_cli, session_folder
 
 TINY_RAW = ["workload=unet3d", "scale=tiny", "dataset.format=raw", "checkpoint.enabled=false", "progress=false"]
@@ -156,8 +157,8 @@ def test_concurrent_runs_get_their_own_folders(workdir):
     cwd = workdir / "cwd"
     run_ok(TINY_RAW + [f"storage.root={workdir / 'store'}", "mode=generate"], cwd)  # dataset ready, runs race on folders only
     command = [str(BIN / "dlio_ckpt"), *TINY_RAW, f"storage.root={workdir / 'store'}"]
-    procs = [subprocess.Popen(command, cwd=cwd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    procs = [start_forked(command, cwd, cli_env()) for _ in range(2)]  # two processes at once, forked (cli_fork.py)
+    assert [p.wait(timeout=120).returncode for p in procs] == [0, 0]
     folders = [p for p in (cwd / "runs").glob("*/*") if (p / "summary.json").exists()]
     assert len(folders) == 3
 

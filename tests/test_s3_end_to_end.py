@@ -5,11 +5,11 @@ server holds, listed through boto3 (a client independent of the backend's)."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from conftest import BIN, load_summary, run_cli
+from cli_fork import run_main_forked
+from conftest import load_summary, run_cli
 from test_event_file import read_independently
 
 PREFIX = "e2e"
@@ -63,7 +63,7 @@ def test_train_run_counts_the_bytes_the_server_holds(workdir, s3_server, s3_buck
     slices = json.loads((run / "trace.chrome.json").read_text())["traceEvents"]
     assert sum(e["args"]["length"] for e in slices if e.get("name") == "read" and e.get("cat") == "train") == summary["train"]["bytes_read"]
     assert any(e.get("name") == "fsync" and e.get("cat") == "checkpoint" for e in slices)
-    analysis = subprocess.run([str(BIN / "dlio_ckpt-analyze"), "--json", "--no-plots", str(run)], capture_output=True, text=True, timeout=120)
+    analysis = run_main_forked("dlio_ckpt-analyze", ["--json", "--no-plots", str(run)], run.parent, timeout=120)
     assert analysis.returncode == 0, analysis.stderr[-2000:]
     assert json.loads(analysis.stdout)["bytes_read"] == summary["io"]["bytes_read"]
 

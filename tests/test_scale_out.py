@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli_fork import run_main_forked
 from conftest import BIN, cli_env, load_summary, run_cli
 from dlio_ckpt.analysis.scaling import keys_that_follow_ranks
 
@@ -51,8 +52,8 @@ def test_runs_at_two_rank_counts_give_a_weak_scaling_table_and_name_each_ranks_h
         with np.load(runs[2][1] / "events" / f"rank-{rank:05d}.npz") as data:
             assert json.loads(str(data["meta"]))["hostname"] == host
 
-    done = subprocess.run([str(BIN / "dlio_ckpt-analyze"), "--scaling", str(runs[1][1]), str(runs[2][1]), "--json"],
-                          cwd=workdir / "cwd", env=cli_env(), capture_output=True, text=True, timeout=120)
+    done = run_main_forked("dlio_ckpt-analyze", ["--scaling", str(runs[1][1]), str(runs[2][1]), "--json"],
+                           workdir / "cwd", cli_env(), timeout=120)
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)["rows"]
     assert [r["ranks"] for r in rows] == [1, 2]
@@ -71,8 +72,8 @@ def test_runs_at_two_rank_counts_give_a_weak_scaling_table_and_name_each_ranks_h
 
 
 def test_scaling_of_a_path_that_is_no_run_is_one_line_exit_2(workdir):
-    done = subprocess.run([str(BIN / "dlio_ckpt-analyze"), "--scaling", str(workdir / "cwd")], env=cli_env(),
-                          capture_output=True, text=True, timeout=60)
+    done = run_main_forked("dlio_ckpt-analyze", ["--scaling", str(workdir / "cwd")], workdir, cli_env(),
+                           timeout=60)
     assert done.returncode == 2
     assert "holds no run folder" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_fork import run_main_forked
 from conftest import BIN, cli_env, load_summary
 from slurm_cluster import SlurmCluster, missing
 
@@ -92,8 +93,8 @@ def test_a_sweep_goes_through_sbatch_runs_the_dry_run_script_and_compares(slurm,
         summary = load_summary(sweep / job)
         assert summary["world_size"] == 2 and [r["rank"] for r in summary["ranks"]] == [0, 1]
         assert summary["train"]["bytes_read"] == summary["train"]["epochs"] * on_disk
-    compared = subprocess.run([str(BIN / "dlio_ckpt-analyze"), "--compare", str(sweep), "--json"], cwd=workdir / "cwd",
-                              env=cli_env(), capture_output=True, text=True, timeout=120)
+    compared = run_main_forked("dlio_ckpt-analyze", ["--compare", str(sweep), "--json"], workdir / "cwd",
+                               cli_env(), timeout=120)
     assert compared.returncode == 0, compared.stderr
     table = json.loads(compared.stdout)
     runs = table["comparison"]["runs"]

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from cli_fork import run_module_forked
+from cli_fork import run_main_forked, run_module_forked
 from conftest import load_summary, made_once, run_cli, session_folder
 
 darshan = pytest.importorskip("darshan")
@@ -101,7 +101,7 @@ def test_replaying_a_run_reproduces_its_bytes_and_operations(traced_run, workdir
 
 def test_analysis_of_a_real_run_folder_agrees_with_the_summary(traced_run):
     run = traced_run(0)
-    done = run_module_forked("dlio_ckpt.analysis.cli", ["--json", str(run)], run.parent)  # dlio_ckpt-analyze, forked
+    done = run_main_forked("dlio_ckpt-analyze", ["--json", str(run)], run.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     summary = load_summary(run)
