@@ -129,7 +129,7 @@ def _write_manifest(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workloa
     sizes = np.fromiter((storage.file_size(p) for p in all_paths(plan, fmt)), dtype=np.int64)
     header = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": workload,
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    entries = zip(relative_paths(plan, fmt), sizes.tolist())
+    entries = zip(relative_paths(plan, fmt), map(int, sizes))  # not sizes.tolist(): a list is 8 more bytes a file
     handle = storage.open_staged(plan.manifest_path)
     try:
         pending: list[bytes] = []
