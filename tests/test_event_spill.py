@@ -13,6 +13,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from dlio_ckpt.analysis.run_inputs import load_checked_events
+from dlio_ckpt.errors import UserError
 from dlio_ckpt.metrics import latency, summary
 from dlio_ckpt.metrics.timing import UnionLength, busy_seconds
 from dlio_ckpt.storage import events as events_module
@@ -165,3 +167,18 @@ def test_union_length_by_blocks_is_the_union_of_all(seed):
         carried.append(len(union.starts))
     assert union.seconds() == pytest.approx(busy_seconds(starts, ends), rel=1e-12)
     assert max(carried[:-1]) < n // 10
+
+
+def test_a_damaged_file_with_repeated_paths_is_refused_in_one_line(tmp_path, small_blocks):
+    """Repeated paths and an event naming a file past the table: the analysis's checks name it
+    (the merge leaves such a file as it is rather than fail on it)."""
+    recorder = EventRecorder(rank=0, clock=JobClock.start())
+    record_files(recorder, 300, epochs=2, keep=False)
+    target = recorder.save(tmp_path / "run" / "events", "h")
+    with np.load(target) as data:
+        arrays = {name: data[name] for name in data.files}
+    assert len(set(read_independently(target)[1])) < len(arrays["path_ends"])  # repeated paths
+    arrays["events"]["file"][7] = len(arrays["path_ends"]) + 5
+    np.savez(target, **arrays)
+    with pytest.raises(UserError, match="file numbers past its"):
+        load_checked_events(tmp_path / "run")

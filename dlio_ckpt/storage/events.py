@@ -484,8 +484,8 @@ def merged_paths(paths: list[str], events: np.ndarray) -> list[str]:
     its first one. Unchanged where every path is there once."""
     first: dict[str, int] = {}
     index = np.fromiter((first.setdefault(path, len(first)) for path in paths), np.uint32, len(paths))
-    if len(first) == len(paths):
-        return paths
+    if len(first) == len(paths) or (len(events) and int(events["file"].max()) >= len(paths)):
+        return paths  # each path once; or a damaged file, left as it is for its reader's checks to name
     if len(events):
         events["file"] = index[events["file"]]
     return list(first)
