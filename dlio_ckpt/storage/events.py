@@ -62,7 +62,7 @@ assert struct.calcsize("=BBIqqdd") == EVENT_BYTES
 
 # Past this many events the recorder moves its bytearray into a numpy chunk: the bytearray's
 # events cannot be read while threads append to it (a view would stop it growing), a chunk can.
-COMPACT_EVENTS = 1 << 16
+COMPACT_EVENTS = 1 << 14
 
 # A phase with this bit carries times as time.perf_counter() read them: the traced handles append
 # them so, saving two subtractions per event on the hot path, and the recorder puts them on the
@@ -403,9 +403,11 @@ class EventRecorder:
         return target
 
 
-# Converted events a recorder holds before it writes them to its spill file (2.5 MiB; every
-# compaction spills): a run of 10k files holds its ~50k events, one of 10M the same 2.5 MiB.
-SPILL_ROWS = 1 << 16
+# Converted events a recorder holds before it writes them to its spill file (600 KiB; every
+# compaction spills). COMPACT_EVENTS (2^14) also bounds the path cache between its trims: at most
+# PATH_CACHE + COMPACT_EVENTS paths (a stat of each dataset file adds a path an event); with
+# 2^16 there, a 100k-file generation peaked at 222.7 MiB in the manifest's stats, with 2^14 195.2.
+SPILL_ROWS = 1 << 14
 
 # Paths the recorder's path -> index cache keeps (~3 MiB of str, int and dict entry): a file opened
 # again within the last PATH_CACHE paths added keeps its index. A recorder alone for 1M files (5
