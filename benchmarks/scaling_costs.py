@@ -22,6 +22,13 @@ start-up of each (the interpreter and imports, fio's set-up) drops out.
 Each figure is divided by N: a flat per-unit column is linear growth. Nothing is asserted;
 the table and benchmarks/results/scaling_costs.json are the output.
 
+Peak RSS against N is the check of issue 26's constant memory (10M files within 1.2x of 10k for
+plan, generate and one epoch of reads). The rank's record of its I/O no longer grows with N (the
+event recorder spills its events and paths a block at a time, storage/event_spill.py), nor the
+manifest's size table; what still does is the read plan's index arrays (8 bytes a sample of the
+rank's share, int32, ~31 bytes a sample while planned): benchmarks/README.md, "Constant memory".
+10M real files take hours here: the slope from 100k to 1M stands in for them.
+
     .venv/bin/python benchmarks/scaling_costs.py                  # the default sizes
     .venv/bin/python benchmarks/scaling_costs.py --generate 10000,100000,1000000 --rounds 1
 """

@@ -137,13 +137,18 @@ def test_a_manifest_in_another_layout_or_cut_short_is_refused(text):
         list(entries)
 
 
-def test_generation_writes_the_manifest_a_whole_table_dump_would_and_reuses_the_dataset(tmp_path):
+@pytest.mark.parametrize("size_block", [None, 2])
+def test_generation_writes_the_manifest_a_whole_table_dump_would_and_reuses_the_dataset(tmp_path, monkeypatch, size_block):
     """A real generation (two subfolders, eval files, varying sizes) commits the manifest that
     json.dumps of every file's size (stat by an independent reader) gives, and a second run
-    reuses the dataset from it."""
+    reuses the dataset from it; also with the sizes spilled and read back 2 at a time."""
     from ckpt_util import make_ctx
+    from dlio_ckpt.engine import generate
     from dlio_ckpt.engine.generate import ensure_dataset
     from dlio_ckpt.formats import get_format
+
+    if size_block:
+        monkeypatch.setattr(generate, "SIZE_BLOCK", size_block)
 
     overrides = ["workload=unet3d", "scale=tiny", "dataset.num_files_train=9", "dataset.num_subfolders_train=2",
                  "dataset.num_files_eval=2", "dataset.record_length_bytes_stdev=500", "dataset.format=npz"]

@@ -13,6 +13,7 @@ from dlio_ckpt.formats.base import FileSpec
 from dlio_ckpt.plan.dataset import plan_dataset
 from dlio_ckpt.plan.read import check_world, dlio_steps_per_epoch, plan_epoch, transfer_end, transfer_requests
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.world import rank_slices
 
 
 def files(count: int, samples: int) -> tuple[FileSpec, ...]:
@@ -148,3 +149,30 @@ def test_transfer_reads_cover_whole_requests_from_the_start_of_the_file():
     assert transfer_requests(0, 768, 1000, 256) == [(0, 256), (256, 256), (512, 256)]
     assert transfer_requests(768, 1000, 1000, 256) == [(768, 232)]
     assert transfer_requests(0, 1000, 1000, 4096) == [(0, 1000)]
+
+
+def _int64_plan(spec, read, rank, size, epoch):
+    """plan_epoch as it was computed before its index arrays became int32 (prefix sums of every
+    file's count, rng.permutation): the reference the plan must still equal, number for number."""
+    order = np.arange(len(spec))
+    np.random.default_rng([read.shuffle_seed, epoch, 0]).shuffle(order)
+    counts = np.array([spec[int(i)].num_samples for i in order], dtype=np.int64)
+    file_column = np.repeat(order, counts)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    sample_column = np.arange(int(counts.sum())) - np.repeat(starts, counts)
+    begin, end = rank_slices(len(file_column), size)[rank]
+    share = np.stack([file_column[begin:end], sample_column[begin:end]], axis=1)
+    return share[np.random.default_rng([read.shuffle_seed, epoch, rank + 1]).permutation(len(share))]
+
+
+@pytest.mark.parametrize("counts,size", [((1,) * 101, 3), ((4,) * 37, 2), ((1, 5, 2, 0, 7, 3) * 9, 4)])
+def test_the_int32_plan_is_the_int64_plan(counts, size):
+    """Alike files (the column arithmetic) and files of differing sample counts (the prefix sums),
+    several ranks and epochs: the same rows as the int64 computation, in 4-byte integers."""
+    spec = tuple(FileSpec(index=i, path=f"/d/f{i}", num_samples=n, sample_bytes=10) for i, n in enumerate(counts))
+    read = reader()
+    for epoch in (1, 2):
+        for rank in range(size):
+            plan = plan_epoch(spec, read, rank, size, epoch, False)
+            assert plan.samples.dtype == np.int32
+            assert plan.samples.tolist() == _int64_plan(spec, read, rank, size, epoch).tolist()

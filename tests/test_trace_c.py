@@ -342,6 +342,10 @@ def test_threads_adding_paths_give_each_path_one_index(tmp_path):
     assert recorder.path_table() == {path: index for index, path in enumerate(recorder.paths)}
     for mine in got:
         assert all(indices == {recorder.path_table()[path]} for path, indices in mine.items())
-    assert trace_c.path_index(recorder.path_table(), recorder.paths, "/elsewhere") == len(recorder.paths) - 1
+    assert trace_c.path_index(recorder.path_table(), recorder.path_window(), "/elsewhere") == len(recorder.paths) - 1
     with pytest.raises(TypeError):
-        trace_c.path_index(recorder.path_table(), tuple(recorder.paths), "/more")
+        trace_c.path_index(recorder.path_table(), tuple(recorder.path_window()), "/more")
+    with pytest.raises(TypeError):  # the window starts with its first path's index
+        trace_c.path_index(recorder.path_table(), recorder.path_window()[1:], "/more")
+    # a window spilled up to index 1500 (EventRecorder._spill_paths): the next path is 1502
+    assert trace_c.path_index({}, [1500, "/a"], "/b") == 1501 and trace_c.path_index({}, [1502], "/c") == 1502

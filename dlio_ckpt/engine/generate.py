@@ -20,7 +20,9 @@ folders to sync).
 
 from __future__ import annotations
 
+import itertools
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -124,12 +126,33 @@ def _write_manifest(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workloa
     commit primitive (temporary name, fsync, rename, folder fsync on POSIX) in pieces of
     MANIFEST_WRITE_BYTES (one write below that size), the names made again as they are written:
     no table of names is held. The sizes are stat'ed first, as before the manifest was streamed
-    (the same calls in the same order), into one int64 array: 8 bytes a file. Returns their sum,
-    the dataset's bytes on disk (the run reports it: no second stat of every file)."""
-    sizes = np.fromiter((storage.file_size(p) for p in all_paths(plan, fmt)), dtype=np.int64)
+    (the same calls in the same order), a block at a time into an unlinked temporary file (int64,
+    untraced: the emulator's own scratch, not the dataset's I/O), and read back a block at a time:
+    held in memory they took 8 bytes a file. Returns their sum, the dataset's bytes on disk (the
+    run reports it: no second stat of every file)."""
+    with tempfile.TemporaryFile(prefix=".dlio_ckpt-sizes-") as scratch:
+        total = 0
+        paths = all_paths(plan, fmt)
+        while len(block := np.fromiter((storage.file_size(p) for p in itertools.islice(paths, SIZE_BLOCK)), np.int64)):
+            total += int(block.sum())
+            scratch.write(block.tobytes())
+        scratch.seek(0)
+        _write_manifest_entries(storage, plan, fmt, workload, zip(relative_paths(plan, fmt), _sizes_read_back(scratch)))
+    return total
+
+
+SIZE_BLOCK = 1 << 16  # file sizes stat'ed, and read back, per block (512 KiB)
+
+
+def _sizes_read_back(scratch: Any) -> Iterator[int]:
+    while chunk := scratch.read(8 * SIZE_BLOCK):
+        yield from np.frombuffer(chunk, np.int64).tolist()
+
+
+def _write_manifest_entries(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workload: str, entries: Iterator) -> None:
+    """The manifest of `entries` (relative name, size), written in MANIFEST_WRITE_BYTES pieces."""
     header = {"fingerprint": plan.fingerprint, "format": fmt.name, "workload": workload,
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    entries = zip(relative_paths(plan, fmt), sizes.tolist())
     handle = storage.open_staged(plan.manifest_path)
     try:
         pending: list[bytes] = []
@@ -147,7 +170,6 @@ def _write_manifest(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workloa
         handle.abort()
         raise
     handle.close()
-    return int(sizes.sum())
 
 
 def write_file(storage: Any, fmt: DatasetFormat, spec: FileSpec, source: Any, options: FormatOptions, fsync: bool,

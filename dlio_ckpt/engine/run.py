@@ -37,7 +37,7 @@ from dlio_ckpt.world import World
 
 def make_context(world: World, config: RunConfig, run_dir: Path, run_id: str) -> RunContext:
     clock = JobClock.start(world.bcast(time.time()))
-    recorder = EventRecorder(rank=world.rank, clock=clock)
+    recorder = EventRecorder(rank=world.rank, clock=clock, spill_dir=run_dir)  # its spill files: unlinked, there
     storage = TracedStorage(make_backend(config.storage), recorder)
     return RunContext(config=config, world=world, run_dir=run_dir, run_id=run_id, clock=clock, recorder=recorder, storage=storage)
 
@@ -99,11 +99,11 @@ def run_once(world: World, config: RunConfig, run_dir: Path, run_id: str, darsha
         local.update(phase_local)
         warnings.extend(phase_warnings)
 
-    events = ctx.recorder.array()  # once: a long run holds millions of events
-    local["io"] = summaries.rank_io(events)
-    local["latency"] = latency.rank_latency(events)
+    # a block of events at a time (the recorder spilled the rest): a long run holds millions of events
+    local["io"] = summaries.rank_io(ctx.recorder.blocks())
+    local["latency"] = latency.rank_latency(ctx.recorder.blocks())
     if config.trace.events or config.trace.darshan or config.trace.chrome:
-        ctx.recorder.save(run_dir / "events", local["hostname"], events)
+        ctx.recorder.save(run_dir / "events", local["hostname"])
     local["peak_rss_bytes"] = peak_rss_bytes()  # after the event file: saving it can be the peak
     everyone = world.gather(local)
     world.barrier()

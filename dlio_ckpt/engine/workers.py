@@ -119,7 +119,7 @@ class _WorkerTrace:
         if self.recorder is None:
             return b"", ()
         events = self.recorder.take_packed()
-        paths = tuple(self.recorder.paths[self._sent_paths:])
+        paths = tuple(self.recorder.paths_since(self._sent_paths))
         self._sent_paths += len(paths)
         return events, paths
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dlio_ckpt.metrics.timing import busy_seconds
+from dlio_ckpt.metrics.timing import EventBlocks, UnionLength, as_blocks
 from dlio_ckpt.storage.events import OPS, PHASES
 
 BINS_PER_DECADE = 100
@@ -49,14 +49,54 @@ def bin_of(took: np.ndarray) -> np.ndarray:
     return bins
 
 
-def rank_latency(events: np.ndarray) -> dict[str, dict[str, dict[str, Any]]]:
+def rank_latency(events: np.ndarray | EventBlocks) -> dict[str, dict[str, dict[str, Any]]]:
     """One rank's sparse histogram, count, min, max, mean, sum of squared deviations and
-    overlap-free time, per phase and operation kind that occurred. One sort by (phase, op) groups
-    the calls, so a rank with millions of events is read once rather than once per kind. What is
-    sorted is the calls' row numbers (8 bytes a call) and only one kind's times are gathered at a
-    time, not copies of the 38-byte events: a run's end holds its events once more at most a
-    fraction."""
+    overlap-free time, per phase and operation kind that occurred, from its events: one array,
+    or blocks as the recorder gives them back (each block's figures combined with the ones before:
+    bins added, moments by Chan et al.'s formula, busy time by timing.UnionLength), so a run of
+    any length holds one block. Within a block one sort by (phase, op) groups the calls: what is
+    sorted is their row numbers (8 bytes a call) and only one kind's times are gathered at a time,
+    not copies of the 38-byte events."""
+    kinds: dict[int, dict[str, Any]] = {}
+    for rows, later_start in as_blocks(events):
+        for key, starts, ends in _kinds_of(rows):
+            took = np.maximum(ends - starts, 0.0)
+            bins, counts = np.unique(bin_of(took), return_counts=True)
+            part = {"count": int(len(took)), "mean_s": float(took.mean()), "min_s": float(took.min()),
+                    "max_s": float(took.max())}
+            part["m2"] = float(np.sum((took - part["mean_s"]) ** 2))
+            kind = kinds.get(key)
+            if kind is None:
+                kinds[key] = kind = {**part, "bins": dict(zip(bins.tolist(), counts.tolist())), "busy": UnionLength()}
+            else:
+                count, mean, m2 = _pair_moments(kind, part)
+                kind.update(count=count, mean_s=mean, m2=m2, min_s=min(kind["min_s"], part["min_s"]),
+                            max_s=max(kind["max_s"], part["max_s"]))
+                for number, n in zip(bins.tolist(), counts.tolist()):
+                    kind["bins"][number] = kind["bins"].get(number, 0) + n
+            kind["busy"].add(starts, ends, later_start)
+        for kind in kinds.values():  # a kind absent from this block: its open periods may close now
+            if np.isfinite(later_start):
+                kind["busy"].add(np.empty(0), np.empty(0), later_start)
     result: dict[str, dict[str, dict[str, Any]]] = {}
+    for key in sorted(kinds):
+        kind = kinds[key]
+        numbers = sorted(kind["bins"])
+        result.setdefault(PHASES[key // len(OPS)], {})[OPS[key % len(OPS)]] = {
+            "bins": np.array(numbers, dtype=np.int64),
+            "counts": np.array([kind["bins"][n] for n in numbers], dtype=np.int64),
+            "count": kind["count"],
+            "min_s": kind["min_s"],
+            "max_s": kind["max_s"],
+            "mean_s": kind["mean_s"],
+            "m2": kind["m2"],
+            "busy_s": kind["busy"].seconds(),
+        }
+    return result
+
+
+def _kinds_of(events: np.ndarray):
+    """(phase * len(OPS) + op, starts, ends) of each reported kind of call in `events`."""
     rows = np.flatnonzero(np.isin(events["op"], [OPS.index(op) for op in REPORTED_OPS]))
     keys = events["phase"][rows].astype(np.uint16) * len(OPS) + events["op"][rows]
     order = np.argsort(keys, kind="stable")
@@ -64,22 +104,15 @@ def rank_latency(events: np.ndarray) -> dict[str, dict[str, dict[str, Any]]]:
     del order
     groups, firsts = np.unique(keys, return_index=True)
     for key, first, last in zip(groups, firsts, list(firsts[1:]) + [len(keys)]):
-        starts, ends = events["start"][rows[first:last]], events["end"][rows[first:last]]
-        took = np.maximum(ends - starts, 0.0)
-        bins, counts = np.unique(bin_of(took), return_counts=True)
-        phase, op = PHASES[int(key) // len(OPS)], OPS[int(key) % len(OPS)]
-        mean = float(took.mean())
-        result.setdefault(phase, {})[op] = {
-            "bins": bins,
-            "counts": counts,
-            "count": int(len(took)),
-            "min_s": float(took.min()),
-            "max_s": float(took.max()),
-            "mean_s": mean,
-            "m2": float(np.sum((took - mean) ** 2)),
-            "busy_s": busy_seconds(starts, ends),
-        }
-    return result
+        yield int(key), events["start"][rows[first:last]], events["end"][rows[first:last]]
+
+
+def _pair_moments(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, float, float]:
+    """Count, mean and sum of squared deviations of two parts together (Chan et al.)."""
+    total = a["count"] + b["count"]
+    delta = b["mean_s"] - a["mean_s"]
+    return (total, a["mean_s"] + delta * b["count"] / total,
+            a["m2"] + b["m2"] + delta * delta * a["count"] * b["count"] / total)
 
 
 def _combined_moments(parts: list[dict[str, Any]]) -> tuple[int, float, float]:

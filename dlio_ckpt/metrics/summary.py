@@ -16,8 +16,8 @@ import numpy as np
 from dlio_ckpt import __version__
 from dlio_ckpt.metrics import bandwidth, utilisation, verdict
 from dlio_ckpt.metrics.loader import loader_section
-from dlio_ckpt.metrics.timing import phase_busy_seconds
-from dlio_ckpt.storage.events import totals_by_phase
+from dlio_ckpt.metrics.timing import EventBlocks, UnionLength, as_blocks
+from dlio_ckpt.storage.events import OP_CODE, PHASE_CODE, PHASES, totals_by_phase
 
 SCHEMA_VERSION = 2  # 2: figures redefined by issue 7 (docs/summary-schema.md)
 MIB = float(1 << 20)
@@ -38,15 +38,25 @@ def _phase(rank: dict[str, Any], phase: str, figure: str) -> float:
     return rank["io"].get(phase, {}).get(figure, 0)
 
 
-def rank_io(events: np.ndarray) -> dict[str, dict[str, float]]:
-    """One rank's figures per phase, all derived from its events: bytes and calls as the
-    tracer counted them, and overlap-free read and write (+fsync) time."""
-    phases: dict[str, dict[str, float]] = {}
-    for phase, totals in totals_by_phase(events).items():
-        phases[phase] = {**totals,
-                         "read_s": phase_busy_seconds(events, phase, ("read",)),
-                         "write_s": phase_busy_seconds(events, phase, ("write", "fsync"))}
-    return phases
+def rank_io(events: np.ndarray | EventBlocks) -> dict[str, dict[str, float]]:
+    """One rank's figures per phase, all derived from its events (one array, or blocks as the
+    recorder gives them back: added up block by block): bytes and calls as the tracer counted
+    them, and overlap-free read and write (+fsync) time."""
+    totals: dict[str, dict[str, int]] = {}
+    busy: dict[tuple[str, str], UnionLength] = {}
+    for rows, later_start in as_blocks(events):
+        for phase, figures in totals_by_phase(rows).items():
+            total = totals.setdefault(phase, dict.fromkeys(figures, 0))
+            for key, value in figures.items():
+                total[key] += value
+        for phase in PHASES:
+            for kind, ops in (("read_s", ("read",)), ("write_s", ("write", "fsync"))):
+                mask = (rows["phase"] == PHASE_CODE[phase]) & np.isin(rows["op"], [OP_CODE[o] for o in ops])
+                if mask.any() or (phase, kind) in busy:
+                    busy.setdefault((phase, kind), UnionLength()).add(rows["start"][mask], rows["end"][mask], later_start)
+    return {phase: {**totals[phase],
+                    **{kind: busy[(phase, kind)].seconds() if (phase, kind) in busy else 0.0 for kind in ("read_s", "write_s")}}
+            for phase in PHASES if phase in totals}
 
 
 def io_section(ranks: list[dict[str, Any]]) -> dict[str, Any]:

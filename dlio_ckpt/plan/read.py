@@ -37,7 +37,8 @@ class Batch:
 class EpochReadPlan:
     epoch: int
     rank: int
-    # One row per sample in read order: (position in the file list, sample index in the file).
+    # One row per sample in read order: (position in the file list, sample index in the file); int32
+    # below 2^31 files and samples (index_dtype): 8 bytes a sample of the rank's share
     samples: np.ndarray
     batch_size: int
     drop_last: bool
@@ -67,8 +68,15 @@ class EpochReadPlan:
         return [int(self.samples[i, 0]) for i in sorted(first)]
 
 
+def index_dtype(count: int) -> np.dtype:
+    """int32 for positions below 2^31, else int64: a plan's index arrays take 4 bytes an entry, not
+    8, up to 2 billion files or samples. A shuffle of either gives the same order (numpy's Fisher-Yates
+    draws do not depend on the item size), so the plan is the same numbers."""
+    return np.dtype(np.int32 if count < 2**31 else np.int64)
+
+
 def file_order(num_files: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    order = np.arange(num_files)
+    order = np.arange(num_files, dtype=index_dtype(num_files))
     if shuffle:
         np.random.default_rng([seed, epoch, 0]).shuffle(order)
     return order
@@ -168,13 +176,27 @@ def plan_epoch(
         order = order[first:last]
         rank, size = 0, 1
     counts = sample_counts(files, order)
-    file_column = np.repeat(order, counts)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    sample_column = np.arange(int(counts.sum())) - np.repeat(starts, counts)
-    begin, end = rank_slices(len(file_column), size)[rank]
-    share = np.stack([file_column[begin:end], sample_column[begin:end]], axis=1)
+    total = int(counts.sum())
+    dtype = index_dtype(max(total, len(files)))
+    begin, end = rank_slices(total, size)[rank]
+    share = np.empty((end - begin, 2), dtype)
+    if len(counts) and counts.min() == counts.max():  # every file alike: the columns without their prefix sums
+        per_file = int(counts[0])
+        del counts
+        rows = np.arange(begin, end, dtype=dtype)
+        share[:, 0] = order[rows // per_file]
+        share[:, 1] = rows % per_file
+        del rows
+    else:
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        share[:, 0] = np.repeat(order, counts)[begin:end]
+        share[:, 1] = (np.arange(total) - np.repeat(starts, counts))[begin:end]
+    del order
     if shuffle and reader.sample_shuffle and not sequential and len(share) > 1:
-        share = share[np.random.default_rng([reader.shuffle_seed, epoch, rank + 1]).permutation(len(share))]
+        # rng.permutation(n) is arange(n) shuffled: the same order, in the plan's dtype
+        permutation = np.arange(len(share), dtype=dtype)
+        np.random.default_rng([reader.shuffle_seed, epoch, rank + 1]).shuffle(permutation)
+        share = share[permutation]
     return EpochReadPlan(
         epoch=epoch,
         rank=rank,

@@ -231,8 +231,9 @@ close_fd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(PyByteArray_GET_SIZE(head.events) / EVENT_BYTES);
 }
 
-/* table[path] (a new reference), adding path first where it is new: index len(paths), path
-   appended to paths. EventRecorder.path_id's lookup and insertion, which Python makes under a
+/* table[path] (a new reference), adding path first where it is new: index paths[0] +
+   len(paths) - 1 (paths is the recorder's window: the index of its first path, then the paths
+   added since it last spilled them), path appended to paths. EventRecorder.path_id's lookup and insertion, which Python makes under a
    lock, in one step: nothing below lets another thread run when the paths are str (hashing and
    comparing one runs no Python code, and nothing here allocates an object the garbage collector
    tracks), so the length read, the append and the insertion cannot interleave with another
@@ -242,8 +243,9 @@ close_fd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 index_of(PyObject *table, PyObject *paths, PyObject *path)
 {
-    if (!PyDict_CheckExact(table) || !PyList_CheckExact(paths)) {
-        PyErr_SetString(PyExc_TypeError, "the path table must be a dict and the paths a list");
+    if (!PyDict_CheckExact(table) || !PyList_CheckExact(paths) || PyList_GET_SIZE(paths) < 1
+            || !PyLong_CheckExact(PyList_GET_ITEM(paths, 0))) {
+        PyErr_SetString(PyExc_TypeError, "the path table must be a dict and the paths a list [first index, paths...]");
         return NULL;
     }
     PyObject *index = PyDict_GetItemWithError(table, path);  /* borrowed */
@@ -253,8 +255,10 @@ index_of(PyObject *table, PyObject *paths, PyObject *path)
     }
     if (PyErr_Occurred())
         return NULL;
-    Py_ssize_t count = PyList_GET_SIZE(paths);
-    index = PyLong_FromSsize_t(count);
+    Py_ssize_t base = PyLong_AsSsize_t(PyList_GET_ITEM(paths, 0));
+    if (base < 0 && PyErr_Occurred())
+        return NULL;
+    index = PyLong_FromSsize_t(base + PyList_GET_SIZE(paths) - 1);
     if (index == NULL)
         return NULL;
     if (PyList_Append(paths, path) < 0) {
@@ -272,7 +276,8 @@ index_of(PyObject *table, PyObject *paths, PyObject *path)
 
 PyDoc_STRVAR(path_index_doc,
 "path_index(table, paths, path) -> index\n\n"
-"table[path], adding path first where it is new (index len(paths), path appended to paths):\n"
+"table[path], adding path first where it is new (index paths[0] + len(paths) - 1, path appended\n"
+"to paths):\n"
 "EventRecorder.path_id's lookup and insertion in one step, atomic under the GIL without a lock.");
 
 static PyObject *

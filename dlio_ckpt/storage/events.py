@@ -3,8 +3,10 @@
 While a rank runs, an event (op, phase, path index, offset, length, start, end) is packed as the
 38 bytes of an EVENT_DTYPE row (`pack_event`) and appended to one bytearray in a single `extend`
 (cheap, and atomic between threads). Every COMPACT_EVENTS events they are moved into one numpy
-array, grown in place, which `array()` hands out as it is: the events are held once, 38 bytes
-each, and the event file's path table takes a byte a character (`save`). Times are seconds since
+array, grown in place, and every SPILL_ROWS events that array is written to the recorder's spill
+file (event_spill.py) with the paths added meanwhile, so what a rank holds does not grow with the
+files it touches: `blocks()` reads them back a block at a time for the end-of-run figures
+(metrics/) and the event file, whose path table takes a byte a character (`save`). Times are seconds since
 the job started, on a clock that all ranks share (`JobClock`), so events of different ranks can be put on one timeline
 (traced handles append raw perf_counter readings, flagged RAW_TIMES in the phase, and the
 recorder moves them onto that clock as it converts them).
@@ -16,6 +18,7 @@ events come from pure Python without it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -24,9 +27,11 @@ import zipfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
+
+from dlio_ckpt.storage.event_spill import EventSpill
 
 OPS = ("open", "close", "read", "write", "fsync", "stat", "rename", "unlink", "seek")
 PHASES = ("generate", "train", "eval", "checkpoint", "restore", "other")
@@ -57,7 +62,7 @@ assert struct.calcsize("=BBIqqdd") == EVENT_BYTES
 
 # Past this many events the recorder moves its bytearray into a numpy chunk: the bytearray's
 # events cannot be read while threads append to it (a view would stop it growing), a chunk can.
-COMPACT_EVENTS = 1 << 16
+COMPACT_EVENTS = 1 << 14
 
 # A phase with this bit carries times as time.perf_counter() read them: the traced handles append
 # them so, saving two subtractions per event on the hot path, and the recorder puts them on the
@@ -146,31 +151,57 @@ class EventRecorder:
     `bytearray.extend`, atomic in CPython, so events never interleave) and looks up the
     file's index, taking a lock only the first time a path is seen (none where the C extension
     adds it, in one step under the GIL), so the common call stays cheap and nothing is ever lost.
+
+    What it holds does not grow with the run (event_spill.py): past SPILL_ROWS converted events it
+    writes them to its spill file, and with them the paths added since the last time; the path ->
+    index table is a cache of the PATH_CACHE paths added last, so a path seen again after it left
+    gets a second index (a second entry in the path table, merged when the file is read:
+    `RankEvents.load`). `blocks()` gives the events back a block at a time.
     """
 
     rank: int
     clock: JobClock
-    paths: list[str] = field(default_factory=list)
-    _path_index: dict[str, int] = field(default_factory=dict)
+    spill_dir: Path | None = None  # where the unlinked spill files go (None: the temporary folder)
+    _path_index: dict[str, int] = field(default_factory=dict)  # the cache: path -> index
+    # The paths added since they were last spilled, after the index of the first of them: index
+    # window[0] + k - 1 names window[k]. The base lives in the list so that spilling (one slice
+    # assignment) and an addition in C (`_trace_c.path_index`) each see the window whole.
+    _window: list = field(default_factory=lambda: [0])
     _path_lock: threading.Lock = field(default_factory=threading.Lock)
     _events: bytearray = field(default_factory=bytearray)  # EVENT_BYTES per event (pack_event)
-    # The converted events, in one array grown in place (`_store_rows`), then spare room: `_stored`
-    # rows are events. One array rather than a list of chunks, so that `array()` needs no second
-    # copy to join them.
+    # The converted events not yet spilled, in one array grown in place (`_store_rows`), then spare
+    # room: `_stored` rows are events.
     _store: np.ndarray = field(default_factory=lambda: np.empty(0, EVENT_DTYPE))
     _stored: int = 0
     _chunk_lock: threading.Lock = field(default_factory=threading.Lock)
+    _spill: EventSpill | None = None
+
+    def __post_init__(self) -> None:
+        self._spill = EventSpill(EVENT_DTYPE, self.spill_dir)
+
+    @property
+    def paths(self) -> list[str]:
+        """Every path by index, spilled ones read back: for tests and small runs (a long run's
+        table is read from its event file)."""
+        return self._spill.read_paths() + self._window[1:]
+
+    def paths_since(self, first: int) -> list[str]:
+        """The paths from index `first` on (what a worker process has not yet sent its parent)."""
+        window = list(self._window)
+        base = window[0]
+        return self._spill.read_paths(first) + window[1 + max(first - base, 0):]
 
     def path_id(self, path: str) -> int:
         index = self._path_index.get(path)
         if index is None:
             if _trace_c is not None:  # the same, in one step under the GIL, without the lock
-                return _trace_c.path_index(self._path_index, self.paths, path)
+                return _trace_c.path_index(self._path_index, self._window, path)
             with self._path_lock:  # two threads adding paths must not take the same index
                 index = self._path_index.get(path)
                 if index is None:
-                    index = len(self.paths)
-                    self.paths.append(path)
+                    window = self._window
+                    index = window[0] + len(window) - 1
+                    window.append(path)
                     self._path_index[path] = index
         return index
 
@@ -181,8 +212,9 @@ class EventRecorder:
 
     def compact(self) -> None:
         """Move the appended events into the numpy store once there are COMPACT_EVENTS of them
-        (callers: `record`, and traced handles as they close). Appends by other threads meanwhile
-        land after the slice taken, so deleting that slice loses none; `array` takes the lock."""
+        (callers: `record`, and traced handles as they close), and the store to the spill file
+        once it holds SPILL_ROWS. Appends by other threads meanwhile land after the slice taken,
+        so deleting that slice loses none; `array` takes the lock."""
         if len(self._events) < COMPACT_EVENTS * EVENT_BYTES:
             return
         with self._chunk_lock:
@@ -191,6 +223,25 @@ class EventRecorder:
                 # a slice is a copy, taken in one step; a view would stop the appending threads
                 self._store_rows(events_of(self._events[:count], self.clock.shift))
                 del self._events[:count]
+                if self._stored >= SPILL_ROWS:
+                    self._spill.write_rows(self._store[:self._stored])
+                    self._stored = 0
+                    self._spill_paths()
+
+    def _spill_paths(self) -> None:
+        """The window's paths to the spill file, and the cache cut to its newer half once past
+        PATH_CACHE (the caller holds `_chunk_lock`). The window becomes [next index] in one slice
+        assignment, so a path added in C meanwhile (after the copy taken) stays, at its index."""
+        with self._path_lock:
+            window = self._window
+            count = len(window) - 1
+            taken = window[1:count + 1]
+            window[0:count + 1] = [window[0] + count]
+        self._spill.write_paths(taken)
+        table = self._path_index
+        if len(table) > PATH_CACHE:
+            for path in list(itertools.islice(table, len(table) - PATH_CACHE // 2)):
+                table.pop(path, None)  # a path looked up meanwhile keeps its index; a new one gets another
 
     def _store_rows(self, rows: np.ndarray) -> None:
         """Add converted rows after the stored ones (the caller holds `_chunk_lock`)."""
@@ -241,20 +292,27 @@ class EventRecorder:
     def take_packed(self) -> bytes:
         """The events appended so far, removed from this recorder: what a worker process sends
         its parent (`absorb`) with each batch. Only for a recorder nothing else appends to meanwhile.
-        The stored events come first (their times already on the job clock, as `events_of` leaves
-        rows without RAW_TIMES), then the raw tail. The store starts afresh (an array() result may
-        still look at the old one)."""
+        The stored and spilled events come first (their times already on the job clock, as
+        `events_of` leaves rows without RAW_TIMES), then the raw tail. The store starts afresh (an
+        array() result may still look at the old one)."""
         with self._chunk_lock:
-            stored = self._store[:self._stored].tobytes()
+            stored = [rows.tobytes() for rows in self._spill.read_blocks()]
+            stored.append(self._store[:self._stored].tobytes())
+            self._spill.drop_rows()
             self._store, self._stored = np.empty(0, EVENT_DTYPE), 0
             packed = bytes(self._events)
             del self._events[:]
-        return stored + packed
+        return b"".join(stored) + packed
 
     def path_table(self) -> dict[str, int]:
-        """The path -> index table, for a caller that looks a path up before calling `path_id`
-        (entries are only ever added, under the lock, so a hit is final)."""
+        """The path -> index cache, for a caller that looks a path up before calling `path_id`
+        (an entry found names its path for good; one missing may only have left the cache)."""
         return self._path_index
+
+    def path_window(self) -> list:
+        """The window of paths not yet spilled, after its first index: what `_trace_c.path_index`
+        adds to (index window[0] + len(window) - 1)."""
+        return self._window
 
     @property
     def bytes_read(self) -> dict[str, int]:
@@ -271,25 +329,53 @@ class EventRecorder:
         """Operations per (phase, op) (derived from the events)."""
         return op_counts(self.array())
 
+    def _store_tail(self) -> None:
+        """The tail of appended bytes stored, as `compact` does (the caller holds `_chunk_lock`;
+        appends meanwhile land after it)."""
+        count = len(self._events)
+        if count:
+            self._store_rows(events_of(self._events[:count], self.clock.shift))
+            del self._events[:count]
+
     def array(self) -> np.ndarray:
-        """All events so far as one EVENT_DTYPE array: a read-only view of the recorder's store, so
-        a long run holds its events once. The tail of appended bytes is stored first, as `compact`
-        does (appends meanwhile land after it)."""
+        """All events so far as one EVENT_DTYPE array, read-only. Until a block was spilled it is a
+        view of the recorder's store (the events held once); after, a new array of all of them
+        read back: for tests and short runs (a run's end reads `blocks()`)."""
         with self._chunk_lock:
-            count = len(self._events)
-            if count:
-                self._store_rows(events_of(self._events[:count], self.clock.shift))
-                del self._events[:count]
+            self._store_tail()
             events = self._store[:self._stored]
+            if self._spill.rows:
+                events = np.concatenate([*self._spill.read_blocks(), events])
         events.flags.writeable = False  # the recorder's own rows
         return events
+
+    def event_count(self) -> int:
+        with self._chunk_lock:
+            self._store_tail()
+            return self._spill.rows + self._stored
+
+    def blocks(self) -> Iterator[tuple[np.ndarray, float]]:
+        """All events so far, a block at a time, each with the earliest start of any event in a
+        later block (inf for the last): what metrics/timing.UnionLength needs to count each busy
+        period once while holding a block. For a recorder nothing appends to meanwhile."""
+        with self._chunk_lock:
+            self._store_tail()
+            held = self._store[:self._stored]
+            held.flags.writeable = False
+        starts = [*self._spill.block_starts, float(held["start"].min()) if len(held) else np.inf]
+        later = np.minimum.accumulate(starts[::-1])[::-1].tolist()[1:] + [np.inf]
+        for number, rows in enumerate(self._spill.read_blocks()):
+            yield rows, later[number]
+        if len(held):
+            yield held, np.inf
 
     def save(self, folder: Path, hostname: str, events: np.ndarray | None = None) -> Path:
         """Write this rank's events as `events/rank-NNNNN.npz`: arrays `events` (EVENT_DTYPE),
         `path_bytes` (uint8: the paths' UTF-8, back to back) and `path_ends` (int64: where each
         path's bytes end), and `meta` (JSON). The path table is a byte per ASCII character, where a
         numpy unicode array took four for the longest path's every character; each array is written
-        into the archive block by block, so saving holds no second copy of the events or the paths.
+        into the archive block by block from the spill files and what is held, so saving holds no
+        second copy of the events or the paths.
 
         `events` is this recorder's array() when the caller already built it."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -302,12 +388,13 @@ class EventRecorder:
             "ops": list(OPS),
             "phases": list(PHASES),
         }
-        events = self.array() if events is None else events
+        blocks = [events] if events is not None else None
+        count = len(events) if events is not None else self.event_count()
         tmp = target.with_suffix(".tmp.npz")
         with open(tmp, "wb") as out:
             with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-                _write_events(archive, events)
-                _write_path_table(archive, self.paths)
+                _write_events(archive, blocks if blocks is not None else (rows for rows, _ in self.blocks()), count)
+                _write_path_table(archive, self._spill, self._window[1:])
                 with archive.open("meta.npy", "w", force_zip64=True) as entry:
                     np.lib.format.write_array(entry, np.array(json.dumps(meta)), allow_pickle=False)
             out.flush()
@@ -315,6 +402,18 @@ class EventRecorder:
         os.replace(tmp, target)
         return target
 
+
+# Converted events a recorder holds before it writes them to its spill file (600 KiB; every
+# compaction spills). COMPACT_EVENTS (2^14) also bounds the path cache between its trims: at most
+# PATH_CACHE + COMPACT_EVENTS paths (a stat of each dataset file adds a path an event); with
+# 2^16 there, a 100k-file generation peaked at 222.7 MiB in the manifest's stats, with 2^14 195.2.
+SPILL_ROWS = 1 << 14
+
+# Paths the recorder's path -> index cache keeps (~3 MiB of str, int and dict entry): a file opened
+# again within the last PATH_CACHE paths added keeps its index. A recorder alone for 1M files (5
+# events each, then its figures and event file) peaks at 49 MiB with 2^14, 72 MiB with 2^16 (and
+# 2^17 spill rows), 527 MiB holding everything; 10k files: 38 MiB.
+PATH_CACHE = 1 << 14
 
 # glibc's largest mmap threshold: a reallocation below it may copy the array, one above moves pages.
 _COPYING_REALLOC_BYTES = 32 << 20
@@ -339,29 +438,34 @@ def _npy_entry(archive: zipfile.ZipFile, name: str, dtype: np.dtype, count: int)
     return entry
 
 
-def _write_events(archive: zipfile.ZipFile, events: np.ndarray) -> None:
-    """`events`, written from views of the array a block at a time (numpy's own writer copies up
-    to 16 MiB at once into bytes)."""
-    flat = np.ascontiguousarray(events, EVENT_DTYPE).view(np.uint8)
-    block = COMPACT_EVENTS * EVENT_BYTES
-    with _npy_entry(archive, "events", EVENT_DTYPE, len(events)) as entry:
-        for start in range(0, len(flat), block):
-            entry.write(flat[start:start + block])
+def _write_events(archive: zipfile.ZipFile, blocks: Iterable[np.ndarray], count: int) -> None:
+    """`count` events given in blocks, written from views of each a part at a time (numpy's own
+    writer copies up to 16 MiB at once into bytes)."""
+    part = COMPACT_EVENTS * EVENT_BYTES
+    with _npy_entry(archive, "events", EVENT_DTYPE, count) as entry:
+        for rows in blocks:
+            flat = np.ascontiguousarray(rows, EVENT_DTYPE).view(np.uint8)
+            for start in range(0, len(flat), part):
+                entry.write(flat[start:start + part])
 
 
-def _write_path_table(archive: zipfile.ZipFile, paths: list[str]) -> None:
-    """`path_ends` then `path_bytes`, both streamed a block of paths at a time (each block encoded
-    twice rather than all of it kept)."""
-    count = len(paths)
-    end = 0
+def _write_path_table(archive: zipfile.ZipFile, spill: EventSpill, window: list[str]) -> None:
+    """`path_ends` then `path_bytes`: the spilled ones copied a megabyte at a time, then the
+    window's, a block of paths at a time (each block encoded twice rather than all of it kept)."""
+    count = spill.paths + len(window)
+    end = spill.path_bytes
     with _npy_entry(archive, "path_ends", np.int64, count) as entry:
-        for start in range(0, count, PATH_BLOCK):
-            ends = end + np.cumsum([len(path) for path in _encoded(paths, start)], dtype=np.int64)
+        for chunk in spill.byte_blocks(2, 1 << 20):
+            entry.write(chunk)
+        for start in range(0, len(window), PATH_BLOCK):
+            ends = end + np.cumsum([len(path) for path in _encoded(window, start)], dtype=np.int64)
             entry.write(ends.tobytes())
             end = int(ends[-1])
     with _npy_entry(archive, "path_bytes", np.uint8, end) as entry:
-        for start in range(0, count, PATH_BLOCK):
-            entry.write(b"".join(_encoded(paths, start)))
+        for chunk in spill.byte_blocks(1, 1 << 20):
+            entry.write(chunk)
+        for start in range(0, len(window), PATH_BLOCK):
+            entry.write(b"".join(_encoded(window, start)))
 
 
 def decoded_paths(path_bytes: np.ndarray, path_ends: np.ndarray) -> list[str]:
@@ -374,6 +478,19 @@ def decoded_paths(path_bytes: np.ndarray, path_ends: np.ndarray) -> list[str]:
         raise ValueError("its path table does not hold together")
     starts = [0, *ends[:-1].tolist()]
     return [blob[start:end].decode("utf-8", "surrogatepass") for start, end in zip(starts, ends.tolist())]
+
+
+def merged_paths(paths: list[str], events: np.ndarray) -> list[str]:
+    """The path table with each path once: a path that left the recorder's cache and came back
+    has a second index (EventRecorder), so its events (`events`, changed in place) are moved to
+    its first one. Unchanged where every path is there once."""
+    first: dict[str, int] = {}
+    index = np.fromiter((first.setdefault(path, len(first)) for path in paths), np.uint32, len(paths))
+    if len(first) == len(paths) or (len(events) and int(events["file"].max()) >= len(paths)):
+        return paths  # each path once; or a damaged file, left as it is for its reader's checks to name
+    if len(events):
+        events["file"] = index[events["file"]]
+    return list(first)
 
 
 def op_counts(events: np.ndarray) -> dict[tuple[str, str], int]:
@@ -419,13 +536,16 @@ class RankEvents:
     def load(cls, path: Path) -> "RankEvents":
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
+            paths = (decoded_paths(data["path_bytes"], data["path_ends"]) if "path_ends" in data.files
+                     else [str(p) for p in data["paths"]])  # event files written before the byte table
+            events = data["events"].copy()
+            paths = merged_paths(paths, events)
             return cls(
                 rank=int(meta["rank"]),
                 hostname=str(meta["hostname"]),
                 job_start_wall=float(meta["job_start_wall"]),
-                paths=(decoded_paths(data["path_bytes"], data["path_ends"]) if "path_ends" in data.files
-                       else [str(p) for p in data["paths"]]),  # event files written before the byte table
-                events=data["events"].copy(),
+                paths=paths,
+                events=events,
             )
 
 

@@ -406,7 +406,7 @@ class TracedStorage:
         if trace_c is None or traced_handle is None:
             return open_traced
         # the same in C, with no Python frame (nor functools.partial) around it
-        return trace_c.opener((opener, traced_handle, paths, recorder.paths, phase, extend, recorder, events, OP_OPEN,
+        return trace_c.opener((opener, traced_handle, paths, recorder.path_window(), phase, extend, recorder, events, OP_OPEN,
                                "_trace"))
 
     @cached_property
