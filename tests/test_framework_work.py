@@ -129,3 +129,24 @@ def test_a_bad_framework_cpu_is_refused_naming_the_key(value, message):
     with pytest.raises(ConfigError) as info:
         load_config([f"checkpoint.framework_cpu_s={value}"])
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_one_piece_tensor_is_handed_to_the_framework_without_a_copy():
+    """A program's tensors are in memory already: a tensor that comes as one writable piece is
+    that piece's memory (no copy before the save), even unaligned for its element type; a
+    read-only piece, or several, are assembled into a copy with the same bytes."""
+    import numpy as np
+
+    from dlio_ckpt.checkpoint.formats import whole_tensor
+    from dlio_ckpt.plan.model import TensorSpec
+
+    pool = np.arange(4099, dtype=np.uint8)
+    tensor = TensorSpec("w", 1024, 4, "model")
+    one = whole_tensor(tensor, lambda t: iter([memoryview(pool[1:4097])]))
+    assert np.shares_memory(one, pool) and one.dtype == np.float32 and one.tobytes() == pool[1:4097].tobytes()
+    frozen = pool[1:4097].copy()
+    frozen.flags.writeable = False
+    copied = whole_tensor(tensor, lambda t: iter([memoryview(frozen)]))
+    assert not np.shares_memory(copied, frozen) and copied.tobytes() == frozen.tobytes()
+    parts = whole_tensor(tensor, lambda t: iter([memoryview(pool[1:1001]), memoryview(pool[1001:4097])]))
+    assert not np.shares_memory(parts, pool) and parts.tobytes() == pool[1:4097].tobytes()
