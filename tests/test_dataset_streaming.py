@@ -137,11 +137,12 @@ def test_a_manifest_in_another_layout_or_cut_short_is_refused(text):
         list(entries)
 
 
-@pytest.mark.parametrize("size_block", [None, 2])
+@pytest.mark.parametrize("size_block", [None, 2, 11])
 def test_generation_writes_the_manifest_a_whole_table_dump_would_and_reuses_the_dataset(tmp_path, monkeypatch, size_block):
     """A real generation (two subfolders, eval files, varying sizes) commits the manifest that
     json.dumps of every file's size (stat by an independent reader) gives, and a second run
-    reuses the dataset from it; also with the sizes spilled and read back 2 at a time."""
+    reuses the dataset from it; also with the sizes spilled and read back 2 at a time, or in one
+    full block (11 files: a block that fills, then an empty one)."""
     from ckpt_util import make_ctx
     from dlio_ckpt.engine import generate
     from dlio_ckpt.engine.generate import ensure_dataset

@@ -130,15 +130,25 @@ def _write_manifest(storage: Any, plan: DatasetPlan, fmt: DatasetFormat, workloa
     untraced: the emulator's own scratch, not the dataset's I/O), and read back a block at a time:
     held in memory they took 8 bytes a file. Returns their sum, the dataset's bytes on disk (the
     run reports it: no second stat of every file)."""
+    paths = all_paths(plan, fmt)
+    block = _size_block(storage, paths)
+    if len(block) < SIZE_BLOCK:  # the whole dataset in one block (most datasets): no scratch file
+        _write_manifest_entries(storage, plan, fmt, workload, zip(relative_paths(plan, fmt), block.tolist()))
+        return int(block.sum())
     with tempfile.TemporaryFile(prefix=".dlio_ckpt-sizes-") as scratch:
         total = 0
-        paths = all_paths(plan, fmt)
-        while len(block := np.fromiter((storage.file_size(p) for p in itertools.islice(paths, SIZE_BLOCK)), np.int64)):
+        while len(block):
             total += int(block.sum())
             scratch.write(block.tobytes())
+            block = _size_block(storage, paths)
         scratch.seek(0)
         _write_manifest_entries(storage, plan, fmt, workload, zip(relative_paths(plan, fmt), _sizes_read_back(scratch)))
     return total
+
+
+def _size_block(storage: Any, paths: Iterator[str]) -> np.ndarray:
+    """The sizes of the next SIZE_BLOCK files of `paths` (fewer at its end), stat'ed in order."""
+    return np.fromiter((storage.file_size(p) for p in itertools.islice(paths, SIZE_BLOCK)), np.int64)
 
 
 SIZE_BLOCK = 1 << 16  # file sizes stat'ed, and read back, per block (512 KiB)
