@@ -129,6 +129,7 @@ class TrainConfig:
     computation_distribution: Literal["fixed", "normal", "uniform", "lognormal"]
     seed: int
     step_counting: Literal["global", "dlio"]  # dlio: floor(samples/batch/ranks) steps per epoch; steps counted per epoch
+    first_step_time: float = 0.0  # once per process start: a framework's tracing/compilation on its first step
 
     def validate(self, key: str) -> None:
         require(self.epochs >= 1, f"{key}epochs: must be at least 1 (got {self.epochs})")
@@ -137,6 +138,8 @@ class TrainConfig:
         require(self.computation_time_stdev >= 0, f"{key}computation_time_stdev: cannot be negative")
         require_seconds(self.computation_time, f"{key}computation_time", MAX_WAIT_S)
         require_seconds(self.computation_time_stdev, f"{key}computation_time_stdev", MAX_WAIT_S)
+        require(self.first_step_time >= 0, f"{key}first_step_time: cannot be negative (got {self.first_step_time})")
+        require_seconds(self.first_step_time, f"{key}first_step_time", MAX_WAIT_S)
         require_seed(self.seed, f"{key}seed")
 
 

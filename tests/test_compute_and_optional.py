@@ -28,6 +28,16 @@ def test_fixed_compute_and_seeded_draws():
     assert a == b
 
 
+def test_the_first_step_pays_its_tracing_once_and_again_after_a_restart(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr("dlio_ckpt.engine.compute.time.sleep", slept.append)
+    model = ComputeModel(0.01, 0.0, "fixed", 1, first_s=2.5)
+    assert [model.run() for _ in range(3)] == pytest.approx([2.51, 0.01, 0.01])
+    model.restarted()
+    assert [model.run() for _ in range(2)] == pytest.approx([2.51, 0.01])
+    assert slept == pytest.approx([2.51, 0.01, 0.01, 2.51, 0.01])
+
+
 def test_missing_optional_dependency_gives_an_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # makes `import tensorflow` fail
     with pytest.raises(MissingDependency) as info:

@@ -88,9 +88,10 @@ def test_events_file_matches_summary(tiny_serial_run):
 
 def test_compute_time_is_emulated_and_accounted(workdir):
     root, run = workdir / "store", workdir / "run"
-    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "train.computation_time=0.02"], workdir / "cwd")
+    run_ok(TINY_RAW + [f"storage.root={root}", f"hydra.run.dir={run}", "train.computation_time=0.02",
+                       "train.first_step_time=0.05"], workdir / "cwd")
     train = load_summary(run)["train"]
-    assert train["compute_s"] == pytest.approx(train["steps"] * 0.02)
+    assert train["compute_s"] == pytest.approx(train["steps"] * 0.02 + 0.05)  # the first step's tracing once
     assert train["wall_s"] >= train["compute_s"]
     assert 0 < train["au"] <= 1
 

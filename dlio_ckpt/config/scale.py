@@ -53,7 +53,8 @@ def apply_scale(config: RunConfig, explicit: set[str], world_size: int = 1) -> R
     dataset = dataclasses.replace(ds, **ds_changes)
 
     tr = config.train
-    tr_changes = cap(tr, "train", epochs=scale.max_epochs, computation_time=scale.max_computation_time)
+    tr_changes = cap(tr, "train", epochs=scale.max_epochs, computation_time=scale.max_computation_time,
+                     first_step_time=scale.max_computation_time)
     if tr.total_steps and "train.total_steps" not in explicit and scale.max_steps:
         tr_changes["total_steps"] = min(tr.total_steps, scale.max_steps)
     if "computation_time" in tr_changes and "train.computation_time_stdev" not in explicit:

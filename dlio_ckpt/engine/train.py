@@ -353,6 +353,7 @@ class _Training:
         self.last_checkpoint_step = step if step > 0 else -1
         self.last_checkpoint_end = time.perf_counter()
         self.warming = True
+        self.compute.restarted()
         fault = fault_how("resume", self.world.rank)
         if fault == "perturb-state" and step > 0:
             perturb_state(self.checkpoints, self.world.rank)
