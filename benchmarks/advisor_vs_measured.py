@@ -25,7 +25,11 @@ the simulated iteration share x the calibration's compute share), as the advisor
 issue's target: within 3 points on the mean over intervals, every interval within 5. Beside the
 advisor's expectation, each held-out run is replayed with its own failure times (drawn from its
 failures.seed as the engine draws them) and the calibrated costs, and with its own costs too (the
-simulator's model of the engine alone, without the costs' drift between runs). The sweep's runs
+simulator's model of the engine alone, without the costs' drift between runs). The advisor's
+expectation is over the fitted runs' own costs (advisor/expectation.py); the figure at the
+typical run's costs is printed beside it. Also printed: where each run's wall time went, measured
+and as the simulator charges it for the run's failure times, and each cost per failure fitted
+over the runs (`decomposition`). The sweep's runs
 are made in a seeded shuffled order, and with `nice` (the machine is shared):
 
     nice python benchmarks/advisor_vs_measured.py --sweep DIR --mtbf 5 --seeds 1,...,13 --held-out \
