@@ -4,7 +4,8 @@ Calibrate (advisor/calibrate.py) -> candidates per measured strategy/encoding (s
 exhaustive simulation of all of them and, beside it, a surrogate trained on simulator samples
 around the calibrated system that ranks them and confirms its top few (surrogate.py) -> the
 answer, the Young/Daly baseline and both search times, re-scored on a fresh seed so the winner is
-not flattered by the trace it won on. Bad input is one line and exit 2, with nothing written;
+not flattered by the trace it won on, and expected over the calibration runs' own costs
+(advisor/expectation.py: measured goodput is a mean over runs of spread costs). Bad input is one line and exit 2, with nothing written;
 the plot is written only after the advice is complete.
 """
 
