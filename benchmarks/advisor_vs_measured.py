@@ -25,7 +25,11 @@ the simulated iteration share x the calibration's compute share), as the advisor
 issue's target: within 3 points on the mean over intervals, every interval within 5. Beside the
 advisor's expectation, each held-out run is replayed with its own failure times (drawn from its
 failures.seed as the engine draws them) and the calibrated costs, and with its own costs too (the
-simulator's model of the engine alone, without the costs' drift between runs). The sweep's runs
+simulator's model of the engine alone, without the costs' drift between runs). The advisor's
+expectation is over the fitted runs' own costs (advisor/expectation.py); the figure at the
+typical run's costs is printed beside it. Also printed: where each run's wall time went, measured
+and as the simulator charges it for the run's failure times, and each cost per failure fitted
+over the runs (`decomposition`). The sweep's runs
 are made in a seeded shuffled order, and with `nice` (the machine is shared):
 
     nice python benchmarks/advisor_vs_measured.py --sweep DIR --mtbf 5 --seeds 1,...,13 --held-out \
@@ -35,6 +39,7 @@ are made in a seeded shuffled order, and with `nice` (the machine is shared):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import shutil
@@ -44,12 +49,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import environment, table, tool, write_json  # noqa: E402
 
 from dlio_ckpt.advisor.calibrate import Calibration, calibrate, run_costs  # noqa: E402
+from dlio_ckpt.advisor.expectation import expected_goodput, members  # noqa: E402
 from dlio_ckpt.advisor.simulate import FailureTrace, Plan, simulate  # noqa: E402
-from dlio_ckpt.plan.failures import failure_time  # noqa: E402
+from dlio_ckpt.plan.failures import failure_gap  # noqa: E402
 
 BASE = ["workload=unet3d", "scale=tiny", "dataset.num_files_train=48", "dataset.num_samples_per_file=1",
         "dataset.record_length_bytes=16KiB", "dataset.record_length_bytes_stdev=0", "dataset.record_length_bytes_min=1",
@@ -144,6 +152,13 @@ def sweep_runs(folder: Path, mtbf_s: float = SWEEP_MTBF_S, intervals=SWEEP_INTER
                               for k, seed in combos})
 
 
+@functools.lru_cache(maxsize=None)
+def failure_times(mtbf_s: float, seed: int, count: int = 400) -> tuple[float, ...]:
+    """The engine's failure times for `failures.seed` (plan/failures.py: failure_time, whose sum over
+    the gaps is recomputed per failure; here once per seed)."""
+    return tuple(float(t) for t in np.cumsum([failure_gap(mtbf_s, seed, i) for i in range(count)]))
+
+
 def _seed_of(path: str) -> int:
     return int(Path(path).name.rsplit("seed", 1)[-1])
 
@@ -162,9 +177,58 @@ def replay_schedule(system, k: int, steps: int, mtbf_s: float, seed: int, kind: 
     """Iteration goodput the simulator gives one run of failures.seed `seed`: the same failure
     times as the engine drew for it (plan/failures.py), not a fresh draw, so the comparison
     leaves out the luck of the failures and keeps the model and the calibrated costs."""
-    times = tuple(failure_time(mtbf_s, seed, i) for i in range(400))
+    times = failure_times(mtbf_s, seed)
     trace = FailureTrace(replicates=1, at_s=times, kinds=(kind,) * len(times))
     return simulate(system, Plan(k, (1,)), steps, trace, final_checkpoint=steps % k == 0, give_up=GIVE_UP).goodput
+
+
+def _replayed_outcome(system, run, mtbf_s: float):
+    """The simulator's outcome for `run`'s own failure times (as replay_schedule), with `system`'s costs."""
+    times = failure_times(mtbf_s, _seed_of(run.path))
+    trace = FailureTrace(replicates=1, at_s=times, kinds=("node",) * len(times))
+    return simulate(system, Plan(run.interval_steps, (1,)), run.steps, trace,
+                    final_checkpoint=run.steps % run.interval_steps == 0, give_up=GIVE_UP)
+
+
+PARTS = ("iteration_s", "checkpoint_and_lost_s", "restart_s", "wall_s")
+
+
+def decompose(runs, fit, system, mtbf_s: float) -> dict:
+    """Where each run's wall time went, measured and as the simulator charges it for the same failure
+    times, with the run's own costs and with the pooled (typical run's) costs; summed over the fitted
+    and the held-out runs. Iteration: surviving steps' compute, data wait and the loop's own time;
+    checkpoint and lost: stalls (redone ones included) and steps redone (the engine books a redone
+    checkpoint's stall as checkpoint time, the simulator as lost work: only their sum compares);
+    restart: restore and warm-up. Also each cost per failure, fitted over the runs (least squares on
+    steps run, checkpoints written and failures): what a failure costs beyond what is charged."""
+    totals: dict = {}
+    design, targets = [], {"other_s": [], "data_wait_s": [], "checkpoint_s": [], "restart_s": []}
+    for run in runs:
+        acc = json.loads((Path(run.path) / "summary.json").read_text())["time_accounting"]
+        own_system, _ = Calibration(runs=[run], notes=[]).system(run.variant, None, mtbf_s=mtbf_s, node_fraction=1.0)
+        measured = (acc["useful_compute_s"] + acc["data_wait_s"] + acc["other_s"], acc["checkpoint_s"] + acc["lost_work_s"],
+                    acc["restart_s"], acc["wall_s"])
+        charged = {}
+        for name, sys_ in (("own_costs", own_system), ("pooled_costs", system)):
+            o = _replayed_outcome(sys_, run, mtbf_s)
+            charged[name] = (o.useful_s, o.checkpoint_s + o.lost_work_s, o.restart_s, o.wall_s)
+        group = totals.setdefault("fit" if run in fit else "held_out", {"runs": 0, "failures": 0})
+        group["runs"] += 1
+        group["failures"] += run.failures
+        for source, values in (("measured", measured), *charged.items()):
+            for part, value in zip(PARTS, values):
+                group.setdefault(source, dict.fromkeys(PARTS, 0.0))[part] += value
+        design.append([run.steps + acc["lost_steps"], run.checkpoints_per_step * (run.steps + acc["lost_steps"]), run.failures])
+        for key in targets:
+            targets[key].append(acc[key])
+    x = np.array(design, dtype=float)
+    per_failure = {}
+    for key, y in targets.items():
+        coef, *_ = np.linalg.lstsq(x, np.array(y), rcond=None)
+        resid = np.array(y) - x @ coef
+        se = np.sqrt(np.diag(np.sum(resid ** 2) / max(1, len(y) - 3) * np.linalg.inv(x.T @ x)))
+        per_failure[key] = {"per_failure_s": float(coef[2]), "standard_error_s": float(se[2])}
+    return {"totals": totals, "per_failure": per_failure}
 
 
 def run_record(run, fitted: bool) -> dict:
@@ -192,6 +256,7 @@ def predict_sweep(folder: Path, mtbf_s: float = SWEEP_MTBF_S, fit_seeds: set[int
     (variant,) = calibration.variants
     system, info = calibration.system(variant, None, mtbf_s=mtbf_s, node_fraction=1.0)
     share = info["compute_share"]  # the calibration's: with the iteration split, compute over the per-step part
+    pool = members(fit, system, info["per_checkpoint_s"])
     steps = calibration.runs[0].steps
     rows = []
     for k in sorted({r.interval_steps for r in held}):
@@ -202,13 +267,18 @@ def predict_sweep(folder: Path, mtbf_s: float = SWEEP_MTBF_S, fit_seeds: set[int
         outcome = simulate(system, Plan(k, (1,)), steps, FailureTrace(replicates=400, seed=9),
                            final_checkpoint=steps % k == 0,  # the engine's fixed policy saves the last step too
                            give_up=GIVE_UP)
+        # the advisor's figure: expected over the fitted runs' own costs (advisor/expectation.py)
+        expected = expected_goodput(pool, system, Plan(k, (1,)), steps, FailureTrace(replicates=400, seed=9),
+                                    final_checkpoint=steps % k == 0, give_up=GIVE_UP)
         rows.append({"interval_steps": k, "runs": len(mine), "held_out_interval": fit_intervals is not None and k not in fit_intervals,
                      "measured_goodput_mean": statistics.mean(measured),
                      "measured_goodput_sd": statistics.stdev(measured) if len(measured) > 1 else 0.0,
                      "measured_failures_mean": statistics.mean(s["failures"]["count"] for s in mine),
-                     "simulated_goodput": outcome.goodput * share, "simulated_failures": outcome.failures,
-                     "simulated_censored": outcome.censored,
-                     "difference_points": 100 * (outcome.goodput * share - statistics.mean(measured)),
+                     "simulated_goodput": expected.goodput, "simulated_goodput_spread": expected.spread,
+                     "simulated_failures": outcome.failures, "simulated_censored": outcome.censored,
+                     "difference_points": 100 * (expected.goodput - statistics.mean(measured)),
+                     "typical_run_goodput": outcome.goodput * share,
+                     "typical_run_difference_points": 100 * (outcome.goodput * share - statistics.mean(measured)),
                      "replayed_goodput_mean": statistics.mean(replayed),
                      "replayed_difference_points": 100 * (statistics.mean(replayed) - statistics.mean(measured)),
                      "replayed_run_max_abs_difference_points": max(100 * abs(a - b) for a, b in zip(replayed, measured)),
@@ -218,14 +288,18 @@ def predict_sweep(folder: Path, mtbf_s: float = SWEEP_MTBF_S, fit_seeds: set[int
     best_measured = max(rows, key=lambda r: r["measured_goodput_mean"])["interval_steps"]
     best_simulated = max(rows, key=lambda r: r["simulated_goodput"])["interval_steps"]
     errors = [abs(r["difference_points"]) for r in rows]
+    typical_errors = [abs(r["typical_run_difference_points"]) for r in rows]
     replay_errors = [abs(r["replayed_difference_points"]) for r in rows]
     return {"mtbf_s": mtbf_s, "system": {"step_s": system.step_s, "blocking_s": system.levels[0].blocking_s,
                                          "restore_s": system.levels[0].restore_s, "restart_overhead_s": system.downtime_s,
                                          "compute_share": share},
             "fit_runs": sorted(Path(r.path).name for r in fit), "held_out_runs": sorted(Path(r.path).name for r in held),
             "per_step_s": info["per_step_s"], "per_checkpoint_s": info["per_checkpoint_s"],
-            "rows": rows, "runs": sorted(per_run, key=lambda r: r["started_at"]), "best_interval_measured": best_measured, "best_interval_simulated": best_simulated,
+            "rows": rows, "decomposition": decompose(fit + held, fit, system, mtbf_s),
+            "runs": sorted(per_run, key=lambda r: r["started_at"]), "best_interval_measured": best_measured, "best_interval_simulated": best_simulated,
             "mean_abs_difference_points": statistics.mean(errors), "max_abs_difference_points": max(errors),
+            "typical_run_mean_abs_difference_points": statistics.mean(typical_errors),
+            "typical_run_max_abs_difference_points": max(typical_errors),
             "replayed_mean_abs_difference_points": statistics.mean(replay_errors),
             "replayed_max_abs_difference_points": max(replay_errors)}
 
@@ -235,16 +309,29 @@ def show_sweep(result: dict) -> None:
                   f"{r['measured_failures_mean']:.1f}", f"{r['simulated_failures']:.1f}",
                   f"{100 * r['measured_goodput_mean']:.1f} +- {100 * r['measured_goodput_sd']:.1f}",
                   f"{100 * r['simulated_goodput']:.1f}", f"{r['difference_points']:+.1f}",
+                  f"{100 * r['typical_run_goodput']:.1f}", f"{r['typical_run_difference_points']:+.1f}",
                   f"{100 * r['replayed_goodput_mean']:.1f}", f"{r['replayed_difference_points']:+.1f}",
                   f"{r['replayed_run_max_abs_difference_points']:.1f}", f"{r['own_costs_difference_points']:+.1f}",
                   f"{r['own_costs_run_max_abs_difference_points']:.1f}"] for r in result["rows"]],
                 ["interval", "runs", "failures", "simulated failures", "measured % (sd)", "expected %", "diff (pts)",
+                 "typical run's costs %", "diff (pts)",
                  "same failures %", "diff (pts)", "worst run (pts)", "own costs: diff", "worst run"]))
     print(f"best interval: measured {result['best_interval_measured']}, simulated {result['best_interval_simulated']}; "
           f"|difference| mean {result['mean_abs_difference_points']:.1f} points, max {result['max_abs_difference_points']:.1f} "
           f"(calibrated from {len(result['fit_runs'])} runs, measured on {len(result['held_out_runs'])}); "
+          f"at the typical run's costs: mean {result['typical_run_mean_abs_difference_points']:.1f}, "
+          f"max {result['typical_run_max_abs_difference_points']:.1f}; "
           f"with each run's own failure times: mean {result['replayed_mean_abs_difference_points']:.1f}, "
           f"max {result['replayed_max_abs_difference_points']:.1f}")
+
+
+def show_decomposition(result: dict) -> None:
+    parts = result["decomposition"]
+    for group, t in parts["totals"].items():
+        print(f"{group} ({t['runs']} runs, {t['failures']} failures), seconds measured / own costs / pooled costs: "
+              + "; ".join(f"{p[:-2]} {t['measured'][p]:.1f} / {t['own_costs'][p]:.1f} / {t['pooled_costs'][p]:.1f}" for p in PARTS))
+    print("per failure beyond the steps and checkpoints (least squares over the runs): "
+          + ", ".join(f"{k} {v['per_failure_s']:+.4f} +- {v['standard_error_s']:.4f} s" for k, v in parts["per_failure"].items()))
 
 
 def main() -> None:
@@ -272,6 +359,7 @@ def main() -> None:
         else:
             result = predict_sweep(args.sweep, args.mtbf)
         show_sweep(result)
+        show_decomposition(result)
         if args.out:
             write_json(args.out, {"environment": environment("."), **result})
         return

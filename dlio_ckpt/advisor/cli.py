@@ -4,7 +4,8 @@ Calibrate (advisor/calibrate.py) -> candidates per measured strategy/encoding (s
 exhaustive simulation of all of them and, beside it, a surrogate trained on simulator samples
 around the calibrated system that ranks them and confirms its top few (surrogate.py) -> the
 answer, the Young/Daly baseline and both search times, re-scored on a fresh seed so the winner is
-not flattered by the trace it won on. Bad input is one line and exit 2, with nothing written;
+not flattered by the trace it won on, and expected over the calibration runs' own costs
+(advisor/expectation.py: measured goodput is a mean over runs of spread costs). Bad input is one line and exit 2, with nothing written;
 the plot is written only after the advice is complete.
 """
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from dlio_ckpt import __version__
 from dlio_ckpt.advisor.calibrate import Calibration, calibrate
+from dlio_ckpt.advisor.expectation import Member, expected_goodput, members
 from dlio_ckpt.advisor.plot import write_png
 from dlio_ckpt.advisor.search import Candidate, Settings, candidates, exhaustive, feature_matrix, score, young_daly
 from dlio_ckpt.advisor.simulate import Outcome
@@ -78,7 +80,9 @@ MAX_MTBF_S = 1e9  # about 32 years: a job's MTBF beyond it has no failures to pl
 MAX_SEED = 2**63 - 1
 MIN_STEP_S = 1e-7  # a calibrated iteration below it is damage (a simulated job is MTBF / iteration steps long)
 GOODPUT_DEFINITION = ("goodput = useful compute / training wall time, as the runs' summary.json measures it: the simulated "
-                      "share of wall time in surviving iterations x the measured compute share of an iteration")
+                      "share of wall time in surviving iterations x the measured compute share of an iteration, "
+                      "expected over the calibration runs' own costs (each run one draw of the machine's load; "
+                      "+- the spread between them)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -122,11 +126,22 @@ def _outcome(o: Outcome, compute_share: float) -> dict[str, Any]:
     wall time): the simulated share of wall time in surviving iterations (`iteration_goodput`)
     times the measured compute share of an iteration."""
     whole = not o.censored
-    return {"goodput": o.goodput * compute_share, "iteration_goodput": o.goodput, "compute_share": compute_share,
+    return {"goodput": o.goodput * compute_share, "goodput_typical_run": o.goodput * compute_share,
+            "iteration_goodput": o.goodput, "compute_share": compute_share,
             "goodput_sd": o.goodput_sd * compute_share, "failures": o.failures, "censored": o.censored,
             "checkpoint_share": o.checkpoint_s / o.wall_s if whole else None,
             "lost_work_share": o.lost_work_s / o.wall_s if whole else None,
             "restart_share": o.restart_s / o.wall_s if whole else None, "restores_by_level": o.restores_by_level}
+
+
+def _expected(c: Candidate, pool: list[Member], settings: Settings) -> dict[str, Any]:
+    """The row's goodput expected over the calibration runs' own costs (advisor/expectation.py), for
+    the same job and failures as the typical run's figure, which stays as `goodput_typical_run`;
+    with no runs at the advised world size (projected), the typical run's figure alone."""
+    if not pool:
+        return {"goodput_spread": None, "goodput_by_run": {}, "calibration_runs": 0}
+    got = expected_goodput(pool, c.system, c.plan, settings.work_steps(c.system), settings.trace())
+    return {"goodput": got.goodput, "goodput_spread": got.spread, "goodput_by_run": got.by_run, "calibration_runs": len(pool)}
 
 
 def _config(c: Candidate, level_bytes: dict[str, float]) -> dict[str, Any]:
@@ -149,12 +164,15 @@ def advise(args: argparse.Namespace) -> tuple[dict[str, Any], Candidate, Setting
     settings = Settings(seed=args.seed)
     pool: list[Candidate] = []
     systems, baselines, infos = [], [], []
+    spread: dict[str, list[Member]] = {}
     for variant in calibration.variants:
         system, info = calibration.system(variant, args.world_size, args.mtbf_s, args.node_failure_share)
         system = replace(system, weibull_shape=args.weibull_shape)
         _check_system(system, variant, args)
         systems.append(system)
         infos.append(info)
+        pooled = [r for r in calibration.runs if r.variant == variant and r.world_size == info["world_size"]]
+        spread[variant] = members(pooled, system, info["per_checkpoint_s"])  # none when projected
         pool += candidates(system, args.intervals, variant)
         baselines.append(young_daly(system, variant))
 
@@ -195,7 +213,8 @@ def advise(args: argparse.Namespace) -> tuple[dict[str, Any], Candidate, Setting
     searched = {"best": best_outcome.goodput, "surrogate": found.outcome.goodput if found else None}
     table = {name: {"configuration": _config(c, level_bytes[c.variant]), "predicted_goodput": p,
                     "search_goodput": (searched[name] * share[c.variant] if searched.get(name) is not None else None),
-                    **_outcome(score(c, fresh), share[c.variant])} for (name, c), p in zip(rows.items(), predicted)}
+                    **_outcome(score(c, fresh), share[c.variant]), **_expected(c, spread[c.variant], fresh)}
+             for (name, c), p in zip(rows.items(), predicted)}
     search_doc["settings"] = {"horizon_mtbf": settings.horizon_mtbf, "replicates": settings.replicates, "seed": settings.seed,
                               "rescored_with": {"seed": fresh.seed, "replicates": fresh.replicates}}
     doc = {
@@ -230,6 +249,12 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f} %"
 
 
+def _spread(row: dict[str, Any]) -> str:
+    if not row.get("calibration_runs"):
+        return ""
+    return f" +- {100 * row['goodput_spread']:.2f} ({row['calibration_runs']} runs)"
+
+
 def _rate(bps: float | None) -> str:
     """A bandwidth in B/s, in the largest unit under 1,000 of it."""
     if bps is None:
@@ -256,14 +281,14 @@ def format_text(doc: dict[str, Any]) -> str:
         lines += [f"  assumed: {a}" for a in s["assumed"]]
         lines.append(f"  compute share of an iteration (measured): {s['compute_share']:.1%}")
     lines += ["", doc["goodput"] + ".",
-              "| | configuration | interval | bandwidth needed | predicted | goodput (simulated, fresh seed) | checkpoint | lost work | restart |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| | configuration | interval | bandwidth needed | predicted | goodput (simulated, fresh seed) | at the typical run's costs | checkpoint | lost work | restart |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in doc["advice"].items():
         cfg = row["configuration"]
         bandwidth = ", ".join(f"{lv} {_rate(b)}" for lv, b in cfg["bandwidth_Bps"].items())
         lines.append(f"| {name} | {cfg['description']} | {cfg['interval_steps']} steps = {cfg['interval_s']:.4g} s = "
                      f"{cfg['interval_min']:.4g} min | {bandwidth} | {_pct(row['predicted_goodput'])} | "
-                     f"{_pct(row['goodput'])} | {_pct(row['checkpoint_share'])} | {_pct(row['lost_work_share'])} | "
+                     f"{_pct(row['goodput'])}{_spread(row)} | {_pct(row['goodput_typical_run'])} | {_pct(row['checkpoint_share'])} | {_pct(row['lost_work_share'])} | "
                      f"{_pct(row['restart_share'])} |")
     if doc["advice"]["best"]["censored"]:
         lines.append("warning: even the best configuration loses more than 75 % of the time in some replicates "
