@@ -10,8 +10,9 @@
   training clock's start, the per-step meeting of train.gradient_sync).
 
 Points: `start` (on every rank once its World exists, before the run folder is chosen);
-`train` (before the first step); `step` (with `delay=`: before each training step's compute); `checkpoint-step:<N>` (after a rank's first file of the
-checkpoint at step N: with single_writer, after a non-root rank sent its first file to rank 0);
+`train` (before the first step); `step` (before each training step's compute: for `delay=`);
+`checkpoint-step:<N>` (after a rank's first file of the checkpoint at step N: with single_writer,
+after a non-root rank sent its first file to rank 0);
 `checkpoint-write:<N>` (inside the write of each of a rank's files of checkpoint N, after its first
 chunk reached the file, so a partial file is on disk); `generate-write` (inside the write of a
 rank's first dataset file, after the format wrote it under its final name, before its fsync). Unset, a fault
