@@ -6,10 +6,13 @@
 - `enospc`: raise OSError(ENOSPC) for the file being written, as a full disk would;
 - `interrupt`: raise KeyboardInterrupt, as Ctrl-C does when only that rank sees it in Python (the
   others are inside an MPI call, where Python never sees the signal).
+- `delay=<seconds>`: sleep that long and go on, as a rank slower than the others would (the
+  training clock's start, the per-step meeting of train.gradient_sync).
 
 Points: `start` (on every rank once its World exists, before the run folder is chosen);
-`train` (before the first step); `checkpoint-step:<N>` (after a rank's first file of the
-checkpoint at step N: with single_writer, after a non-root rank sent its first file to rank 0);
+`train` (before the first step); `step` (before each training step's compute: for `delay=`);
+`checkpoint-step:<N>` (after a rank's first file of the checkpoint at step N: with single_writer,
+after a non-root rank sent its first file to rank 0);
 `checkpoint-write:<N>` (inside the write of each of a rank's files of checkpoint N, after its first
 chunk reached the file, so a partial file is on disk); `generate-write` (inside the write of a
 rank's first dataset file, after the format wrote it under its final name, before its fsync). Unset, a fault
@@ -25,6 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 
 from dlio_ckpt.errors import RunFailure
 
@@ -43,6 +47,9 @@ def fault_point(point: str, rank: int, path: str = "") -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "interrupt":
         raise KeyboardInterrupt
+    if how.startswith("delay="):
+        time.sleep(float(how[len("delay="):]))
+        return
     if how == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path or None)
     raise RunFailure(f"failure injected at {point} on rank {rank} ({VARIABLE})")

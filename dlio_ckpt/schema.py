@@ -129,6 +129,7 @@ class TrainConfig:
     computation_distribution: Literal["fixed", "normal", "uniform", "lognormal"]
     seed: int
     step_counting: Literal["global", "dlio"]  # dlio: floor(samples/batch/ranks) steps per epoch; steps counted per epoch
+    gradient_sync: Literal["none", "barrier", "allreduce"]  # the ranks meet after each step's compute (DDP's all-reduce)
     first_step_time: float = 0.0  # once per process start: a framework's tracing/compilation on its first step
 
     def validate(self, key: str) -> None:

@@ -113,6 +113,17 @@ class World:
         """A point-to-point send that waits for its receiver without spinning (wait_politely)."""
         wait_politely(self.comm.Isend(buffer, dest=dest, tag=tag))
 
+    def allreduce_buffer(self, send: Any, receive: Any) -> None:
+        """Sum the numpy buffer `send` over the ranks into `receive`: a data-parallel step's gradient
+        all-reduce (engine/step_sync.py). The ranks meet first (barrier), then the all-reduce runs
+        blocking: a non-blocking one progresses only while tested, and tested between sleeps it
+        took 2-5x as long (4.9 MB, 2 ranks: 6-28 ms against 5-11 ms)."""
+        if self.comm is None:
+            receive[...] = send
+            return
+        self.barrier()
+        self.comm.Allreduce(send, receive)
+
     def allreduce_max(self, value: float) -> float:
         return max(self.allgather(value))
 

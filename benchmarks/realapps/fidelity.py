@@ -145,7 +145,7 @@ def emulated_metrics(summary: dict) -> dict:
     train, ckpt = summary["train"], summary.get("checkpoint", {})
     saves = ckpt.get("per_checkpoint", [])
     return {"steps": train["steps"], "wall_s": train["wall_s"], "data_wait_s": train["data_wait_s"],
-            "compute_s": train["compute_s"],
+            "compute_s": train["compute_s"], "sync_wait_s": train.get("sync_wait_s", 0.0),
             "checkpoint_s": [c["blocking_s_max"] - c.get("prepare_s_max", 0.0) for c in saves],
             "checkpoint_blocking_s": [c["blocking_s_max"] for c in saves],
             "checkpoint_framework_s": [c.get("framework_s_max", 0.0) for c in saves],

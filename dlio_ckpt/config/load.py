@@ -300,6 +300,11 @@ def uses_checkpoints(config: RunConfig) -> bool:
 
 def check_model_fit(config: RunConfig, world_size: int) -> None:
     """A run that checkpoints needs a model, split the way its parallelism says, on these ranks."""
+    if config.train.gradient_sync == "allreduce" and config.model.kind == "none" and config.mode == "train":
+        raise ConfigError(
+            f"train.gradient_sync: allreduce sends the model's gradients, and workload {config.workload} has no model "
+            "(model.kind=none); set train.gradient_sync=barrier, or describe the model (model.kind=explicit)"
+        )
     if not uses_checkpoints(config):
         return
     model = config.model

@@ -136,6 +136,7 @@ def _phases(ctx: RunContext, fmt: Any, plan: Any, lease: DatasetLease) -> tuple[
             "payload_bytes": result.payload_bytes,
             "compute_s": result.compute_s,
             "data_wait_s": result.data_wait_s,
+            "sync_wait_s": result.sync_wait_s,
             "train_wall_s": result.wall_s,
             "au_compute_s": result.au_blocks.compute_s,
             "au_wall_s": result.au_blocks.wall_s,

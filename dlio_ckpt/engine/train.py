@@ -32,13 +32,15 @@ from dlio_ckpt.engine.failures import (FailureInjector, InjectedFailure, Restart
 from dlio_ckpt.engine.readers import NativeReader, TensorFlowReader, TransferReader
 from dlio_ckpt.engine.relaunch import mark_note_done, read_resumed_note, write_resume_note
 from dlio_ckpt.engine.resume_checks import ResumeChecks, UninterruptedRun, state_digest, truth_state_factory
+from dlio_ckpt.engine.step_sync import StepSync, gradient_bytes, steps_every_rank_takes
 from dlio_ckpt.engine.workers import ProcessReader, workers_fork
 from dlio_ckpt.errors import RunFailure
-from dlio_ckpt.faults import fault_how
+from dlio_ckpt.faults import fault_how, fault_point
 from dlio_ckpt.formats.base import DatasetFormat, FormatOptions
 from dlio_ckpt.metrics.goodput import Ledger
 from dlio_ckpt.metrics.progress import Progress
 from dlio_ckpt.plan.dataset import DatasetPlan
+from dlio_ckpt.plan.model import build_model_plan
 from dlio_ckpt.plan.failures import FailureSchedule
 from dlio_ckpt.plan.read import Batch, EpochReadPlan, check_world, dlio_steps_per_epoch, plan_epoch
 from dlio_ckpt.plan.resume import ResumePoint, resume_plan
@@ -77,7 +79,8 @@ class TrainResult:
     steps: int = 0
     samples: int = 0
     payload_bytes: int = 0
-    compute_s: float = 0.0
+    compute_s: float = 0.0  # the emulated compute, the per-step meeting's wait included (train.gradient_sync)
+    sync_wait_s: float = 0.0  # of compute_s: waiting for the other ranks at the per-step meeting
     data_wait_s: float = 0.0  # blocked waiting for the next batch
     wall_s: float = 0.0  # the training loop, evaluation excluded
     eval_samples: int = 0
@@ -169,6 +172,7 @@ class _Training:
         self.max_batches = dlio_steps_per_epoch(plan.train, config.reader.batch_size, world.size, self.whole,
                                                 config.train.total_steps) if self.dlio else None
         self.first_plan = self.epoch_plan(1, config.reader.shuffle_seed)
+        self.sync = self.step_sync()
         prepare = getattr(self.reader, "prepare", None)
         if prepare is not None:  # tf.data: the pipeline is built before training, as a program builds its dataset
             prepare(self.first_plan)
@@ -188,6 +192,20 @@ class _Training:
         return plan_epoch(self.plan.train, reader, self.world.rank, self.world.size, epoch, self.sequential,
                           whole_files=self.whole, max_batches=self.max_batches)
 
+    def step_sync(self) -> StepSync:
+        """train.gradient_sync: the per-step meeting of the ranks (engine/step_sync.py)."""
+        config, world = self.config, self.world
+        mode = config.train.gradient_sync
+        steps = steps_every_rank_takes(self.plan.train, config.reader.batch_size, config.reader.drop_last, world.size,
+                                       self.whole, self.max_batches)
+        nbytes = 0
+        if mode == "allreduce":
+            model = getattr(getattr(self.checkpoints, "plan", None), "model", None)
+            if model is None:
+                model = build_model_plan(config.model, world.size, config.scale.max_model_bytes)
+            nbytes = gradient_bytes(model, world.rank)
+        return StepSync(world, mode, steps, nbytes)
+
     def uninterrupted_run(self) -> UninterruptedRun:
         """The truth the determinism checks compare with: from the configuration alone."""
         factory, files = truth_state_factory(self.checkpoints)
@@ -205,10 +223,15 @@ class _Training:
         total = (steps_per_epoch * config.train.epochs if self.dlio
                  else (config.train.total_steps or steps_per_epoch * config.train.epochs))
         self.progress = Progress("training", total, enabled=config.progress and world.is_root)
-        self.start = self.last_checkpoint_end = time.perf_counter()
         point = ResumePoint.start(config.reader.shuffle_seed)
         try:
+            # The broadcast meets every rank first (World.bcast): the training clock starts when all
+            # are ready, as a program's dist.barrier() before its loop. Started before it, a rank
+            # whose setup ended first counted its wait for the slowest one's (the checkpoint
+            # engine's, 0.1-0.9 s apart under load) as training time: ddp_dcp's intermittent extra
+            # wall time (docs/fidelity.md).
             note = world.bcast(read_resumed_note(self.ctx.run_dir) if world.is_root else None)
+            self.start = self.last_checkpoint_end = time.perf_counter()
             if note is not None:
                 point = self.relaunched(note)
             while True:
@@ -261,9 +284,13 @@ class _Training:
             waited = result.data_wait_s
             with closing(_waiting_for(self.reader.batches(run_plan), result)) as batches:
                 for index, batch in enumerate(batches):
+                    fault_point("step", self.world.rank)  # tests: DLIO_CKPT_FAULT=step@<rank>:delay=<s>, a slower rank
                     seconds = self.compute.run()
                     step += 1
                     epoch_step += 1
+                    synced = self.sync.meet(epoch_step)  # where backward's gradient all-reduce ends
+                    seconds += synced
+                    result.sync_wait_s += synced
                     result.steps = step
                     result.samples += batch.samples
                     result.payload_bytes += batch.payload_bytes

@@ -112,6 +112,7 @@ def train_section(ranks: list[dict[str, Any]], config: Any, page_cache_risk: boo
         "wall_s": wall_s,
         "compute_s": max(r["compute_s"] for r in ranks),
         "data_wait_s": max(r["data_wait_s"] for r in ranks),
+        "sync_wait_s": max(r.get("sync_wait_s", 0.0) for r in ranks),  # train.gradient_sync: of compute_s, the longest wait
         "time_shares": utilisation.time_shares(ranks),
         "au": au,
         "au_per_rank": au_per_rank,
@@ -164,7 +165,7 @@ def rank_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "train" in rank:
             row.update(samples=rank["samples"], steps=rank["steps"], train_bytes_read=int(_phase(rank, "train", "bytes_read")),
                        train_read_s=_phase(rank, "train", "read_s"), train_wall_s=rank["train_wall_s"],
-                       data_wait_s=rank["data_wait_s"])
+                       data_wait_s=rank["data_wait_s"], sync_wait_s=rank.get("sync_wait_s", 0.0))
         rows.append(row)
     return rows
 
