@@ -269,10 +269,10 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
     """Write one file with a format whose framework opens its own files (`fmt.writes_paths`).
 
     The framework's system calls bypass the traced storage, so the save call is timed here and
-    one write event per file it produced is recorded with the file's size on disk: the data file
-    over the whole call, its metadata files as instants at the call's end (TF writes the index last,
-    inside the same call; giving it the span too would count the call's time twice). Those sizes
-    are the only byte figures here that are file sizes, not counted write calls. The data file is
+    the write calls it made to each file it produced are recorded (`_record_framework_writes`):
+    the data file's over the whole call, its metadata files' as instants at the call's end (TF
+    writes the index last, inside the same call; giving it the span too would count the call's
+    time twice). The bytes recorded are each file's size on disk. The data file is
     then fsynced and read back for its checksum through the traced storage. Returns the data
     file's size and checksum, the bytes recorded for all its files, the save call plus fsync as
     `write_s` and the read-back as `verify_s`; the coordinator's merge renames it to `abspath`,
@@ -283,10 +283,10 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
     staged = fmt.write_paths(abspath, owner, tensors, chunks)
     end = clock.now()
     data_size = recorded = storage.file_size(staged.data)
-    storage.recorder.record("write", storage.phase, staged.data, 0, recorded, start, end)
+    _record_framework_writes(storage, fmt, staged.data, data_size, start, end)
     for other in staged.others:
         size = storage.file_size(other)
-        storage.recorder.record("write", storage.phase, other, 0, size, end, end)
+        _record_framework_writes(storage, fmt, other, size, end, end)
         recorded += size
     if not fsync and checksum == "none":  # checkpoint.durability=framework: what TF did, nothing more
         return FileWrite(data_size, "", recorded, end - start, 0.0, None)
@@ -295,21 +295,39 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
                      settled.write_s)
 
 
+def _record_framework_writes(storage: Any, fmt: Any, path: str, size: int, start: float, end: float) -> None:
+    """Record the write calls a framework made to the `size`-byte file at `path`: those its format
+    names (`fmt.write_calls`: TensorFlow's fwrites, as darshan-runtime's STDIO module counts them),
+    else one call of the whole file. TF does not time its calls one by one, so they share
+    [start, end] in proportion to their bytes, one after the other: the call's time and the file's
+    bytes stay what one event per file recorded, only split as the framework split them. The format
+    may read the file to tell (an index's blocks) through the untraced backend: that read is the
+    emulation's bookkeeping, not the program's I/O, so it is not recorded."""
+    calls = getattr(fmt, "write_calls", None)
+    writes = calls(path, size, getattr(storage, "inner", storage).read_whole) if calls is not None else [(0, size)]
+    span, done = end - start, 0
+    for offset, length in writes:
+        first = start + span * done / size if size else start
+        done += length
+        storage.recorder.record("write", storage.phase, path, offset, length, first,
+                                start + span * done / size if size else end)
+
+
 def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt: Any, fsync: bool, checksum: str,
                           chunk_bytes: int) -> list[tuple[str, int, str]]:
     """The coordinator's half of a path-writing format: merge the ranks' staged files into the
     framework's final names (`fmt.merge`), record what the framework did, fsync what it wrote and
     the folder (so its renames are durable), and return (path relative to `folder`, size,
-    checksum) of each file it wrote, for the manifest. The merge call's time goes to the file it
-    wrote; its renames and deletions are recorded as instants at its end (TF does not time them
-    one by one)."""
+    checksum) of each file it wrote, for the manifest. The merge call's time goes to the write
+    calls of the file it wrote (`_record_framework_writes`); its renames and deletions are
+    recorded as instants at its end (TF does not time them one by one)."""
     clock = storage.recorder.clock
     start = clock.now()
     merged = fmt.merge([os.path.join(folder, p) for p in data_paths])
     end = clock.now()
     sizes = {path: storage.file_size(path) for path in merged.written}
     for path in merged.written:
-        storage.recorder.record("write", storage.phase, path, 0, sizes[path], start, end)
+        _record_framework_writes(storage, fmt, path, sizes[path], start, end)
     for source, _ in merged.renamed:
         storage.recorder.record("rename", storage.phase, source, -1, 0, end, end)
     for path in merged.removed:

@@ -38,6 +38,7 @@ import numpy as np
 
 from dlio_ckpt.checkpoint.filebuf import FilebufStream
 from dlio_ckpt.checkpoint.framework_work import dcp_storage_setup
+from dlio_ckpt.checkpoint.tf_bundle_writes import data_file_writes, table_writes
 from dlio_ckpt.checkpoint.torch_archive import ArchiveNamed
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.optional import require
@@ -493,6 +494,14 @@ class TensorflowFormat(CheckpointFormatSpec):
                                                        for t in tensors],
                           shape_and_slices=[""] * len(tensors), tensors=values)
         return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))
+
+    @staticmethod
+    def write_calls(path: str, size: int, read: Callable[[str], bytes]) -> list[tuple[int, int]]:
+        """(offset, length) of each write call TF made to the file it wrote at `path` (`size` bytes):
+        a data file's 8 MiB buffer flushes, an index's table blocks as TableBuilder appended them
+        (read from the index, through `read`, an untraced read: the program reads nothing here).
+        See tf_bundle_writes.py."""
+        return table_writes(read(path)) if path.endswith(".index") else data_file_writes(size)
 
     def merge(self, data_paths: list[str]) -> MergedFiles:
         """MergeV2Checkpoints the staged shards into `<prefix>.index` + `<prefix>.data-*` files."""
