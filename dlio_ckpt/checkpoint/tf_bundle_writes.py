@@ -4,8 +4,8 @@ TensorFlow's SaveV2 and MergeV2Checkpoints open and write their files themselves
 storage never sees their calls; the engine records them from what this module works out. Each
 call is one `WritableFile::Append`, which TF's POSIX file turns into one `fwrite`: what
 darshan-runtime's STDIO module counts (strace sees fewer `write` syscalls, because glibc's stdio
-buffer joins the small ones). Pure functions of a size or a file's bytes; checked against TF 2.21
-under an fwrite interposer and under darshan-runtime (tests/test_tf_bundle_writes.py).
+buffer joins the small ones). Pure functions of a size or a file's bytes; measured with TF 2.21
+under an fwrite interposer, and checked against darshan-runtime by tests/test_tf_bundle_writes.py.
 
 - A data file (`.data-0000k-of-0000K`): BundleWriter appends every tensor through
   `tsl::BufferedWritableFile` with an 8 MiB buffer, which fills the buffer to the brim and
