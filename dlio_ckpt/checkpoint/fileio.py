@@ -282,11 +282,12 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
     start = clock.now()
     staged = fmt.write_paths(abspath, owner, tensors, chunks)
     end = clock.now()
+    calls = dict(staged.writes)
     data_size = recorded = storage.file_size(staged.data)
-    _record_framework_writes(storage, fmt, staged.data, data_size, start, end)
+    _record_framework_writes(storage, staged.data, data_size, calls.get(staged.data), start, end)
     for other in staged.others:
         size = storage.file_size(other)
-        _record_framework_writes(storage, fmt, other, size, end, end)
+        _record_framework_writes(storage, other, size, calls.get(other), end, end)
         recorded += size
     if not fsync and checksum == "none":  # checkpoint.durability=framework: what TF did, nothing more
         return FileWrite(data_size, "", recorded, end - start, 0.0, None)
@@ -295,16 +296,16 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
                      settled.write_s)
 
 
-def _record_framework_writes(storage: Any, fmt: Any, path: str, size: int, start: float, end: float) -> None:
-    """Record the write calls a framework made to the `size`-byte file at `path`: those its format
-    names (`fmt.write_calls`: TensorFlow's fwrites, as darshan-runtime's STDIO module counts them),
-    else one call of the whole file. TF does not time its calls one by one, so they share
-    [start, end] in proportion to their bytes, one after the other: the call's time and the file's
-    bytes stay what one event per file recorded, only split as the framework split them. The format
-    may read the file to tell (an index's blocks) through the untraced backend: that read is the
-    emulation's bookkeeping, not the program's I/O, so it is not recorded."""
-    calls = getattr(fmt, "write_calls", None)
-    writes = calls(path, size, getattr(storage, "inner", storage).read_whole) if calls is not None else [(0, size)]
+def _record_framework_writes(storage: Any, path: str, size: int, calls: tuple | None, start: float,
+                             end: float) -> None:
+    """Record the write calls a framework made to the `size`-byte file at `path`: `calls`
+    ((offset, length) each, as its format worked them out: TensorFlow's fwrites, as
+    darshan-runtime's STDIO module counts them), else one call of the whole file. TF does not time
+    its calls one by one, so they share [start, end] in proportion to their bytes, one after the
+    other: the call's time stays what one event per file recorded, split as the framework split
+    the file. The bytes recorded are the file's size on disk, as before: calls that do not add up
+    to it (a framework version whose files differ from the one measured) give way to one call."""
+    writes = calls if calls is not None and sum(length for _, length in calls) == size else ((0, size),)
     span, done = end - start, 0
     for offset, length in writes:
         first = start + span * done / size if size else start
@@ -314,20 +315,23 @@ def _record_framework_writes(storage: Any, fmt: Any, path: str, size: int, start
 
 
 def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt: Any, fsync: bool, checksum: str,
-                          chunk_bytes: int) -> list[tuple[str, int, str]]:
+                          chunk_bytes: int, tensors: dict | None = None) -> list[tuple[str, int, str]]:
     """The coordinator's half of a path-writing format: merge the ranks' staged files into the
-    framework's final names (`fmt.merge`), record what the framework did, fsync what it wrote and
+    framework's final names (`fmt.merge`; `tensors`, relative path -> (owner, tensors), tells it
+    the write calls of the files it writes), record what the framework did, fsync what it wrote and
     the folder (so its renames are durable), and return (path relative to `folder`, size,
     checksum) of each file it wrote, for the manifest. The merge call's time goes to the write
     calls of the file it wrote (`_record_framework_writes`); its renames and deletions are
     recorded as instants at its end (TF does not time them one by one)."""
     clock = storage.recorder.clock
     start = clock.now()
-    merged = fmt.merge([os.path.join(folder, p) for p in data_paths])
+    merged = fmt.merge([os.path.join(folder, p) for p in data_paths],
+                       None if tensors is None else {os.path.join(folder, p): held for p, held in tensors.items()})
     end = clock.now()
     sizes = {path: storage.file_size(path) for path in merged.written}
+    calls = dict(merged.writes)
     for path in merged.written:
-        _record_framework_writes(storage, fmt, path, sizes[path], start, end)
+        _record_framework_writes(storage, path, sizes[path], calls.get(path), start, end)
     for source, _ in merged.renamed:
         storage.recorder.record("rename", storage.phase, source, -1, 0, end, end)
     for path in merged.removed:

@@ -1,11 +1,12 @@
-"""The write calls TensorFlow makes for the files of a tensor bundle, from their sizes and bytes.
+"""The write calls TensorFlow makes for the files of a tensor bundle, from their sizes and entries.
 
 TensorFlow's SaveV2 and MergeV2Checkpoints open and write their files themselves, so the traced
 storage never sees their calls; the engine records them from what this module works out. Each
 call is one `WritableFile::Append`, which TF's POSIX file turns into one `fwrite`: what
 darshan-runtime's STDIO module counts (strace sees fewer `write` syscalls, because glibc's stdio
-buffer joins the small ones). Pure functions of a size or a file's bytes; measured with TF 2.21
-under an fwrite interposer, and checked against darshan-runtime by tests/test_tf_bundle_writes.py.
+buffer joins the small ones). Pure functions of a file's size or an index's entries, so that
+nothing is read back (a read the program does not make); measured with TF 2.21 under an fwrite
+interposer, and checked against darshan-runtime and TF's own files by tests/test_tf_bundle_writes.py.
 
 - A data file (`.data-0000k-of-0000K`): BundleWriter appends every tensor through
   `tsl::BufferedWritableFile` with an 8 MiB buffer, which fills the buffer to the brim and
@@ -15,18 +16,17 @@ under an fwrite interposer, and checked against darshan-runtime by tests/test_tf
 - An index (`.index`, staged or merged): a leveldb table written by TableBuilder straight to the
   file: per block (the data blocks, then the metaindex block, then the index block) one call for
   its contents and one for its 5-byte trailer, then one for the 48-byte footer. Where its data
-  blocks end (TableBuilder cuts them at 256 KiB) is read from the table itself: the footer names
-  the index block, whose entries name every data block.
+  blocks end (TableBuilder cuts them at 256 KiB) follows from its keys and the sizes of their
+  values (`table_writes`), which the format knows: the tensors' names and BundleEntryProtos.
 """
 
 from __future__ import annotations
 
-import struct
-
 DATA_BUFFER_BYTES = 8 << 20  # BundleWriter's BufferedWritableFile (tensor_bundle.cc: 8 << 20)
 BLOCK_TRAILER_BYTES = 5  # a block's compression type (1 byte) and masked CRC32C (4 bytes)
 FOOTER_BYTES = 48  # two BlockHandles padded to 40 bytes, then the 8-byte magic number
-TABLE_MAGIC = 0xDB4775248B80FB57  # leveldb's kTableMagicNumber, which TF's table keeps
+BLOCK_BYTES = 256 << 10  # TF's table Options: block_size 262144
+RESTART_INTERVAL = 16  # and block_restart_interval
 
 
 def data_file_writes(size: int, buffer_bytes: int = DATA_BUFFER_BYTES) -> list[tuple[int, int]]:
@@ -35,73 +35,91 @@ def data_file_writes(size: int, buffer_bytes: int = DATA_BUFFER_BYTES) -> list[t
     return [(offset, min(buffer_bytes, size - offset)) for offset in range(0, size, buffer_bytes)]
 
 
-def table_writes(table: bytes | memoryview) -> list[tuple[int, int]]:
-    """(offset, length) of each write call TableBuilder made to produce `table` (an index file's
-    bytes), in file order. They cover the file exactly; ValueError names what does not fit."""
-    data = memoryview(table)
-    if len(data) < FOOTER_BYTES:
-        raise ValueError(f"not a TensorFlow table: {len(data)} bytes, shorter than its {FOOTER_BYTES}-byte footer")
-    footer = data[len(data) - FOOTER_BYTES:]
-    if struct.unpack("<Q", footer[40:])[0] != TABLE_MAGIC:
-        raise ValueError("not a TensorFlow table: its last 8 bytes are not the table magic number")
-    metaindex, at = _handle(footer, 0)
-    index, _ = _handle(footer, at)
-    blocks = [*_data_blocks(data, index), metaindex, index]
-    writes, expected = [], 0
-    for offset, length in blocks:
-        if offset != expected:
-            raise ValueError(f"not a TensorFlow table: a block at byte {offset}, expected at {expected}")
-        writes += [(offset, length), (offset + length, BLOCK_TRAILER_BYTES)]
-        expected = offset + length + BLOCK_TRAILER_BYTES
-    if expected != len(data) - FOOTER_BYTES:
-        raise ValueError(f"not a TensorFlow table: its blocks end at byte {expected}, its footer starts at "
-                         f"{len(data) - FOOTER_BYTES}")
-    return writes + [(expected, FOOTER_BYTES)]
+def table_writes(entries: list[tuple[bytes, int]], block_bytes: int = BLOCK_BYTES,
+                 restart_interval: int = RESTART_INTERVAL) -> list[tuple[int, int]]:
+    """(offset, length) of each write call TableBuilder makes for a table of `entries` (key, length
+    of its value), given in key order, as TF's table_builder.cc (leveldb's) cuts and writes it:
+
+    - an entry takes varint32 (bytes shared with the previous key of its block, 0 at every 16th
+      entry: a restart), varint32 (the rest of the key), varint32 (value length), then the rest of
+      the key and the value; a block ends with a uint32 per restart and their count;
+    - a data block is written once its entries and restarts reach `block_bytes` (and at the end);
+      each written data block adds an index entry, keyed by the shortest key between its last key
+      and the next block's first (the last block: the shortest key after its last), whose value is
+      the block's handle (varint64 offset, varint64 size); every index entry is a restart;
+    - then the empty metaindex block (8 bytes), the index block and the 48-byte footer.
+    Every block is written as two calls: its contents, then its 5-byte trailer."""
+    writes: list[tuple[int, int]] = []
+    index: list[int] = []  # the index block's entries' sizes
+    offset = 0
+
+    def write_block(size: int) -> int:
+        nonlocal offset
+        writes.extend([(offset, size), (offset + size, BLOCK_TRAILER_BYTES)])
+        at, offset = offset, offset + size + BLOCK_TRAILER_BYTES
+        return at
+
+    block, restarts, counter, previous, last = 0, 1, 0, b"", b""
+    pending: tuple[int, int] | None = None  # the handle of a block written, waiting for its index key
+    for key, value_length in entries:
+        if pending is not None:
+            index.append(_index_entry(_separator(last, key), pending))
+            pending = None
+        if counter < restart_interval:
+            shared = _common_prefix(previous, key)
+        else:
+            restarts, counter, shared = restarts + 1, 0, 0
+        block += (varint_size(shared) + varint_size(len(key) - shared) + varint_size(value_length)
+                  + len(key) - shared + value_length)
+        counter, previous, last = counter + 1, key, key
+        if block + 4 * restarts + 4 >= block_bytes:
+            size = block + 4 * restarts + 4
+            pending = (write_block(size), size)
+            block, restarts, counter, previous = 0, 1, 0, b""
+    if block:
+        size = block + 4 * restarts + 4
+        pending = (write_block(size), size)
+    if pending is not None:
+        index.append(_index_entry(_successor(last), pending))
+    write_block(8)  # the metaindex block: no entries, one restart
+    write_block(sum(index) + 4 * max(len(index), 1) + 4)
+    return writes + [(offset, FOOTER_BYTES)]
 
 
-def _data_blocks(data: memoryview, index: tuple[int, int]) -> list[tuple[int, int]]:
-    """The BlockHandle of every data block, from the index block's entries (prefix-compressed
-    key, value = the block's handle), which end where its restart array begins."""
-    offset, length = index
-    if offset + length + BLOCK_TRAILER_BYTES > len(data) or length < 4:
-        raise ValueError(f"not a TensorFlow table: its index block ({offset}, {length}) lies outside the file")
-    if data[offset + length] != 0:
-        raise ValueError("not a TensorFlow table written uncompressed: its index block is compressed")
-    block = data[offset:offset + length]
-    restarts = struct.unpack("<I", block[length - 4:])[0]
-    end = length - 4 * (restarts + 1)
-    if end < 0:
-        raise ValueError(f"not a TensorFlow table: its index block has {restarts} restarts in {length} bytes")
-    handles, at = [], 0
-    while at < end:
-        _, at = _varint(block, at)  # bytes shared with the previous key
-        unshared, at = _varint(block, at)
-        value_length, at = _varint(block, at)
-        value_at = at + unshared
-        handle, value_end = _handle(block, value_at)
-        if value_end != value_at + value_length:
-            raise ValueError("not a TensorFlow table: an index entry's value is not one block handle")
-        handles.append(handle)
-        at = value_end
-    return handles
+def _index_entry(key: bytes, handle: tuple[int, int]) -> int:
+    value = varint_size(handle[0]) + varint_size(handle[1])
+    return 1 + varint_size(len(key)) + varint_size(value) + len(key) + value
 
 
-def _handle(data: memoryview, at: int) -> tuple[tuple[int, int], int]:
-    """A BlockHandle (varint64 offset, varint64 size) at `at`, and where it ends."""
-    offset, at = _varint(data, at)
-    length, at = _varint(data, at)
-    return (offset, length), at
+def _common_prefix(a: bytes, b: bytes) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
-def _varint(data: memoryview, at: int) -> tuple[int, int]:
-    """A little-endian base-128 varint at `at`, and where it ends."""
-    value = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise ValueError("not a TensorFlow table: a varint runs past its block")
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at
-        shift += 7
+def _separator(start: bytes, limit: bytes) -> bytes:
+    """The bytewise comparator's FindShortestSeparator: a short key >= start and < limit."""
+    n = _common_prefix(start, limit)
+    if n < min(len(start), len(limit)) and start[n] < 0xFF and start[n] + 1 < limit[n]:
+        return start[:n] + bytes([start[n] + 1])
+    return start
+
+
+def _successor(key: bytes) -> bytes:
+    """The bytewise comparator's FindShortSuccessor: a short key >= `key`."""
+    for n, byte in enumerate(key):
+        if byte != 0xFF:
+            return key[:n] + bytes([byte + 1])
+    return key
+
+
+def varint_size(value: int) -> int:
+    """Bytes of `value` as a base-128 varint (table entries, block handles, TF's string lengths)."""
+    size = 1
+    while value >= 0x80:
+        value >>= 7
+        size += 1
+    return size
