@@ -126,14 +126,14 @@ def test_the_worked_out_calls_are_those_of_tensorflows_own_files(tmp_path):
         shards.append((str(tmp_path / f"ckpt-1.data-0000{rank}-of-00002"), rank, tensors))
     for data, rank, tensors in shards:
         staged = fmt.write_paths(data, rank, tensors, _chunks)
-        calls = dict(staged.writes)
+        calls = dict(staged.writes())
         assert list(calls[staged.data]) == data_file_writes(os.path.getsize(staged.data))
         (index,) = staged.others
         assert list(calls[index]) == read_table(Path(index).read_bytes())
     merged = fmt.merge([data for data, _, _ in shards], {data: (rank, tensors) for data, rank, tensors in shards})
     (index,) = merged.written
     table = Path(index).read_bytes()
-    assert list(dict(merged.writes)[index]) == read_table(table)
+    assert list(dict(merged.writes())[index]) == read_table(table)
     assert len(table) > 256 * 1024 and len(read_table(table)) == 2 * 2 + 5  # two data blocks
 
 
@@ -155,7 +155,7 @@ fmt = get_format("tensorflow")
 data = f"{folder}/ckpt-1.data-00000-of-00001"
 staged = fmt.write_paths(data, 0, tensors, chunks)
 merged = fmt.merge([data], {data: (0, tensors)})
-calls = {**dict(staged.writes), **dict(merged.writes)}
+calls = {**dict(staged.writes()), **dict(merged.writes())}
 with open(out, "w") as sink:
     json.dump({"data": calls[staged.data], "staged": calls[staged.others[0]], "merged": calls[merged.written[0]]}, sink)
 """

@@ -282,7 +282,7 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
     start = clock.now()
     staged = fmt.write_paths(abspath, owner, tensors, chunks)
     end = clock.now()
-    calls = dict(staged.writes)
+    calls = dict(staged.writes())  # after the call is timed
     data_size = recorded = storage.file_size(staged.data)
     _record_framework_writes(storage, staged.data, data_size, calls.get(staged.data), start, end)
     for other in staged.others:
@@ -329,7 +329,7 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
                        None if tensors is None else {os.path.join(folder, p): held for p, held in tensors.items()})
     end = clock.now()
     sizes = {path: storage.file_size(path) for path in merged.written}
-    calls = dict(merged.writes)
+    calls = dict(merged.writes())  # after the call is timed
     for path in merged.written:
         _record_framework_writes(storage, path, sizes[path], calls.get(path), start, end)
     for source, _ in merged.renamed:

@@ -426,7 +426,9 @@ class StagedFiles:
 
     data: str  # holds the tensor bytes; renamed to the planned name by `merge`
     others: tuple[str, ...]  # framework metadata written beside it (deleted or merged later)
-    writes: tuple = ()  # (path, ((offset, length), ...)): the framework's write calls per file, where known
+    # the framework's write calls per file where known: (path, ((offset, length), ...)) pairs, worked
+    # out when called, so that the engine does it after timing the framework's call, not inside it
+    writes: Callable[[], tuple] = tuple
 
 
 @dataclass(frozen=True)
@@ -436,7 +438,7 @@ class MergedFiles:
     renamed: tuple[tuple[str, str], ...]
     written: tuple[str, ...]  # the merged index, to be fsynced and listed in the manifest
     removed: tuple[str, ...]
-    writes: tuple = ()  # (path, ((offset, length), ...)): the framework's write calls per file, where known
+    writes: Callable[[], tuple] = tuple  # as StagedFiles.writes
 
 
 _TF_DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5})-of-(?P<shards>\d{5})$")
@@ -495,9 +497,12 @@ class TensorflowFormat(CheckpointFormatSpec):
         names = self._keys(owner, tensors, int(self._parse(data_path)["shards"]))
         tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(tensors), tensors=values)
         data, index = f"{prefix}.data-00000-of-00001", f"{prefix}.index"
-        entries, size = _bundle_entries(tf, [(names, values)])
-        return StagedFiles(data=data, others=(index,),
-                           writes=((data, tuple(data_file_writes(size))), (index, tuple(table_writes(entries)))))
+
+        def writes() -> tuple:
+            entries, size = _bundle_entries(tf, [(names, values)])
+            return (data, tuple(data_file_writes(size))), (index, tuple(table_writes(entries)))
+
+        return StagedFiles(data=data, others=(index,), writes=writes)
 
     def _keys(self, owner: int, tensors: tuple[TensorSpec, ...], shards: int) -> list[str]:
         """The bundle's keys of one rank's tensors, in SaveV2's order."""
@@ -515,11 +520,14 @@ class TensorflowFormat(CheckpointFormatSpec):
         prefix = prefixes.pop()
         staged = [self.staging_prefix(m.string) for m in parsed]
         tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=staged, destination_prefix=prefix, delete_old_dirs=True)
-        writes = ()
-        if tensors is not None and all(m.string in tensors for m in parsed):
+
+        def writes() -> tuple:
+            if tensors is None or not all(m.string in tensors for m in parsed):
+                return ()
             bundle = [(self._keys(owner, held, len(parsed)), [_object_value(tf, t) if t.is_object else t for t in held])
                       for owner, held in (tensors[m.string] for m in parsed)]
-            writes = ((f"{prefix}.index", tuple(table_writes(_bundle_entries(tf, bundle)[0]))),)
+            return ((f"{prefix}.index", tuple(table_writes(_bundle_entries(tf, bundle)[0]))),)
+
         return MergedFiles(renamed=tuple((f"{s}.data-00000-of-00001", m.string) for s, m in zip(staged, parsed)),
                            written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged), writes=writes)
 
