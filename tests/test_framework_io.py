@@ -438,3 +438,36 @@ def test_tensorflow_state_file_lists_the_kept_checkpoints_as_checkpoint_manager_
     assert tracked == [1, 1, 2, 2, 3, 2, 3, 2]  # before and after each sweep
     assert written[4].count("all_model_checkpoint_timestamps") == 3 and '"ckpt-1/ckpt-1"' in written[4]
     assert '"ckpt-1/ckpt-1"' not in written[5]
+
+
+def test_tensorflow_files_are_recorded_call_by_call_as_darshan_runtime_counts_tfs_fwrites(tmp_path):
+    """One write event per fwrite TF makes (tests/test_tf_bundle_writes.py checks those against
+    darshan-runtime): the data file in 8 MiB buffers sharing the SaveV2 call's span one after the
+    other, each index (staged and merged) as its table's block and trailer writes, then the footer:
+    7 calls for a one-block index, where one event per file was recorded before."""
+    pytest.importorskip("tensorflow")
+    ctx = make_ctx(tmp_path, [*FRAMEWORK, "checkpoint.format=tensorflow", "checkpoint.layout=tensorflow",
+                              "model.kind=explicit", "model.layer_parameters=[3000000,200]"])
+    engine = make_checkpoint_engine(ctx)
+    engine.save(3, 1)
+    engine.finish()
+    folder = Path(engine.root) / "ckpt-3"
+    events, paths = ctx.recorder.array(), ctx.recorder.paths
+    writes: dict[str, list] = {}
+    for e in events[events["op"] == OPS.index("write")]:
+        writes.setdefault(os.path.basename(paths[e["file"]]), []).append((int(e["offset"]), int(e["length"]),
+                                                                         float(e["start"]), float(e["end"])))
+    data_size = (folder / "ckpt-3.data-00000-of-00001").stat().st_size
+    index_size = (folder / "ckpt-3.index").stat().st_size
+    assert 8 * 2**20 < data_size < 16 * 2**20
+    data = writes.pop("part-00000-of-00001.data-00000-of-00001")
+    assert [(o, n) for o, n, _, _ in data] == [(0, 8 * 2**20), (8 * 2**20, data_size - 8 * 2**20)]
+    assert data[0][2] < data[0][3] == data[1][2] < data[1][3]  # the call's span, shared in turn
+    staged, merged = writes.pop("part-00000-of-00001.index"), writes.pop("ckpt-3.index")
+    for calls in (staged, merged):
+        assert len(calls) == 7 and calls[-1][1] == 48  # block + trailer three times (data, metaindex, index), footer
+        assert [o for o, _, _, _ in calls] == [sum(n for _, n, _, _ in calls[:i]) for i in range(7)]  # in file order
+        assert [n for _, n, _, _ in calls][1::2] == [5, 5, 5]  # the blocks' trailers
+    assert sum(n for _, n, _, _ in merged) == index_size
+    assert all(start == end for _, _, start, end in staged)  # written at SaveV2's end
+    assert {name: len(calls) for name, calls in writes.items()} == {"checkpoint.tmp": 2}  # the manager's state, twice

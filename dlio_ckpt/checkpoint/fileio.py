@@ -269,10 +269,10 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
     """Write one file with a format whose framework opens its own files (`fmt.writes_paths`).
 
     The framework's system calls bypass the traced storage, so the save call is timed here and
-    one write event per file it produced is recorded with the file's size on disk: the data file
-    over the whole call, its metadata files as instants at the call's end (TF writes the index last,
-    inside the same call; giving it the span too would count the call's time twice). Those sizes
-    are the only byte figures here that are file sizes, not counted write calls. The data file is
+    the write calls it made to each file it produced are recorded (`_record_framework_writes`):
+    the data file's over the whole call, its metadata files' as instants at the call's end (TF
+    writes the index last, inside the same call; giving it the span too would count the call's
+    time twice). The bytes recorded are each file's size on disk. The data file is
     then fsynced and read back for its checksum through the traced storage. Returns the data
     file's size and checksum, the bytes recorded for all its files, the save call plus fsync as
     `write_s` and the read-back as `verify_s`; the coordinator's merge renames it to `abspath`,
@@ -282,11 +282,12 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
     start = clock.now()
     staged = fmt.write_paths(abspath, owner, tensors, chunks)
     end = clock.now()
+    calls = dict(staged.writes())  # after the call is timed
     data_size = recorded = storage.file_size(staged.data)
-    storage.recorder.record("write", storage.phase, staged.data, 0, recorded, start, end)
+    _record_framework_writes(storage, staged.data, data_size, calls.get(staged.data), start, end)
     for other in staged.others:
         size = storage.file_size(other)
-        storage.recorder.record("write", storage.phase, other, 0, size, end, end)
+        _record_framework_writes(storage, other, size, calls.get(other), end, end)
         recorded += size
     if not fsync and checksum == "none":  # checkpoint.durability=framework: what TF did, nothing more
         return FileWrite(data_size, "", recorded, end - start, 0.0, None)
@@ -295,21 +296,42 @@ def write_framework_file(storage: Any, abspath: str, owner: int, tensors: tuple[
                      settled.write_s)
 
 
+def _record_framework_writes(storage: Any, path: str, size: int, calls: tuple | None, start: float,
+                             end: float) -> None:
+    """Record the write calls a framework made to the `size`-byte file at `path`: `calls`
+    ((offset, length) each, as its format worked them out: TensorFlow's fwrites, as
+    darshan-runtime's STDIO module counts them), else one call of the whole file. TF does not time
+    its calls one by one, so they share [start, end] in proportion to their bytes, one after the
+    other: the call's time stays what one event per file recorded, split as the framework split
+    the file. The bytes recorded are the file's size on disk, as before: calls that do not add up
+    to it (a framework version whose files differ from the one measured) give way to one call."""
+    writes = calls if calls is not None and sum(length for _, length in calls) == size else ((0, size),)
+    span, done = end - start, 0
+    for offset, length in writes:
+        first = start + span * done / size if size else start
+        done += length
+        storage.recorder.record("write", storage.phase, path, offset, length, first,
+                                start + span * done / size if size else end)
+
+
 def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt: Any, fsync: bool, checksum: str,
-                          chunk_bytes: int) -> list[tuple[str, int, str]]:
+                          chunk_bytes: int, tensors: dict | None = None) -> list[tuple[str, int, str]]:
     """The coordinator's half of a path-writing format: merge the ranks' staged files into the
-    framework's final names (`fmt.merge`), record what the framework did, fsync what it wrote and
+    framework's final names (`fmt.merge`; `tensors`, relative path -> (owner, tensors), tells it
+    the write calls of the files it writes), record what the framework did, fsync what it wrote and
     the folder (so its renames are durable), and return (path relative to `folder`, size,
-    checksum) of each file it wrote, for the manifest. The merge call's time goes to the file it
-    wrote; its renames and deletions are recorded as instants at its end (TF does not time them
-    one by one)."""
+    checksum) of each file it wrote, for the manifest. The merge call's time goes to the write
+    calls of the file it wrote (`_record_framework_writes`); its renames and deletions are
+    recorded as instants at its end (TF does not time them one by one)."""
     clock = storage.recorder.clock
     start = clock.now()
-    merged = fmt.merge([os.path.join(folder, p) for p in data_paths])
+    merged = fmt.merge([os.path.join(folder, p) for p in data_paths],
+                       None if tensors is None else {os.path.join(folder, p): held for p, held in tensors.items()})
     end = clock.now()
     sizes = {path: storage.file_size(path) for path in merged.written}
+    calls = dict(merged.writes())  # after the call is timed
     for path in merged.written:
-        storage.recorder.record("write", storage.phase, path, 0, sizes[path], start, end)
+        _record_framework_writes(storage, path, sizes[path], calls.get(path), start, end)
     for source, _ in merged.renamed:
         storage.recorder.record("rename", storage.phase, source, -1, 0, end, end)
     for path in merged.removed:

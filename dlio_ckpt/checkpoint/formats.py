@@ -38,6 +38,7 @@ import numpy as np
 
 from dlio_ckpt.checkpoint.filebuf import FilebufStream
 from dlio_ckpt.checkpoint.framework_work import dcp_storage_setup
+from dlio_ckpt.checkpoint.tf_bundle_writes import data_file_writes, table_writes, varint_size
 from dlio_ckpt.checkpoint.torch_archive import ArchiveNamed
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.optional import require
@@ -425,6 +426,9 @@ class StagedFiles:
 
     data: str  # holds the tensor bytes; renamed to the planned name by `merge`
     others: tuple[str, ...]  # framework metadata written beside it (deleted or merged later)
+    # the framework's write calls per file where known: (path, ((offset, length), ...)) pairs, worked
+    # out when called, so that the engine does it after timing the framework's call, not inside it
+    writes: Callable[[], tuple] = tuple
 
 
 @dataclass(frozen=True)
@@ -434,6 +438,7 @@ class MergedFiles:
     renamed: tuple[tuple[str, str], ...]
     written: tuple[str, ...]  # the merged index, to be fsynced and listed in the manifest
     removed: tuple[str, ...]
+    writes: Callable[[], tuple] = tuple  # as StagedFiles.writes
 
 
 _TF_DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5})-of-(?P<shards>\d{5})$")
@@ -476,26 +481,36 @@ class TensorflowFormat(CheckpointFormatSpec):
         return f"{m['prefix']}_temp/part-{m['shard']}-of-{m['shards']}"
 
     def write_paths(self, data_path: str, owner: int, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> StagedFiles:
-        """SaveV2 this file's tensors under the staging prefix; the merge gives them `data_path`."""
+        """SaveV2 this file's tensors under the staging prefix; the merge gives them `data_path`.
+        Says the write calls TF made to the data file and the index (tf_bundle_writes.py)."""
         tf = require("tensorflow")
         prefix = self.staging_prefix(data_path)
         values = []
         for tensor in tensors:  # one numpy buffer at a time; TF keeps its own copy of each
             if tensor.is_object:  # model.extra_state: a string tensor (the object graph's serialized proto)
-                values.append(tf.constant(tensor.object_value()))
+                values.append(_object_value(tf, tensor))
                 continue
             value = tf.constant(whole_tensor(tensor, chunks).reshape(tensor.dims))  # the shape TF's index records
             if tensor.framework_dtype != tensor.dtype:  # bfloat16: its 16-bit patterns, as TF's type
                 value = tf.bitcast(value, getattr(tf, tensor.framework_dtype))
             values.append(value)
-        shards = int(self._parse(data_path)["shards"])
-        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=[t.name if t.is_object else self.variable_name(owner, t, shards)
-                                                       for t in tensors],
-                          shape_and_slices=[""] * len(tensors), tensors=values)
-        return StagedFiles(data=f"{prefix}.data-00000-of-00001", others=(f"{prefix}.index",))
+        names = self._keys(owner, tensors, int(self._parse(data_path)["shards"]))
+        tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(tensors), tensors=values)
+        data, index = f"{prefix}.data-00000-of-00001", f"{prefix}.index"
 
-    def merge(self, data_paths: list[str]) -> MergedFiles:
-        """MergeV2Checkpoints the staged shards into `<prefix>.index` + `<prefix>.data-*` files."""
+        def writes() -> tuple:
+            entries, size = _bundle_entries(tf, [(names, values)])
+            return (data, tuple(data_file_writes(size))), (index, tuple(table_writes(entries)))
+
+        return StagedFiles(data=data, others=(index,), writes=writes)
+
+    def _keys(self, owner: int, tensors: tuple[TensorSpec, ...], shards: int) -> list[str]:
+        """The bundle's keys of one rank's tensors, in SaveV2's order."""
+        return [t.name if t.is_object else self.variable_name(owner, t, shards) for t in tensors]
+
+    def merge(self, data_paths: list[str], tensors: dict | None = None) -> MergedFiles:
+        """MergeV2Checkpoints the staged shards into `<prefix>.index` + `<prefix>.data-*` files.
+        `tensors` (data path -> (owner, its tensors)) tells the merged index's write calls."""
         tf = require("tensorflow")
         parsed = sorted((self._parse(p) for p in data_paths), key=lambda m: int(m["shard"]))
         prefixes = {m["prefix"] for m in parsed}
@@ -505,8 +520,59 @@ class TensorflowFormat(CheckpointFormatSpec):
         prefix = prefixes.pop()
         staged = [self.staging_prefix(m.string) for m in parsed]
         tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=staged, destination_prefix=prefix, delete_old_dirs=True)
+
+        def writes() -> tuple:
+            if tensors is None or not all(m.string in tensors for m in parsed):
+                return ()
+            bundle = [(self._keys(owner, held, len(parsed)), [_object_value(tf, t) if t.is_object else t for t in held])
+                      for owner, held in (tensors[m.string] for m in parsed)]
+            return ((f"{prefix}.index", tuple(table_writes(_bundle_entries(tf, bundle)[0]))),)
+
         return MergedFiles(renamed=tuple((f"{s}.data-00000-of-00001", m.string) for s, m in zip(staged, parsed)),
-                           written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged))
+                           written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged), writes=writes)
+
+
+def _object_value(tf: Any, tensor: TensorSpec) -> Any:
+    """A non-tensor entry as SaveV2 is given it: a TF constant of its value."""
+    return tf.constant(tensor.object_value())
+
+
+def _bundle_entries(tf: Any, shards: list[tuple[list[str], list]]) -> tuple[list[tuple[bytes, int]], int]:
+    """The index entries (key, length of its serialized value), in key order, of a bundle of
+    `shards` (per shard: its keys and its values, TF tensors or TensorSpecs, in the order SaveV2
+    appended them), as BundleWriter and MergeV2Checkpoints write them: the header (a
+    BundleHeaderProto) under the empty key, then a BundleEntryProto per tensor (its dtype, shape,
+    shard, offset and size in its data file, and its masked CRC32C: a fixed32, 4 bytes whatever its
+    value). Also the last shard's data file size."""
+    from tensorflow.core.framework import versions_pb2
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    header = tensor_bundle_pb2.BundleHeaderProto(num_shards=len(shards), version=versions_pb2.VersionDef(producer=1))
+    entries = [(b"", header.ByteSize())]
+    offset = 0
+    for shard, (names, values) in enumerate(shards):
+        offset = 0
+        for name, value in zip(names, values):
+            dtype, shape, size = _stored(tf, value)
+            entry = tensor_bundle_pb2.BundleEntryProto(dtype=dtype, shape=shape, shard_id=shard, offset=offset,
+                                                       size=size, crc32c=1)
+            entries.append((name.encode(), entry.ByteSize()))
+            offset += size
+    return sorted(entries), offset
+
+
+def _stored(tf: Any, value: Any) -> tuple[int, Any, int]:
+    """(dtype enum, TensorShapeProto, bytes in the data file) of a value SaveV2 is given: a
+    TensorSpec's bytes as they are; a TF tensor's elements, a string tensor's as BundleWriter
+    writes it (a varint length per element, a 4-byte CRC32C of the lengths, the elements' bytes)."""
+    if isinstance(value, TensorSpec):
+        return tf.as_dtype(value.framework_dtype).as_datatype_enum, tf.TensorShape(value.dims).as_proto(), value.nbytes
+    if value.dtype == tf.string:
+        items = tf.reshape(value, [-1]).numpy()
+        size = sum(varint_size(len(item)) + len(item) for item in items) + 4
+    else:
+        size = value.dtype.size * value.shape.num_elements()
+    return value.dtype.as_datatype_enum, value.shape.as_proto(), size
 
 
 def get_format(name: str, layout: str | None = None):

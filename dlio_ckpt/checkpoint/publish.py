@@ -63,6 +63,11 @@ class Publisher:
         folder = self.folders.path(step)
         return sync_folders(self.storage, entry_folders([os.path.join(folder, p) for p in relpaths], folder))
 
+    def _tensors(self, step: int) -> dict:
+        """Every planned file of checkpoint `step` (its path in the folder) -> (owner, tensors): what
+        the framework's merge wrote its shared index from."""
+        return {pf.path_for(step): (pf.owner, pf.tensors) for files in self.files_by_rank for pf in files}
+
     def coordinator_files(self, step: int, files: list[dict]) -> tuple[int, list[dict]]:
         """Rank 0, before the manifest: the framework's merged files (it writes its own index when
         it merges the shards) or the layout's coordinator files, each written whole. Returns
@@ -75,7 +80,8 @@ class Publisher:
         names = layout.coordinator_files(step, self.world_size)
         if self.framework_writes:
             for path, size, digest in merge_framework_files(self.storage, folder, [f["path"] for f in files], self.fmt,
-                                                            self.fsync, self.checksum, self.chunk_bytes):
+                                                            self.fsync, self.checksum, self.chunk_bytes,
+                                                            self._tensors(step)):
                 files = files + [{"path": path, "size": size, "checksum": digest, "owner": 0, "writer": 0}]
                 metadata += size
             names = []
@@ -125,7 +131,7 @@ class Publisher:
         metadata = 0
         if self.framework_writes:
             for _, size, _ in merge_framework_files(self.storage, folder, [f["path"] for f in files], self.fmt,
-                                                    False, "none", self.chunk_bytes):
+                                                    False, "none", self.chunk_bytes, self._tensors(step)):
                 metadata += size
         else:
             for name in layout.coordinator_files(step, self.world_size):
