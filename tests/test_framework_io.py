@@ -471,3 +471,13 @@ def test_tensorflow_files_are_recorded_call_by_call_as_darshan_runtime_counts_tf
     assert sum(n for _, n, _, _ in merged) == index_size
     assert all(start == end for _, _, start, end in staged)  # written at SaveV2's end
     assert {name: len(calls) for name, calls in writes.items()} == {"checkpoint.tmp": 2}  # the manager's state, twice
+    # each file TF fopens, once: the staged data and index, the staged index again when the merge
+    # reads it, the merged index (6 a save with the state file's 2, as darshan-runtime counts them)
+    opens: dict[str, int] = {}
+    for e in events[events["op"] == OPS.index("open")]:
+        name = os.path.basename(paths[e["file"]])
+        opens[name] = opens.get(name, 0) + 1
+    assert {name: n for name, n in opens.items() if "part-" in name or name.startswith("ckpt-")} == {
+        "part-00000-of-00001.data-00000-of-00001": 1, "part-00000-of-00001.index": 2, "ckpt-3.index": 1}
+    closes = events[events["op"] == OPS.index("close")]
+    assert len(closes) == len(events[events["op"] == OPS.index("open")])

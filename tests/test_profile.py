@@ -53,6 +53,13 @@ COMPUTE_LOW = 0.75
 # now meet the targets (2026-12-01: npz bytes and reads 1.000x, TFRecord reads 16 / 16), so they
 # have no entry here.
 NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
+    # keras_tfdata's compute per step (its first step's tracing as train.first_step_time, over its
+    # steps): 1.03-1.06x at load ~10 in three runs, 1.20x and 1.64x in two more at load 6-10
+    # (2026-12-02). What the log counts in an epoch beyond the program's timed steps grows with the
+    # load: the first save's setup before its first write (57 ms, 11 ms at later saves, quiet) and
+    # the wait for an epoch's first batch after the tf.data pipeline has read its files (21 ms in
+    # epoch 2, the program's clock): the loop model takes the batch as ready when its reads end
+    ("keras_tfdata", "compute"): (0.9, 2.0),
     # the containers are TensorFlow's (tests/test_exact_bytes.py) and the `checkpoint` state file
     # the manager's but for the emulation's folder per checkpoint in its paths (+60 B a save in
     # fidelity.py; 1,555,408 against 1,555,726, 0.99980x, when it listed the latest only), and the
@@ -229,6 +236,11 @@ def test_profiled_workload_reproduces_the_program(traced, tmp_path, name):
     _ratio_ok(name, "checkpoint bytes per save", per_save.log + _location_bytes(name, run, tmp_path), per_save.emulated, 0.0)
     _ratio_ok(name, "checkpoint bytes_written", rows["checkpoint bytes_written"].log, rows["checkpoint bytes_written"].emulated, BYTES_TOLERANCE)
     _ratio_ok(name, "checkpoint writes", rows["checkpoint writes"].log, rows["checkpoint writes"].emulated, CALLS_TOLERANCE)
+    if name != "pytorch_cnn":  # darshan-runtime counts 47 POSIX opens of one torch.save file (as many as its
+        # writevs, on a descriptor fopen() gave: its POSIX module never saw the open) beside 1 STDIO fopen;
+        # strace sees 1 open a save on both sides (test_realapps_fidelity)
+        _ratio_ok(name, "checkpoint opens", rows["checkpoint opens"].log, rows["checkpoint opens"].emulated,
+                  CALLS_TOLERANCE)
     assert not profile.job.partial, [log.name for log, _ in profile.job.partial]
     _ratio_ok(name, "dataset bytes_read", rows["dataset bytes_read"].log, rows["dataset bytes_read"].emulated, BYTES_TOLERANCE)
     _ratio_ok(name, "dataset reads", rows["dataset reads"].log, rows["dataset reads"].emulated, CALLS_TOLERANCE)

@@ -304,14 +304,17 @@ def _record_framework_writes(storage: Any, path: str, size: int, calls: tuple | 
     its calls one by one, so they share [start, end] in proportion to their bytes, one after the
     other: the call's time stays what one event per file recorded, split as the framework split
     the file. The bytes recorded are the file's size on disk, as before: calls that do not add up
-    to it (a framework version whose files differ from the one measured) give way to one call."""
+    to it (a framework version whose files differ from the one measured) give way to one call.
+    The file's open and close are instants at the span's ends (darshan-runtime counts each fopen)."""
     writes = calls if calls is not None and sum(length for _, length in calls) == size else ((0, size),)
     span, done = end - start, 0
+    storage.recorder.record("open", storage.phase, path, -1, 0, start, start)  # the framework's fopen
     for offset, length in writes:
         first = start + span * done / size if size else start
         done += length
         storage.recorder.record("write", storage.phase, path, offset, length, first,
                                 start + span * done / size if size else end)
+    storage.recorder.record("close", storage.phase, path, -1, 0, end, end)
 
 
 def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt: Any, fsync: bool, checksum: str,
@@ -322,7 +325,9 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
     the folder (so its renames are durable), and return (path relative to `folder`, size,
     checksum) of each file it wrote, for the manifest. The merge call's time goes to the write
     calls of the file it wrote (`_record_framework_writes`); its renames and deletions are
-    recorded as instants at its end (TF does not time them one by one)."""
+    recorded as instants at its end (TF does not time them one by one), its opening of each staged
+    index to read it as an instant at its start (the reads themselves are not recorded: TF's
+    table reader's calls, 3 for a one-block index, are left out)."""
     clock = storage.recorder.clock
     start = clock.now()
     merged = fmt.merge([os.path.join(folder, p) for p in data_paths],
@@ -330,6 +335,9 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
     end = clock.now()
     sizes = {path: storage.file_size(path) for path in merged.written}
     calls = dict(merged.writes())  # after the call is timed
+    for path in merged.removed:  # the merge opens each staged index to read its entries
+        storage.recorder.record("open", storage.phase, path, -1, 0, start, start)
+        storage.recorder.record("close", storage.phase, path, -1, 0, start, start)
     for path in merged.written:
         _record_framework_writes(storage, path, sizes[path], calls.get(path), start, end)
     for source, _ in merged.renamed:
