@@ -70,8 +70,8 @@ _servers: dict[str, object] = {}
 
 
 def command(ranks: int, program_argv: list[str]) -> list[str]:
-    """`mpirun -n RANKS` of this file's client for the console script `program_argv` (argv[0] its path),
-    starting this test worker's server on first use."""
+    """`mpirun -n RANKS` of this file's client for `program_argv`: the console script dlio_ckpt (argv[0]
+    its path) or `python SCRIPT.py ARGS`; this test worker's server starts on first use."""
     bin_dir = os.path.dirname(sys.executable)
     return [os.path.join(bin_dir, "mpirun"), "-n", str(ranks), sys.executable, "-I", "-S", os.path.abspath(__file__),
             _address(), *program_argv]
@@ -214,7 +214,15 @@ def _rank(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = list(request["argv"])
+    argv = list(request["argv"])
+    if len(argv) > 1 and argv[1].endswith(".py"):  # `python SCRIPT ARGS`, e.g. tests/levels_mpi_driver.py
+        import runpy
+
+        sys.argv = argv[1:]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[1])))  # as the interpreter puts it there
+        runpy.run_path(argv[1], run_name="__main__")
+        sys.exit(0)
+    sys.argv = argv
     from dlio_ckpt.cli import main
 
     sys.exit(main(sys.argv[1:]))
