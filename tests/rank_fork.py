@@ -89,7 +89,9 @@ def _address() -> str:
         address = os.path.join(tempfile.mkdtemp(prefix="dlio-ranks-"), "socket")
         here = os.path.dirname(os.path.abspath(__file__))
         env = dict(os.environ, PYTHONSAFEPATH="1", PYTHONUNBUFFERED="1")
-        code = f"import sys; sys.path.insert(0, {here!r}); import rank_fork; rank_fork.serve({address!r}, {PRELOAD!r})"
+        # tests/ on sys.path only to import this file: the ranks see the console script's sys.path
+        code = (f"import sys; sys.path.insert(0, {here!r}); import rank_fork; sys.path.pop(0); "
+                f"rank_fork.serve({address!r}, {PRELOAD!r})")
         server = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                   env=env)
         while not os.path.exists(address):  # bound after its imports (~0.5 s)
