@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli_fork import run_forked, stop_servers
+import rank_fork
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -31,8 +32,9 @@ def pytest_sessionstart(session) -> None:
 
 def pytest_sessionfinish(session) -> None:
     """The forked runs' servers stop with the session, so that their runs' CPU time is counted
-    (cli_fork.stop_servers)."""
+    (cli_fork.stop_servers, rank_fork.stop_server)."""
     stop_servers()
+    rank_fork.stop_server()
 
 
 def cli_env() -> dict[str, str]:
@@ -44,11 +46,12 @@ def cli_env() -> dict[str, str]:
 
 def run_cli(args: list[str], cwd: Path, mpi_ranks: int = 0, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `dlio_ckpt ARGS` (under `mpirun -n N` when mpi_ranks > 0) and capture its output; a
-    serial run is forked from a process that has the package imported already (cli_fork.py)."""
+    serial run is forked from a process that has the package imported already (cli_fork.py), and so
+    is each rank of an MPI run (rank_fork.py)."""
     command = [str(BIN / "dlio_ckpt"), *args]
     if not mpi_ranks:
         return run_forked(command, cwd, cli_env(), timeout)
-    command = [str(BIN / "mpirun"), "-n", str(mpi_ranks), *command]
+    command = rank_fork.command(mpi_ranks, command)
     return subprocess.run(command, cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout)
 
 

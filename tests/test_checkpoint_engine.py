@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import xxhash
 
+import rank_fork
 from ckpt_util import data_files, make_ctx
 from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.content import tensor_key
@@ -259,8 +260,8 @@ def test_checkpoint_mode_writes_then_reads(tmp_path):
 def test_strategy_under_mpirun(tmp_path, strategy):
     env = {k: v for k, v in os.environ.items() if k != "DLIO_CKPT_MPI"}
     result = subprocess.run(
-        [str(BIN / "mpirun"), "-n", "2", str(BIN / "python"), str(REPO / "tests" / "mpi_checkpoint_driver.py"),
-         str(tmp_path), strategy],
+        rank_fork.command(2, [str(BIN / "python"), str(REPO / "tests" / "mpi_checkpoint_driver.py"), str(tmp_path),
+                              strategy]),  # each rank forked from the tests' server
         capture_output=True, text=True, timeout=240, env=env, cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_util import SMALL_MODEL, make_ctx
+import rank_fork
 from cli_fork import run_forked
 from conftest import BIN, cli_env, run_cli
 from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
@@ -36,7 +37,7 @@ def run_with_fault(workdir: Path, fault: str, extra: list[str], ranks: int = 2) 
                f"hydra.run.dir={workdir / 'run'}"]
     if not ranks:
         return run_forked(command, workdir / "cwd", env, HANG)
-    command = [str(BIN / "mpirun"), "-n", str(ranks), *command]
+    command = rank_fork.command(ranks, command)  # each rank forked from the tests' server
     return subprocess.run(command, cwd=workdir / "cwd", env=env, capture_output=True, text=True, timeout=HANG)
 
 

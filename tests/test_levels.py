@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+import rank_fork
 from ckpt_util import data_files, make_ctx
-from conftest import BIN, REPO, cli_env, load_summary, run_cli
+from conftest import REPO, cli_env, load_summary, run_cli
 
 from dlio_ckpt.checkpoint.factory import make_checkpoint_engine
 from dlio_ckpt.checkpoint.flush import copy_entries
@@ -216,8 +217,8 @@ def test_a_process_failure_keeps_the_local_level(tmp_path):
 
 
 def test_node_failure_under_mpi_loses_only_that_nodes_files(tmp_path):
-    done = subprocess.run([str(BIN / "mpirun"), "-n", "2", sys.executable, str(DRIVER), str(tmp_path),
-                           levels(tmp_path, local_keep=0, shared_keep=0), "world.ranks_per_node=1"],
+    done = subprocess.run(rank_fork.command(2, [sys.executable, str(DRIVER), str(tmp_path),  # ranks forked (rank_fork.py)
+                                                levels(tmp_path, local_keep=0, shared_keep=0), "world.ranks_per_node=1"]),
                           cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])

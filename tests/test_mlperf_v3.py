@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import BIN, cli_env, run_cli
+from conftest import run_cli
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.config.mlperf_rules import division
 from dlio_ckpt.content import ByteSource
@@ -226,9 +225,8 @@ def test_flux_figures_are_the_v3_files():
 ])
 def test_v3_workloads_run_at_tiny_scale_on_two_ranks(workdir, workload, extra, files, file_bytes):
     store = workdir / "store"
-    done = subprocess.run([str(BIN / "mpirun"), "-n", "2", str(BIN / "dlio_ckpt"), f"workload={workload}", "scale=tiny",
-                           "progress=false", f"storage.root={store}", f"hydra.run.dir={workdir / 'run'}", *extra],
-                          cwd=workdir / "cwd", env=cli_env(), capture_output=True, text=True, timeout=240)
+    done = run_cli([f"workload={workload}", "scale=tiny", "progress=false", f"storage.root={store}",
+                    f"hydra.run.dir={workdir / 'run'}", *extra], workdir / "cwd", mpi_ranks=2, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((workdir / "run" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["dataset"]["format"] == ("jpeg" if workload == "retinanet" else "parquet")
