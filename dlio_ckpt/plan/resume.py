@@ -47,9 +47,8 @@ def resume_plan(plan: EpochReadPlan, point: ResumePoint) -> EpochReadPlan:
         raise ValueError(f"resume point: {point.sample_offset} samples consumed do not make {point.step_in_epoch} "
                          f"batches of {plan.batch_size}")
     skipped = min(point.step_in_epoch, plan.num_batches)
-    rest = plan.samples[skipped * plan.batch_size:]
     batches = None if plan.max_batches is None else max(0, plan.max_batches - skipped)
-    return dataclasses.replace(plan, samples=rest, max_batches=batches)
+    return dataclasses.replace(plan, start=plan.start + skipped * plan.batch_size, max_batches=batches)
 
 
 def batch_digest(rows: np.ndarray) -> str:
