@@ -85,6 +85,11 @@ class EpochReadPlan:
         return cached[1][first - block * BLOCK_ROWS : stop - block * BLOCK_ROWS]
 
     def batch(self, index: int) -> np.ndarray:
+        cached = self._block[0]  # the common case first, with nothing computed: a slice of the block
+        if cached is not None:
+            first = self.start + index * self.batch_size - cached[0] * BLOCK_ROWS
+            if first >= 0 and first + self.batch_size <= len(cached[1]):
+                return cached[1][first:first + self.batch_size]
         return self.rows(index * self.batch_size, (index + 1) * self.batch_size)
 
     @property

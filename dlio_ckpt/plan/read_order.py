@@ -48,7 +48,12 @@ class ShareOrder:
         if self.per_file:
             slots, out[:, 1] = np.divmod(positions, self.per_file)
             slots += self.first_slot
-            out[:, 0] = slots if self.file_order is None else self.file_order(slots)
+            if self.file_order is None:
+                out[:, 0] = slots
+            elif self.sample_order is None and self.per_file > 1:  # in order: each slot's file once, not per sample
+                out[:, 0] = self.file_order(np.arange(slots[0], slots[-1] + 1))[slots - slots[0]]
+            else:
+                out[:, 0] = self.file_order(slots)
         else:
             slots = np.searchsorted(self.slot_starts, positions, side="right") - 1  # an empty file's slot shares its start with the next: never chosen
             out[:, 0] = self.slot_files[slots]
