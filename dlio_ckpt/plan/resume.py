@@ -60,5 +60,10 @@ def order_digest(digests: dict[int, str]) -> str:
     """One digest of the sample order over the run's surviving steps (step order)."""
     hasher = xxhash.xxh3_128()
     for step in sorted(digests):
-        hasher.update(f"{step}:{digests[step]};".encode())
+        hasher.update(order_entry(step, digests[step]))
     return hasher.hexdigest()
+
+
+def order_entry(step: int, digest: str) -> bytes:
+    """What one step adds to order_digest's input (a caller taking steps as they come adds it itself)."""
+    return f"{step}:{digest};".encode()
