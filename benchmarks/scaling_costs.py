@@ -12,6 +12,10 @@ give time only):
 - gen-4k     : mode=generate of N x 4 KiB files (raw, one rank, storage.fsync=false, 100 folders)
 - read-4k    : the same generation, then one epoch of reads of them on one rank (mode=train, no
                compute): its peak RSS is the process's own, the read epoch's time is summary.json's train.wall_s
+- apart-4k   : the same two in two processes: mode=generate, then mode=train over the dataset it
+               left (not generated again): the row's peak and time are the reading process's, with the
+               generating process's beside them (generate_s, generate_peak_rss_mib), so one
+               generation gives both phases' peaks
 - fio-gen-4k : fio writing N x 4 KiB files over 100 folders, one after another (psync, no fsync):
                the C baseline of gen-4k (`directory=a:b:...` spreads fio's files over them)
 - fio-read-4k: fio reading those files (psync, one open file at a time): the baseline of read-4k's epoch
@@ -23,14 +27,19 @@ Each figure is divided by N: a flat per-unit column is linear growth. Nothing is
 the table and benchmarks/results/scaling_costs.json are the output.
 
 Peak RSS against N is the check of issue 26's constant memory (10M files within 1.2x of 10k for
-plan, generate and one epoch of reads). The rank's record of its I/O no longer grows with N (the
-event recorder spills its events and paths a block at a time, storage/event_spill.py), nor the
-manifest's size table; what still does is the read plan's index arrays (8 bytes a sample of the
-rank's share, int32, ~31 bytes a sample while planned): benchmarks/README.md, "Constant memory".
-10M real files take hours here: the slope from 100k to 1M stands in for them.
+plan, generate and one epoch of reads). Nothing a rank holds grows with N now: the event recorder
+spills its events and paths a block at a time (storage/event_spill.py), the manifest's sizes go
+through a scratch file, the read order is computed a block at a time from keyed permutations
+(plan/permutation.py), and reader worker processes send each message's paths with it instead of
+a table per worker (engine/workers.py). What fills with N up to a bound: the recorder's path cache
+(2^14 to 2^15 paths) and each worker's last 2^15 + 4096 names, reached near 36k files.
+benchmarks/README.md, "Constant memory", has the measurements; 10M real files take hours here,
+so apart-4k was measured to the largest count the session allowed and plan-data at 10M.
 
     .venv/bin/python benchmarks/scaling_costs.py                  # the default sizes
     .venv/bin/python benchmarks/scaling_costs.py --generate 10000,100000,1000000 --rounds 1
+    .venv/bin/python benchmarks/scaling_costs.py --kinds apart-4k,plan-data --apart-4k 10000,1000000 \
+        --plan-files 10000,10000000 --dir /dev/shm     # the constant-memory check, per phase
 """
 
 from __future__ import annotations
@@ -75,12 +84,14 @@ def case_command(kind: str, n: int, root: Path) -> tuple[list[str], list[str]]:
         return [], ["workload=unet3d", "mode=generate", *tiny, *common]
     if kind == "generate-nosync":  # the emulator's own cost per file, without the file system's fsync
         return [], ["workload=unet3d", "mode=generate", "storage.fsync=false", *tiny, *common]
-    if kind in ("gen-4k", "read-4k"):
+    if kind in ("gen-4k", "read-4k", "apart-4k"):
         four_k = ["dataset.format=raw", f"dataset.num_files_train={n}", "dataset.record_length_bytes=4KiB",
                   "dataset.record_length_bytes_stdev=0", "dataset.record_length_bytes_min=1",
                   "dataset.num_subfolders_train=100", "checkpoint.enabled=false", "storage.fsync=false", *common]
         if kind == "gen-4k":
             return [], ["workload=unet3d", "mode=generate", *four_k]
+        if kind == "apart-4k":  # the reading process's command; run_case generates first
+            four_k = [f"hydra.run.dir={root}/run-read" if a.startswith("hydra.run.dir=") else a for a in four_k]
         return [], ["workload=unet3d", "mode=train", "train.epochs=1", "train.computation_time=0",
                     "reader.batch_size=8", *four_k]
     if kind == "small-np8":
@@ -104,20 +115,24 @@ def fio_command(kind: str, n: int, root: Path) -> list[str]:
             "--output-format=terse"]
 
 
-def run_case(kind: str, n: int, root: Path) -> tuple[float, int, float | None]:
-    """(wall s, peak RSS bytes, the read epoch's s where the case reads after generating) of one run."""
+def run_case(kind: str, n: int, root: Path) -> tuple[float, int, float | None, tuple[float, int] | None]:
+    """(wall s, peak RSS bytes, the read epoch's s where the case reads after generating, the
+    generating process's (wall s, peak RSS bytes) where that is a process of its own) of one run."""
     if kind.startswith("fio-"):
         if kind == "fio-read-4k":  # the files to read, written first (untimed)
             measured(fio_command("fio-gen-4k", n, root), str(root))
         wall, peak = measured(fio_command(kind, n, root), str(root))
-        return wall, peak, None
+        return wall, peak, None, None
+    generated = None
+    if kind == "apart-4k":  # the dataset first, by a process of its own
+        generated = measured([tool("dlio_ckpt"), *case_command("gen-4k", n, root)[1]], str(root))
     prefix, arguments = case_command(kind, n, root)
     wall, peak = measured([*prefix, tool("dlio_ckpt"), *arguments], str(root))
     epoch = None
-    if kind == "read-4k":
-        summary = json.loads(next((root / "run").rglob("summary.json")).read_text())
+    if kind in ("read-4k", "apart-4k"):
+        summary = json.loads(next((root / ("run" if kind == "read-4k" else "run-read")).rglob("summary.json")).read_text())
         epoch = float(summary["train"]["wall_s"]) if "train" in summary else None
-    return wall, peak, epoch
+    return wall, peak, epoch, generated
 
 
 def sizes(text: str) -> list[int]:
@@ -133,6 +148,7 @@ def main() -> None:
     parser.add_argument("--small-np8", default="5000,20000,80000")
     parser.add_argument("--small-4k", default="", help="counts for gen-4k, read-4k and their fio baselines "
                         "(e.g. 10000,100000)")
+    parser.add_argument("--apart-4k", default="", help="counts for apart-4k (generate, then read, in two processes)")
     parser.add_argument("--kinds", default="", help="only these cases (comma-separated, e.g. gen-4k,fio-gen-4k)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each case (median reported)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the files go (a disk's folder, "
@@ -143,6 +159,7 @@ def main() -> None:
     cases += [("generate", n) for n in sizes(args.generate)]
     cases += [("generate-nosync", n) for n in sizes(args.generate_nosync)] + [("small-np8", n) for n in sizes(args.small_np8)]
     cases += [(kind, n) for n in sizes(args.small_4k) for kind in ("gen-4k", "fio-gen-4k", "read-4k", "fio-read-4k")]
+    cases += [("apart-4k", n) for n in sizes(args.apart_4k)]
     if args.kinds:
         cases = [(kind, n) for kind, n in cases if kind in args.kinds.split(",")]
     results = []
@@ -150,11 +167,12 @@ def main() -> None:
     base = tempfile.mkdtemp(prefix="scaling_costs-", dir=args.dir)
     try:
         for kind, n in cases:
-            walls, peaks, epochs = [], [], []
+            walls, peaks, epochs, generations = [], [], [], []
             for _ in range(args.rounds):
                 root = Path(tempfile.mkdtemp(dir=base))
                 os.sync()  # the last case's files and their removal written back first, not during this one
-                wall, peak, epoch = run_case(kind, n, root)
+                wall, peak, epoch, generated = run_case(kind, n, root)
+                generations.append(generated)
                 walls.append(wall)
                 peaks.append(peak)
                 epochs.append(epoch)
@@ -162,11 +180,16 @@ def main() -> None:
             row = {"case": kind, "n": n, "wall_s": walls, "peak_rss_bytes": peaks, "median_s": median(walls),
                    "us_per_unit": median(walls) / n * 1e6, "peak_rss_mib": max(peaks) / (1 << 20),
                    "mpirun": kind == "small-np8"}
-            if kind == "read-4k" and None not in epochs:
+            if kind in ("read-4k", "apart-4k") and None not in epochs:
                 row["epoch_s"] = median(epochs)
+            if kind == "apart-4k":
+                row["generate_s"] = median([g[0] for g in generations])
+                row["generate_peak_rss_mib"] = max(g[1] for g in generations) / (1 << 20)
             results.append(row)
             print(f"{kind:15s} n={n:>9,}  {row['median_s']:8.2f} s  {row['us_per_unit']:9.1f} us/unit  "
-                  f"peak {row['peak_rss_mib']:7.1f} MiB", flush=True)
+                  f"peak {row['peak_rss_mib']:7.1f} MiB"
+                  + (f"  (generating: {row['generate_s']:.2f} s, peak {row['generate_peak_rss_mib']:.1f} MiB)"
+                     if "generate_s" in row else ""), flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     rows = [[r["case"], f"{r['n']:,}", f"{r['median_s']:.2f}", f"{r['us_per_unit']:.1f}",
@@ -192,7 +215,7 @@ def marginal_costs(results: list[dict]) -> list[tuple[str, int, int, float]]:
         low, high = rows[0], rows[-1]
         out.append((kind, low["n"], high["n"], (high["median_s"] - low["median_s"]) / (high["n"] - low["n"]) * 1e6))
         if "epoch_s" in low and "epoch_s" in high:
-            out.append(("read-4k epoch", low["n"], high["n"],
+            out.append((f"{kind} epoch", low["n"], high["n"],
                         (high["epoch_s"] - low["epoch_s"]) / (high["n"] - low["n"]) * 1e6))
     return out
 

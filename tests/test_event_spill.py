@@ -109,6 +109,30 @@ def test_a_worker_recorder_sends_spilled_events_and_paths_once(small_blocks):
     assert recorder.take_packed() == b""
 
 
+def test_a_worker_recorder_that_forgets_sent_paths_holds_none_per_file(small_blocks):
+    """A worker's loop (engine/workers.py): a batch's events, the paths since the last message,
+    then forget_paths. 20,000 files one batch of 8 at a time: each message's events name its own
+    paths or earlier ones through the table the parent builds, and the recorder holds at most the
+    cache (256 paths) where it held all 20,000."""
+    recorder = EventRecorder(rank=0, clock=JobClock.start())
+    table: list[str] = []
+    named: list[str] = []
+    for first in range(0, 20_000, 8):
+        for i in range(first, first + 8):
+            path = f"/data/train/{i % 100:03d}/img_{i:08d}_of_{10**7}.raw"
+            recorder.record("open", "train", path, -1, 0, float(i), float(i) + 0.5)
+            recorder.record("read", "train", f"/data/train/{(i // 2) % 100:03d}/img_{i // 2:08d}_of_{10**7}.raw",
+                            0, 4096, float(i), float(i) + 0.5)  # a path of an earlier batch, maybe cached
+        rows = np.frombuffer(recorder.take_packed(), events_module.EVENT_DTYPE)
+        table += recorder.paths_since(len(table))
+        recorder.forget_paths()
+        named += [table[f] for f in rows["file"]]
+        assert len(recorder._window) == 1 and len(recorder._path_index) <= events_module.PATH_CACHE + 16
+    assert named == [f"/data/train/{j % 100:03d}/img_{j:08d}_of_{10**7}.raw"
+                     for i in range(20_000) for j in (i, i // 2)]
+    assert recorder._spill.paths == 0  # forgotten, not spilled
+
+
 def random_run(recorder: EventRecorder, n: int, seed: int) -> None:
     """Reads, writes and fsyncs of 4 threads' worth of overlapping calls, recorded as they end,
     and a few long calls in flight across many blocks."""

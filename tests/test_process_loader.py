@@ -19,9 +19,12 @@ import pytest
 
 from conftest import BIN, cli_env, load_summary, run_cli
 from dlio_ckpt.content import ByteSource
+from dlio_ckpt.engine import workers as workers_module
 from dlio_ckpt.engine.workers import ProcessReader
 from dlio_ckpt.formats import FileSpec, FormatOptions, get_format
 from dlio_ckpt.plan.read import EpochReadPlan
+from dlio_ckpt.plan.read_order import ListedOrder
+from dlio_ckpt.storage import events as events_module
 from dlio_ckpt.storage.events import OPS, EventRecorder, JobClock
 from dlio_ckpt.storage.posix import PosixStorage
 from dlio_ckpt.storage.streams import open_buffered
@@ -46,7 +49,7 @@ def dataset(tmp_path):
 def whole_plan(specs, batch_size=2, epoch=1, seed=5):
     rows = np.array([(f, s) for f in range(len(specs)) for s in range(specs[f].num_samples)], dtype=np.int64)
     rows = rows[np.random.default_rng(seed + epoch).permutation(len(rows))]
-    return EpochReadPlan(epoch=epoch, rank=0, samples=rows, batch_size=batch_size, drop_last=False)
+    return EpochReadPlan(epoch=epoch, rank=0, order=ListedOrder(rows), batch_size=batch_size, drop_last=False)
 
 
 def traced():
@@ -90,6 +93,38 @@ def test_batches_come_in_order_and_every_worker_call_reaches_the_events(dataset,
     assert not shm_leftovers()
 
 
+def test_worker_messages_name_their_own_paths_past_every_cache(tmp_path, monkeypatch):
+    """40 files of 3 samples read shuffled by 2 workers, with a recorder cache of 4 paths and 12
+    names kept a worker (a 10M-file epoch's situation, small): each message names its events'
+    files itself, so every open, read and close the parent absorbed is of the file it was, and
+    neither side keeps a path per file."""
+    monkeypatch.setattr(events_module, "PATH_CACHE", 4)
+    monkeypatch.setattr(workers_module, "NAMES_KEPT", 12)
+    source = ByteSource(seed=7, pool_bytes=1 << 20)
+    specs = []
+    for index in range(40):
+        spec = FileSpec(index=index, path=str(tmp_path / f"f{index}.npz"), num_samples=SAMPLES, sample_bytes=SAMPLE_BYTES)
+        handle = PosixStorage().open_write(spec.path)
+        get_format("npz").write(lambda suffix, h=handle: h, spec, source, FormatOptions())
+        handle.close()
+        specs.append(spec)
+    storage, recorder = traced()
+    reader = make_reader(storage, tuple(specs), workers=2)
+    plan = whole_plan(specs, batch_size=3)
+    assert sum(b.samples for b in reader.batches(plan)) == 40 * SAMPLES
+    events = recorder.array()
+    paths = recorder.paths
+    named = [paths[f] for f in events["file"]]
+    assert set(named) == {spec.path for spec in specs}
+    opens = Counter(p for p, op in zip(named, events["op"]) if op == OPS.index("open"))
+    closes = Counter(p for p, op in zip(named, events["op"]) if op == OPS.index("close"))
+    assert opens == closes and sum(opens.values()) >= 40
+    for spec in specs:  # each opening read its file whole: the reads absorbed under its name are its
+        read = sum(int(e["length"]) for e, p in zip(events, named) if p == spec.path and e["op"] == OPS.index("read"))
+        assert read > opens[spec.path] * os.path.getsize(spec.path)
+    assert not shm_leftovers()
+
+
 def test_worker_processes_are_forked_per_epoch_unless_persistent(dataset):
     for persistent, starts in ((False, 4), (True, 2)):
         storage, recorder = traced()
@@ -127,7 +162,7 @@ def test_a_worker_failure_is_raised_where_the_loop_waits(dataset):
         damaged.truncate(100)
     storage, _ = traced()
     reader = make_reader(storage, dataset, workers=2)
-    plan = EpochReadPlan(epoch=1, rank=0, samples=np.array([(0, 0), (1, 0)]), batch_size=1, drop_last=False)
+    plan = EpochReadPlan(epoch=1, rank=0, order=ListedOrder(np.array([(0, 0), (1, 0)])), batch_size=1, drop_last=False)
     with pytest.raises(Exception) as info:
         list(reader.batches(plan))
     assert "zip" in str(info.value).lower() or "file" in str(info.value).lower()
@@ -310,10 +345,11 @@ def test_workers_of_a_killed_rank_exit_on_their_own(dataset, tmp_path):
         "from dlio_ckpt.engine.workers import ProcessReader\n"
         "from dlio_ckpt.formats import FileSpec, FormatOptions, get_format\n"
         "from dlio_ckpt.plan.read import EpochReadPlan\n"
+        "from dlio_ckpt.plan.read_order import ListedOrder\n"
         "from dlio_ckpt.storage.posix import PosixStorage\n"
         f"specs = tuple(FileSpec(i, p, {SAMPLES}, {SAMPLE_BYTES}) for i, p in enumerate(sys.argv[1:]))\n"
         "reader = ProcessReader(PosixStorage(), get_format('npz'), FormatOptions(), specs, 2, 2, True, 'none')\n"
-        "plan = EpochReadPlan(1, 0, np.array([(0, 0)] * 8), 1, False)\n"
+        "plan = EpochReadPlan(1, 0, ListedOrder(np.array([(0, 0)] * 8)), 1, False)\n"
         "batches = reader.batches(plan)\n"
         "next(batches)\n"
         "print(' '.join(str(p.pid) for p in __import__('multiprocessing').active_children()), flush=True)\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -11,7 +12,9 @@ import pytest
 from dlio_ckpt.config.load import load_config
 from dlio_ckpt.formats.base import FileSpec
 from dlio_ckpt.plan.dataset import plan_dataset
-from dlio_ckpt.plan.read import check_world, dlio_steps_per_epoch, plan_epoch, transfer_end, transfer_requests
+from dlio_ckpt.plan.permutation import KeyedPermutation
+from dlio_ckpt.plan.read import (BLOCK_ROWS, check_world, dlio_steps_per_epoch, plan_epoch, transfer_end,
+                                 transfer_requests)
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.world import rank_slices
 
@@ -151,28 +154,92 @@ def test_transfer_reads_cover_whole_requests_from_the_start_of_the_file():
     assert transfer_requests(0, 1000, 1000, 4096) == [(0, 1000)]
 
 
-def _int64_plan(spec, read, rank, size, epoch):
-    """plan_epoch as it was computed before its index arrays became int32 (prefix sums of every
-    file's count, rng.permutation): the reference the plan must still equal, number for number."""
-    order = np.arange(len(spec))
-    np.random.default_rng([read.shuffle_seed, epoch, 0]).shuffle(order)
-    counts = np.array([spec[int(i)].num_samples for i in order], dtype=np.int64)
-    file_column = np.repeat(order, counts)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    sample_column = np.arange(int(counts.sum())) - np.repeat(starts, counts)
-    begin, end = rank_slices(len(file_column), size)[rank]
-    share = np.stack([file_column[begin:end], sample_column[begin:end]], axis=1)
-    return share[np.random.default_rng([read.shuffle_seed, epoch, rank + 1]).permutation(len(share))]
+def _reference_plan(spec, read, rank, size, epoch, sequential=False, whole_files=False):
+    """The plan as docs/architecture.md defines it, built whole and naively: the files in the
+    epoch's file order (KeyedPermutation keyed (seed, epoch, 0)), each file's samples in place,
+    the rank's contiguous share, then that share in the order of KeyedPermutation (seed, epoch,
+    rank + 1); whole-file shares take a contiguous run of the file order instead."""
+    order = KeyedPermutation(len(spec), [read.shuffle_seed, epoch, 0])(np.arange(len(spec))) \
+        if read.file_shuffle and len(spec) > 1 else np.arange(len(spec))
+    if whole_files:
+        first, last = rank_slices(len(spec), size)[rank]
+        order, rank, size = order[first:last], 0, 1
+    sequence = [(int(f), s) for f in order for s in range(spec[int(f)].num_samples)]
+    begin, end = rank_slices(len(sequence), size)[rank]
+    share = np.array(sequence[begin:end], dtype=np.int64).reshape(-1, 2)
+    if read.sample_shuffle and not sequential and len(share) > 1:
+        share = share[KeyedPermutation(len(share), [read.shuffle_seed, epoch, rank + 1])(np.arange(len(share)))]
+    return share
 
 
 @pytest.mark.parametrize("counts,size", [((1,) * 101, 3), ((4,) * 37, 2), ((1, 5, 2, 0, 7, 3) * 9, 4)])
-def test_the_int32_plan_is_the_int64_plan(counts, size):
-    """Alike files (the column arithmetic) and files of differing sample counts (the prefix sums),
-    several ranks and epochs: the same rows as the int64 computation, in 4-byte integers."""
+@pytest.mark.parametrize("whole_files", [False, True])
+def test_the_streamed_plan_is_the_reference_plan(counts, size, whole_files):
+    """Alike files (the column arithmetic) and files of differing sample counts (bisection over
+    each file's first row), several ranks and epochs, shuffled or not: batch by batch, the rows of
+    the naive whole construction, in 4-byte integers."""
     spec = tuple(FileSpec(index=i, path=f"/d/f{i}", num_samples=n, sample_bytes=10) for i, n in enumerate(counts))
-    read = reader()
+    for read in (reader(batch_size=5), reader(batch_size=5, file_shuffle=False), reader(batch_size=5, sample_shuffle=False)):
+        for epoch in (1, 2):
+            for rank in range(size):
+                plan = plan_epoch(spec, read, rank, size, epoch, False, whole_files=whole_files)
+                batches = [plan.batch(i) for i in range(plan.num_batches)]
+                assert all(b.dtype == np.int32 for b in batches)
+                expected = _reference_plan(spec, read, rank, size, epoch, whole_files=whole_files)
+                assert np.concatenate(batches).tolist() == expected.tolist()
+                assert plan.samples.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("num_files,samples,size,whole_files", [(7, 3, 4, False), (10, 1, 3, False), (9, 3, 4, True),
+                                                                (5, 13, 2, True), (1000, 7, 6, False)])
+def test_each_rank_reads_as_many_samples_as_before(num_files, samples, size, whole_files):
+    """The per-rank counts of the plan before it streamed: contiguous sample shares differing by
+    at most one (floor and ceiling of total / ranks, the larger first), or whole-file shares."""
+    spec = files(num_files, samples)
+    total = num_files * samples
+    if whole_files:
+        base, extra = divmod(num_files, size)
+        expected = [(base + (r < extra)) * samples for r in range(size)]
+    else:
+        base, extra = divmod(total, size)
+        expected = [base + (r < extra) for r in range(size)]
     for epoch in (1, 2):
-        for rank in range(size):
-            plan = plan_epoch(spec, read, rank, size, epoch, False)
-            assert plan.samples.dtype == np.int32
-            assert plan.samples.tolist() == _int64_plan(spec, read, rank, size, epoch).tolist()
+        plans = [plan_epoch(spec, reader(batch_size=4), r, size, epoch, False, whole_files=whole_files) for r in range(size)]
+        assert [p.num_samples for p in plans] == expected
+        assert [p.num_batches for p in plans] == [-(-n // 4) for n in expected]
+        dropping = [plan_epoch(spec, reader(batch_size=4, drop_last=True), r, size, epoch, False,
+                               whole_files=whole_files) for r in range(size)]
+        assert [(p.num_batches, p.samples_read) for p in dropping] == [(n // 4, n // 4 * 4) for n in expected]
+
+
+def test_batches_across_the_blocks_the_plan_computes_at_once():
+    """An epoch longer than BLOCK_ROWS, batches of 7 (some straddle a block's end), asked in
+    order, out of order and again: every sample once, each batch the same rows every time."""
+    count = BLOCK_ROWS * 2 + 123
+    plan = plan_epoch(files(count, 1), reader(batch_size=7), 0, 1, 1, False)
+    batches = [plan.batch(i).copy() for i in range(plan.num_batches)]
+    seen = np.concatenate(batches)
+    assert len(seen) == count and np.array_equal(np.sort(seen[:, 0]), np.arange(count))
+    for index in (plan.num_batches - 1, 0, BLOCK_ROWS // 7, 5, BLOCK_ROWS // 7 + 1, 2 * BLOCK_ROWS // 7):
+        assert plan.batch(index).tolist() == batches[index].tolist()
+    assert plan.batch(plan.num_batches).shape == (0, 2)  # past the end: no rows, as a slice gave
+
+
+def test_planning_ten_million_samples_holds_no_array_of_them():
+    """A 10M-file dataset's epoch, both shuffles on: planning it and taking its first, middle and
+    last batches allocate what one block of rows takes to compute (~6 MiB of uint64 temporaries
+    for BLOCK_ROWS positions, whatever the epoch's length), where the whole order took ~300 MB."""
+    config = load_config(["scale=tiny", "dataset.format=npz", "storage.root=/nonexistent",
+                          "dataset.num_files_train=10000000", "dataset.num_samples_per_file=1",
+                          "dataset.record_length_bytes_stdev=0"])
+    plan_files = plan_dataset(config, "npz").train
+    tracemalloc.start()
+    try:
+        plan = plan_epoch(plan_files, reader(batch_size=8), 1, 2, 1, False)
+        rows = [plan.batch(i).copy() for i in (0, plan.num_batches // 2, plan.num_batches - 1)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert plan.num_samples == 5_000_000 and [len(r) for r in rows] == [8, 8, 8]
+    assert peak < 16 << 20, f"{peak / 2**20:.1f} MiB"
+    assert all(0 <= f < 10_000_000 for r in rows for f in r[:, 0])

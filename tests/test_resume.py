@@ -95,6 +95,36 @@ def test_ledger_rolls_back_the_lost_steps():
     assert again.steps == ledger.steps and again.lost_work_s == 3.0
 
 
+def test_a_ledger_without_restarts_sums_its_steps_to_the_same_figures():
+    """keep_steps=False (a run without failures): no entry a step, the same mean, compute and
+    figures as the ledger that keeps them."""
+    kept, summed = Ledger(), Ledger(keep_steps=False)
+    rng = np.random.default_rng(3)
+    for step in range(1, 1001):
+        compute, wall = float(rng.random()), float(rng.random()) + 1.0
+        kept.step(step, compute, wall)
+        summed.step(step, compute, wall)
+    assert summed.steps == {} and summed.summed_steps == 1000
+    assert summed.step_s_mean == pytest.approx(kept.step_s_mean, rel=1e-12)
+    assert summed.useful_compute_s == pytest.approx(kept.useful_compute_s, rel=1e-12)
+    assert summed.figures() == pytest.approx(kept.figures(), rel=1e-12)
+
+
+def test_checks_without_failures_digest_the_order_as_steps_come():
+    """No truth (no failures): the order digest is the one of every step's digest kept, from no
+    dict; a step that does not move forward is refused."""
+    plan = plan_epoch(files(40), load_config(["scale=tiny", "reader.batch_size=4"]).reader, 0, 1, 1, False)
+    streamed, kept = ResumeChecks(0), ResumeChecks(0)
+    kept._order = None  # what a run with failures keeps: a digest a step
+    for index in range(plan.num_batches):
+        streamed.samples(index + 1, plan.batch(index))
+        kept.samples(index + 1, plan.batch(index))
+    assert streamed.sample_digests == {} and len(kept.sample_digests) == plan.num_batches == 30
+    assert streamed.local()["sample_order_digest"] == kept.local()["sample_order_digest"]
+    with pytest.raises(RuntimeError, match="step 30 after step 30"):
+        streamed.samples(30, plan.batch(0))
+
+
 @pytest.mark.parametrize("strategy,encoding", [("async", "incremental"), ("single_writer", "full"), ("sharded", "lossy")])
 def test_restart_with_each_strategy_and_encoding(workdir, strategy, encoding):
     done = run(workdir, "run", [f"checkpoint.strategy={strategy}", f"checkpoint.encoding={encoding}",

@@ -17,10 +17,11 @@ from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.errors import ConfigError
 
 GIB = float(1 << 30)
-# Memory one dataset file takes on every rank: the read plan's int32 index arrays, ~31 bytes a
-# sample while an epoch is planned and 8 after (1M one-sample files, tracemalloc); the file list,
-# the manifest and the event recorder hold nothing per file (issue 26; was 1 KiB, ~0.4 KiB measured).
-PLAN_BYTES_PER_FILE = 64
+# Memory one dataset file takes on every rank: its sample size in the file list's int64 array
+# where sizes vary (record_length_bytes_stdev > 0; none where they do not). The read plan computes
+# its order a block at a time (plan/permutation.py), and the manifest and the event recorder hold
+# nothing per file (issue 26; was 1 KiB, ~0.4 KiB measured, then 64 with whole-epoch index arrays).
+PLAN_BYTES_PER_FILE = 8
 # A ByteSource holds its pool twice (any window is one slice) and briefly three times while built.
 POOL_COPIES_AT_PEAK = 3
 # The share of this machine's memory the run's own buffers may take; the rest is for the page

@@ -167,7 +167,7 @@ class TransferReader:
 
     def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
         count = plan.num_batches
-        positions, uses = np.unique(plan.samples[: plan.samples_read, 0], return_counts=True)
+        positions, uses = np.unique(plan.rows(0, plan.samples_read)[:, 0], return_counts=True)
         streams: dict[int, _SequentialFile] = {}
         scratch = threading.local()
         try:

@@ -180,6 +180,7 @@ class _Training:
         self.injector = FailureInjector(FailureSchedule.from_config(config.failures, world.size), world)
         self.checks = ResumeChecks(world.rank, self.uninterrupted_run() if self.injector.enabled else None)
         self.ledger = self.result.ledger
+        self.ledger.keep_steps = self.injector.enabled  # no restart can take a step back: steps are summed
         self.last_checkpoint_step = -1  # never save a step at or before the one last saved or restored
         self.last_checkpoint_end = 0.0
         self.warming = False  # the first batch after a restart is the restart's warm-up

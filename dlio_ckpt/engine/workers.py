@@ -35,6 +35,7 @@ import os
 from multiprocessing import reduction
 import queue
 import signal
+from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -46,9 +47,13 @@ from dlio_ckpt.engine.batch_fetch import BatchFetcher, FetchTimes, OpenFiles
 from dlio_ckpt.errors import RunFailure
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions
 from dlio_ckpt.plan.read import Batch, EpochReadPlan
-from dlio_ckpt.storage.events import EventRecorder
+from dlio_ckpt.storage.events import EVENT_DTYPE, PATH_CACHE, EventRecorder
 
 OPEN_FILES_PER_WORKER = 4
+# Path names a worker keeps (_WorkerTrace): its recorder's cache can hold PATH_CACHE plus a batch's
+# new paths, and indices its cache or open files still use were added or used among the last
+# 2 x PATH_CACHE; the margin covers a batch's files. ~8 MB of strings.
+NAMES_KEPT = 2 * PATH_CACHE + 4096
 SHM_FOLDER = "/dev/shm"  # where torch's shared-memory batches live too (shm_open)
 POLL_S = 1.0  # how often the main process checks that its workers are alive while it waits
 
@@ -105,23 +110,51 @@ class _Message:
 
 
 class _WorkerTrace:
-    """A worker's own recorder over the parent's backend; what it sends with each message."""
+    """A worker's own recorder over the parent's backend; what it sends with each message.
+
+    Each message names its events' files itself: the events' path indices are rewritten to
+    positions in the message's own list of paths, so the parent maps them with that list alone
+    and keeps no table per worker (4 bytes a file the worker opened, 40 MB for a 10M-file
+    epoch), and the worker keeps the names of the NAMES_KEPT indices it added or used last, not
+    every path it opened. Those cover every index its events can hold: its recorder's cache (at
+    most PATH_CACHE paths plus one batch's, all recently added) and its open files (an LRU of
+    OPEN_FILES_PER_WORKER, each used within its last few files).
+    """
 
     def __init__(self, storage: Any) -> None:
         parent = getattr(storage, "recorder", None)
         self.recorder = None if parent is None else EventRecorder(parent.rank, parent.clock)
         self.storage = storage if parent is None else type(storage)(storage.inner, self.recorder, storage.phase)
-        self._sent_paths = 0
+        self._next = 0  # the recorder's next path index
+        self._names: OrderedDict[int, str] = OrderedDict()  # path index -> path, least recently added or used first
 
     def drain(self) -> tuple[bytes, tuple[str, ...]]:
-        """The events since the last message, and the paths first seen since then (the parent
-        keeps this worker's path table, in order)."""
+        """The events since the last message, their path indices made positions in the paths returned."""
         if self.recorder is None:
             return b"", ()
-        events = self.recorder.take_packed()
-        paths = tuple(self.recorder.paths_since(self._sent_paths))
-        self._sent_paths += len(paths)
-        return events, paths
+        packed = self.recorder.take_packed()
+        names = self._names
+        for path in self.recorder.paths_since(self._next):
+            names[self._next] = path
+            self._next += 1
+        self.recorder.forget_paths()  # named above: a worker of a 10M-file epoch held 2.5M paths
+        paths: tuple[str, ...] = ()
+        if packed:
+            rows = np.frombuffer(bytearray(packed), EVENT_DTYPE)
+            used, rows["file"] = np.unique(rows["file"], return_inverse=True)
+            paths = tuple(self._name(int(index)) for index in used)
+            packed = rows.tobytes()
+        while len(names) > NAMES_KEPT:
+            names.popitem(last=False)
+        return packed, paths
+
+    def _name(self, index: int) -> str:
+        try:
+            self._names.move_to_end(index)
+        except KeyError:
+            raise RuntimeError(f"reader worker: an event names path index {index}, older than the "
+                               f"{NAMES_KEPT} kept (engine/workers.py, NAMES_KEPT)") from None
+        return self._names[index]
 
 
 def _shm_create(name: str, nbytes: int) -> tuple[int, mmap.mmap]:
@@ -253,7 +286,6 @@ class _WorkerPool:
         self._done = context.Event()
         self._tasks = [context.Queue() for _ in range(count)]
         self._exited: set[int] = set()
-        self._paths = [np.zeros(0, dtype=np.uint32) for _ in range(count)]  # each worker's path index -> the rank's
         self._ready_s = 0.0  # the latest worker's start so far (fork to its first batch taken up)
         self._processes = []
         forked_at = perf_counter()
@@ -278,10 +310,8 @@ class _WorkerPool:
     def _take(self, message: _Message) -> None:
         """Absorb what every message carries: the worker's events and times."""
         if self._recorder is not None:
-            if message.paths:
-                added = np.array([self._recorder.path_id(path) for path in message.paths], dtype=np.uint32)
-                self._paths[message.worker] = np.concatenate([self._paths[message.worker], added])
-            self._recorder.absorb(message.events, self._paths[message.worker])
+            mapping = np.array([self._recorder.path_id(path) for path in message.paths], dtype=np.uint32)
+            self._recorder.absorb(message.events, mapping)  # the message's events name its own paths by position
         if message.times is not None:
             self._stats.times.add(message.times)
         self._ready(message.start_s)

@@ -150,6 +150,13 @@ class FileList(Sequence):
             return sorted({os.path.dirname(f.path) for f in self})
         return sorted({folder for s in self._splits for folder in s.folders()})
 
+    def samples_per_file(self) -> int:
+        """The sample count of every file, or 0 where they differ: decided by the splits the
+        positions reach (every split's count where the list is a slice, which may say 0 for a
+        slice of alike files; the caller then takes the per-file counts, as for differing ones)."""
+        counts = {s.num_samples for s in self._splits if s.count} if len(self) else set()
+        return counts.pop() if len(counts) == 1 else 0
+
     def num_samples_at(self, positions: np.ndarray) -> np.ndarray:
         """Samples in the files at `positions` (int64), per split by arithmetic, no FileSpec built."""
         positions = np.asarray(positions, dtype=np.int64)
@@ -168,6 +175,16 @@ def sample_counts(files: Sequence[FileSpec], positions: np.ndarray) -> np.ndarra
     if isinstance(files, FileList):
         return files.num_samples_at(positions)
     return np.array([files[int(i)].num_samples for i in positions], dtype=np.int64)
+
+
+def samples_per_file(files: Sequence[FileSpec]) -> int:
+    """The sample count every file has, or 0 where they differ (or none has any): a FileList's
+    from its splits' rules, with no array of counts; another sequence's (a tuple, in tests) file
+    by file."""
+    if isinstance(files, FileList):
+        return files.samples_per_file()
+    counts = {f.num_samples for f in files}
+    return counts.pop() if len(counts) == 1 else 0
 
 
 def total_samples(files: Sequence[FileSpec]) -> int:

@@ -1,10 +1,15 @@
 """ReadPlan: for one rank and one epoch, which samples it reads, in which order, in which batches.
 
-Pure and seeded: the epoch's global order is the file order (shuffled per epoch with
-`shuffle_seed + epoch`) with each file's samples in place; ranks take contiguous shares that
-differ by at most one sample, so every sample is read exactly once per epoch. Sample shuffling
-then permutes a rank's share (seeded by epoch and rank) for formats read by index; formats read
-in file order (TFRecord) keep the on-disk order, as tf.data does, and shuffle in memory.
+Pure and seeded: the epoch's global order is the file order (a keyed permutation of the files
+per epoch, keyed by `shuffle_seed` and the epoch) with each file's samples in place; ranks take
+contiguous shares that differ by at most one sample, so every sample is read exactly once per
+epoch. Sample shuffling then permutes a rank's share (keyed by seed, epoch and rank) for formats
+read by index; formats read in file order (TFRecord) keep the on-disk order, as tf.data does, and
+shuffle in memory.
+
+Nothing here grows with the dataset: the orders are KeyedPermutations (plan/permutation.py) and a
+plan computes a batch's rows when asked (plan/read_order.py), a block of BLOCK_ROWS at a time, so
+a rank holds ~1 MB for its epoch whether it reads a thousand samples or a billion.
 
 Two framework behaviours are planned here too. DLIO's step counting (`train.step_counting=dlio`)
 gives every rank floor(samples / batch / ranks) steps per epoch, dropping what is left. A reader
@@ -14,15 +19,19 @@ from its start in transfer_size requests, as far as the samples consumed so far 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dlio_ckpt.schema import ReaderConfig
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.formats.base import FileSpec
-from dlio_ckpt.plan.file_list import sample_counts, total_samples
+from dlio_ckpt.plan.file_list import sample_counts, samples_per_file, total_samples
+from dlio_ckpt.plan.permutation import KeyedPermutation
+from dlio_ckpt.plan.read_order import ListedOrder, ShareOrder, index_dtype
 from dlio_ckpt.world import rank_slices
+
+BLOCK_ROWS = 1 << 16  # rows computed at once: 512 KiB of int32 pairs, a numpy call per ~65k samples, not per batch
 
 
 @dataclass(frozen=True)
@@ -37,16 +46,18 @@ class Batch:
 class EpochReadPlan:
     epoch: int
     rank: int
-    # One row per sample in read order: (position in the file list, sample index in the file); int32
-    # below 2^31 files and samples (index_dtype): 8 bytes a sample of the rank's share
-    samples: np.ndarray
+    order: ShareOrder | ListedOrder  # the rank's whole share of the epoch, computed a block at a time when asked
     batch_size: int
     drop_last: bool
     max_batches: int | None = None  # None: every batch of the share; else at most this many (DLIO step counting)
+    start: int = 0  # positions of the share already consumed (a resumed epoch starts after them)
+    # The block of rows last computed, (block number, rows), replaced whole so that reader threads
+    # asking for batches at once each see one block entire; a cache of a pure function, not state.
+    _block: list = field(init=False, default_factory=lambda: [None], compare=False, repr=False)
 
     @property
     def num_samples(self) -> int:
-        return len(self.samples)
+        return self.order.length - self.start
 
     @property
     def num_batches(self) -> int:
@@ -59,27 +70,39 @@ class EpochReadPlan:
         """Samples the batches cover (the whole share unless batches are dropped)."""
         return min(self.num_samples, self.num_batches * self.batch_size)
 
+    def rows(self, first: int, stop: int) -> np.ndarray:
+        """(file position, sample index) of the plan's samples first..stop-1, in read order."""
+        first, stop = self.start + max(first, 0), self.start + min(stop, self.num_samples)
+        if stop <= first:
+            return np.empty((0, 2), self.order.dtype)
+        block = first // BLOCK_ROWS
+        if (stop - 1) // BLOCK_ROWS != block:  # across two blocks (a batch rarely is)
+            return self.order.rows(first, stop)
+        cached = self._block[0]
+        if cached is None or cached[0] != block:
+            cached = (block, self.order.rows(block * BLOCK_ROWS, min((block + 1) * BLOCK_ROWS, self.order.length)))
+            self._block[0] = cached
+        return cached[1][first - block * BLOCK_ROWS : stop - block * BLOCK_ROWS]
+
     def batch(self, index: int) -> np.ndarray:
-        return self.samples[index * self.batch_size : (index + 1) * self.batch_size]
+        cached = self._block[0]  # the common case first, with nothing computed: a slice of the block
+        if cached is not None:
+            first = self.start + index * self.batch_size - cached[0] * BLOCK_ROWS
+            if first >= 0 and first + self.batch_size <= len(cached[1]):
+                return cached[1][first:first + self.batch_size]
+        return self.rows(index * self.batch_size, (index + 1) * self.batch_size)
+
+    @property
+    def samples(self) -> np.ndarray:
+        """Every row of the plan at once: 8 bytes a sample, for tests and whole-file readers'
+        set-up (a reader that streams asks for `batch`)."""
+        return self.order.rows(self.start, self.order.length)
 
     def files(self) -> list[int]:
         """Positions of the files this rank touches, in first-touch order."""
-        _, first = np.unique(self.samples[:, 0], return_index=True)
-        return [int(self.samples[i, 0]) for i in sorted(first)]
-
-
-def index_dtype(count: int) -> np.dtype:
-    """int32 for positions below 2^31, else int64: a plan's index arrays take 4 bytes an entry, not
-    8, up to 2 billion files or samples. A shuffle of either gives the same order (numpy's Fisher-Yates
-    draws do not depend on the item size), so the plan is the same numbers."""
-    return np.dtype(np.int32 if count < 2**31 else np.int64)
-
-
-def file_order(num_files: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    order = np.arange(num_files, dtype=index_dtype(num_files))
-    if shuffle:
-        np.random.default_rng([seed, epoch, 0]).shuffle(order)
-    return order
+        column = self.samples[:, 0]
+        _, first = np.unique(column, return_index=True)
+        return [int(column[i]) for i in sorted(first)]
 
 
 def check_world(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> None:
@@ -99,7 +122,10 @@ def share_sizes(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> li
     if not whole_files:
         total = total_samples(files)
         return [stop - start for start, stop in rank_slices(total, size)]
-    counts = sample_counts(files, np.arange(len(files)))  # equal sample counts: the file order does not matter
+    per_file = samples_per_file(files)
+    if per_file:  # alike files: no array of counts (the file order does not matter either way)
+        return [(stop - start) * per_file for start, stop in rank_slices(len(files), size)]
+    counts = sample_counts(files, np.arange(len(files)))
     return [int(counts[start:stop].sum()) for start, stop in rank_slices(len(files), size)]
 
 
@@ -110,9 +136,11 @@ def dlio_steps_per_epoch(files: tuple[FileSpec, ...], batch_size: int, size: int
     Every rank runs the same count (a rank whose whole-file share is short of it runs the
     shortest share's count, so that no rank waits in a checkpoint the others never reach).
     """
-    total = total_samples(files)
-    steps = total // batch_size // size
-    steps = min([steps] + [share // batch_size for share in share_sizes(files, size, whole_files)])
+    return _dlio_steps(total_samples(files), share_sizes(files, size, whole_files), batch_size, size, total_steps)
+
+
+def _dlio_steps(total: int, shares: list[int], batch_size: int, size: int, total_steps: int) -> int:
+    steps = min([total // batch_size // size] + [share // batch_size for share in shares])
     return min(steps, total_steps) if total_steps else steps
 
 
@@ -122,9 +150,11 @@ def last_training_step(num_files: int, samples_per_file: int, batch_size: int, d
     engine/train.py counts them: DLIO's count per epoch times the epochs, or a rank's batches per
     epoch (its share; the first ranks' shares are the larger) times the epochs, up to total_steps.
     A failure planned after it (failures.at_steps) never strikes. Files hold equal sample counts."""
-    if dlio:
-        specs = tuple(FileSpec(index=i, path="", num_samples=samples_per_file, sample_bytes=0) for i in range(num_files))
-        return dlio_steps_per_epoch(specs, batch_size, size, whole_files, total_steps) * epochs
+    if dlio:  # dlio_steps_per_epoch's count, from the two numbers (no list of ten million files)
+        total = num_files * samples_per_file
+        shares = [(stop - start) * samples_per_file for start, stop in rank_slices(num_files, size)] if whole_files \
+            else [stop - start for start, stop in rank_slices(total, size)]
+        return _dlio_steps(total, shares, batch_size, size, total_steps) * epochs
     if whole_files:
         share = -(-num_files // size) * samples_per_file
     else:
@@ -170,37 +200,31 @@ def plan_epoch(
     (tf.data): each rank gets a contiguous share of the epoch's file order. `max_batches` caps
     the batches (DLIO's step count, possibly 0; the rest of the share is not read).
     """
-    order = file_order(len(files), shuffle and reader.file_shuffle, reader.shuffle_seed, epoch)
+    num_files = len(files)
+    file_order = KeyedPermutation(num_files, [reader.shuffle_seed, epoch, 0]) \
+        if shuffle and reader.file_shuffle and num_files > 1 else None
+    first_slot, last_slot = rank_slices(num_files, size)[rank] if whole_files else (0, num_files)
     if whole_files:
-        first, last = rank_slices(len(order), size)[rank]
-        order = order[first:last]
         rank, size = 0, 1
-    counts = sample_counts(files, order)
-    total = int(counts.sum())
-    dtype = index_dtype(max(total, len(files)))
+    per_file = samples_per_file(files)
+    if per_file:  # every file alike: a row's file and sample by arithmetic
+        total = (last_slot - first_slot) * per_file
+        layout = {"per_file": per_file, "first_slot": first_slot, "file_order": file_order}
+    else:  # differing counts: the share's file order and each file's first row (two integers a file)
+        slots = np.arange(first_slot, last_slot, dtype=np.int64)
+        slot_files = slots if file_order is None else file_order(slots)
+        counts = sample_counts(files, slot_files)
+        total = int(counts.sum())
+        layout = {"per_file": 0, "slot_files": slot_files, "slot_starts": np.cumsum(counts) - counts}
     begin, end = rank_slices(total, size)[rank]
-    share = np.empty((end - begin, 2), dtype)
-    if len(counts) and counts.min() == counts.max():  # every file alike: the columns without their prefix sums
-        per_file = int(counts[0])
-        del counts
-        rows = np.arange(begin, end, dtype=dtype)
-        share[:, 0] = order[rows // per_file]
-        share[:, 1] = rows % per_file
-        del rows
-    else:
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        share[:, 0] = np.repeat(order, counts)[begin:end]
-        share[:, 1] = (np.arange(total) - np.repeat(starts, counts))[begin:end]
-    del order
-    if shuffle and reader.sample_shuffle and not sequential and len(share) > 1:
-        # rng.permutation(n) is arange(n) shuffled: the same order, in the plan's dtype
-        permutation = np.arange(len(share), dtype=dtype)
-        np.random.default_rng([reader.shuffle_seed, epoch, rank + 1]).shuffle(permutation)
-        share = share[permutation]
+    sample_order = KeyedPermutation(end - begin, [reader.shuffle_seed, epoch, rank + 1]) \
+        if shuffle and reader.sample_shuffle and not sequential and end - begin > 1 else None
+    order = ShareOrder(length=end - begin, begin=begin, dtype=index_dtype(max(total, num_files)),
+                       sample_order=sample_order, **layout)
     return EpochReadPlan(
         epoch=epoch,
         rank=rank,
-        samples=share,
+        order=order,
         batch_size=batch_size or reader.batch_size,
         drop_last=reader.drop_last or max_batches is not None,
         max_batches=max_batches,

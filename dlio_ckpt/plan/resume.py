@@ -47,9 +47,8 @@ def resume_plan(plan: EpochReadPlan, point: ResumePoint) -> EpochReadPlan:
         raise ValueError(f"resume point: {point.sample_offset} samples consumed do not make {point.step_in_epoch} "
                          f"batches of {plan.batch_size}")
     skipped = min(point.step_in_epoch, plan.num_batches)
-    rest = plan.samples[skipped * plan.batch_size:]
     batches = None if plan.max_batches is None else max(0, plan.max_batches - skipped)
-    return dataclasses.replace(plan, samples=rest, max_batches=batches)
+    return dataclasses.replace(plan, start=plan.start + skipped * plan.batch_size, max_batches=batches)
 
 
 def batch_digest(rows: np.ndarray) -> str:
@@ -61,5 +60,10 @@ def order_digest(digests: dict[int, str]) -> str:
     """One digest of the sample order over the run's surviving steps (step order)."""
     hasher = xxhash.xxh3_128()
     for step in sorted(digests):
-        hasher.update(f"{step}:{digests[step]};".encode())
+        hasher.update(order_entry(step, digests[step]))
     return hasher.hexdigest()
+
+
+def order_entry(step: int, digest: str) -> bytes:
+    """What one step adds to order_digest's input (a caller taking steps as they come adds it itself)."""
+    return f"{step}:{digest};".encode()

@@ -232,12 +232,26 @@ class EventRecorder:
         """The window's paths to the spill file, and the cache cut to its newer half once past
         PATH_CACHE (the caller holds `_chunk_lock`). The window becomes [next index] in one slice
         assignment, so a path added in C meanwhile (after the copy taken) stays, at its index."""
+        self._spill.write_paths(self._take_window())
+        self._trim_cache()
+
+    def forget_paths(self) -> None:
+        """Drop the paths added so far, unspilled, and cut the cache as a spill does: for a reader
+        worker process's recorder, whose paths went to its parent with its events
+        (`paths_since`, engine/workers.py), so that it holds no path per file it opened. A path
+        seen again after it left the cache gets another index, as in the parent."""
+        self._take_window()
+        self._trim_cache()
+
+    def _take_window(self) -> list[str]:
         with self._path_lock:
             window = self._window
             count = len(window) - 1
             taken = window[1:count + 1]
             window[0:count + 1] = [window[0] + count]
-        self._spill.write_paths(taken)
+        return taken
+
+    def _trim_cache(self) -> None:
         table = self._path_index
         if len(table) > PATH_CACHE:
             for path in list(itertools.islice(table, len(table) - PATH_CACHE // 2)):
