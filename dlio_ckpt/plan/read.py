@@ -124,9 +124,16 @@ def share_sizes(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> li
         return [stop - start for start, stop in rank_slices(total, size)]
     per_file = samples_per_file(files)
     if per_file:  # alike files: no array of counts (the file order does not matter either way)
-        return [(stop - start) * per_file for start, stop in rank_slices(len(files), size)]
+        return _alike_shares(len(files), per_file, size, whole_files)
     counts = sample_counts(files, np.arange(len(files)))
     return [int(counts[start:stop].sum()) for start, stop in rank_slices(len(files), size)]
+
+
+def _alike_shares(num_files: int, per_file: int, size: int, whole_files: bool) -> list[int]:
+    """share_sizes of `num_files` files of `per_file` samples each, from the two numbers."""
+    if whole_files:
+        return [(stop - start) * per_file for start, stop in rank_slices(num_files, size)]
+    return [stop - start for start, stop in rank_slices(num_files * per_file, size)]
 
 
 def dlio_steps_per_epoch(files: tuple[FileSpec, ...], batch_size: int, size: int, whole_files: bool,
@@ -151,10 +158,8 @@ def last_training_step(num_files: int, samples_per_file: int, batch_size: int, d
     epoch (its share; the first ranks' shares are the larger) times the epochs, up to total_steps.
     A failure planned after it (failures.at_steps) never strikes. Files hold equal sample counts."""
     if dlio:  # dlio_steps_per_epoch's count, from the two numbers (no list of ten million files)
-        total = num_files * samples_per_file
-        shares = [(stop - start) * samples_per_file for start, stop in rank_slices(num_files, size)] if whole_files \
-            else [stop - start for start, stop in rank_slices(total, size)]
-        return _dlio_steps(total, shares, batch_size, size, total_steps) * epochs
+        shares = _alike_shares(num_files, samples_per_file, size, whole_files)
+        return _dlio_steps(num_files * samples_per_file, shares, batch_size, size, total_steps) * epochs
     if whole_files:
         share = -(-num_files // size) * samples_per_file
     else:
