@@ -232,7 +232,9 @@ def release_in_background(held: list) -> None:
     2-epoch run's wall, the emulation's wall 1.3-1.7x the program's). The program's own iterator
     over the same files took 2-4 ms to delete, and this pipeline's 2-140 ms outside a run, so the
     stall is the emulator's, not the program's I/O: it goes off the loop. Not a daemon thread, so
-    the interpreter finishes the deletion before it exits."""
+    the interpreter finishes the deletion before it exits. An epoch closed mid-way (total_steps,
+    an injected failure) still holds the iterator in its `for` loop when this runs, and drops it
+    on the loop's thread as before."""
     threading.Thread(target=held.clear, name="tf.data iterator release").start()
 
 
