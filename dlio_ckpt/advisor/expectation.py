@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dlio_ckpt.advisor.calibrate import RunCosts
+from dlio_ckpt.advisor.search import alone
 from dlio_ckpt.advisor.simulate import FailureTrace, Plan, System, simulate
 
 
@@ -70,8 +71,8 @@ def on_layout(layout: System, system: System) -> System:
     levels = []
     for level in layout.levels:
         own = by_name.get(level.name, level)
-        if own.flushed and not level.flushed:  # used alone: a flushed level's flush time is its write
-            own = replace(own, blocking_s=own.flush_s, flush_s=0.0, flushed=False)
+        if not level.flushed:  # used alone: a flushed level's flush time is its write
+            own = alone(own)
         levels.append(replace(own, survives=level.survives))
     return replace(layout, step_s=system.step_s, levels=tuple(levels), downtime_s=system.downtime_s)
 
