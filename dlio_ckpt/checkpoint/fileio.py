@@ -47,7 +47,8 @@ class FileWrite:
     verify_s: float = 0.0  # reading it back for the checksum (formats that seek back)
     write_calls_s: float | None = 0.0
     fsync_s: float = 0.0
-    prepare_s: float = 0.0  # assembling the tensors in memory before a framework save (torch): not in write_s
+    prepare_s: float = 0.0  # assembling the tensors in memory before a framework save (torch), and
+    #                         freeing them after it: not in write_s
     records: tuple | None = None  # (tensor, offset, length) per record where the format reports them (DCP)
     prepare_cpu_s: float = 0.0  # the thread's CPU seconds in prepare (to leave out of the save's CPU)
 
@@ -206,7 +207,8 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
                chunk_bytes: int) -> FileWrite:
     """Write one file, fsync it (when `fsync`), and checksum it (as it passes, or by reading it
     back; `checksum` "none": not at all). A format with `prepare` (torch) gets the file's tensors
-    into memory before the file is opened: that is the program's state, not its save."""
+    into memory before the file is opened: that is the program's state, not its save, and so is
+    freeing them after the last write (~0.2 ms for 9.8 MB in 112 tensors): both are `prepare_s`."""
     prepare = getattr(fmt, "prepare", None)
     clock = storage.recorder.clock
     start, cpu = clock.now(), time.thread_time()
@@ -230,7 +232,9 @@ def write_file(storage: Any, abspath: str, tensors: tuple[TensorSpec, ...], fmt:
     except BaseException:
         handle.abort()
         raise
-    del prepared
+    released, cpu = clock.now(), time.thread_time()
+    del prepared  # the emulator's copies (a program keeps its tensors): counted with their assembly
+    prepare_s, prepare_cpu_s = prepare_s + clock.now() - released, prepare_cpu_s + time.thread_time() - cpu
     handle.close()  # an object store publishes the file here; the manifest still commits the checkpoint
     if not storage.capabilities.fsync:  # no fsync: the file is durable once close() has published it
         write_s = clock.now() - start

@@ -36,10 +36,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from dlio_ckpt.checkpoint.filebuf import FilebufStream
 from dlio_ckpt.checkpoint.framework_work import dcp_storage_setup
 from dlio_ckpt.checkpoint.tf_bundle_writes import data_file_writes, table_writes, varint_size
-from dlio_ckpt.checkpoint.torch_archive import ArchiveNamed
+from dlio_ckpt.checkpoint.torch_stream import torch_stream
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.optional import require
 from dlio_ckpt.plan.checkpoint_formats import CheckpointFormatSpec, archive_stem, format_spec, npy_header
@@ -227,11 +226,9 @@ class TorchFormat(CheckpointFormatSpec):
     def write_prepared(self, handle: Any, state: dict) -> None:
         import torch
 
-        stream = FilebufStream(handle)
         path = getattr(handle, "path", "")  # torch.save(obj, path) names the zip's folder after the file
         name = self.archive_name or (archive_stem(path) if path else "")
-        target = ArchiveNamed(stream, name, _storage_alignment(torch)) if name else stream
-        torch.save(state, target)  # ends with stream.flush(): the ofstream's close
+        torch.save(state, torch_stream(handle, name, _storage_alignment(torch)))  # ends with its flush(): the ofstream's close
 
     def write(self, handle: Any, tensors: tuple[TensorSpec, ...], chunks: Chunks) -> None:
         self.write_prepared(handle, self.prepare(tensors, chunks))
