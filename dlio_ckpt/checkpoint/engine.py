@@ -41,7 +41,7 @@ from dlio_ckpt.checkpoint.writer import CheckpointWriter
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.plan.checkpoint import CheckpointPlan, PlannedFile, build_checkpoint_plan
-from dlio_ckpt.plan.durability import data_fsync, resolve_durability
+from dlio_ckpt.plan.durability import check_flat_layout, data_fsync, resolve_durability
 from dlio_ckpt.state.rank_state import RankState
 from dlio_ckpt.storage.durable import backend_root
 
@@ -72,6 +72,7 @@ class CheckpointEngineImpl:
         # checkpoint.durability (plan/durability.py): under `framework` only the framework's own
         # calls are issued (its fsyncs, if any; no checksum, no manifest); `commit` is the protocol.
         self.durability = resolve_durability(ctx.config)
+        check_flat_layout(self.layout, self.durability, self.cfg.keep_last)
         self.data_fsync = data_fsync(self.durability, self.fmt, self.layout, self.cfg.fsync)
         check_encoding(self.cfg)
         base_storage = storage if storage is not None else ctx.storage
@@ -184,7 +185,8 @@ class CheckpointEngineImpl:
     def write_planned(self, files: tuple[PlannedFile, ...], step: int,
                       payload_for: Callable[[PlannedFile], Payload]) -> list[FileEntry]:
         """Write `files` of checkpoint `step` (each fsynced) and return their manifest entries."""
-        return self.writer.write(plan_write(self.folder_path(step), step, files), payload_for)
+        return self.writer.write(plan_write(self.folder_path(step), step, files,
+                                            folder_exists=not self.layout.folder_per_checkpoint), payload_for)
 
     def discard_failed(self, step: int) -> None:
         """Remove checkpoint `step`'s folder if it was never committed (see CheckpointFolders)."""

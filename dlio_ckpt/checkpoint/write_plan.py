@@ -33,15 +33,16 @@ class WritePlan:
         return tuple(f.path for f in self.files)
 
 
-def plan_write(folder: str, step: int, files: tuple[PlannedFile, ...]) -> WritePlan:
+def plan_write(folder: str, step: int, files: tuple[PlannedFile, ...], folder_exists: bool = False) -> WritePlan:
     """The WritePlan of `files` (in their order) for checkpoint `step` in `folder`; each parent
-    folder is created once, before the first file in it."""
-    made: set[str] = set()
+    folder is created once, before the first file in it, except `folder` itself when it exists
+    already (a `flat` layout's checkpoint folder is the run's: a program saving into it makes none)."""
+    made: set[str] = {os.path.normpath(folder)} if folder_exists else set()  # normalised: folder may end in '/'
     planned = []
     for pf in files:
         rel = pf.path_for(step)
         path = os.path.join(folder, rel)
         parent = os.path.dirname(path)
-        planned.append(FileToWrite(pf, rel, path, None if parent in made else parent))
-        made.add(parent)
+        planned.append(FileToWrite(pf, rel, path, None if os.path.normpath(parent) in made else parent))
+        made.add(os.path.normpath(parent))
     return WritePlan(step, folder, tuple(planned))

@@ -37,6 +37,8 @@ from dlio_ckpt.formats.jpeg import JPEG_MIN_BYTES
 from dlio_ckpt.formats.parquet import parse_columns
 from dlio_ckpt.optional import available, check_installed
 from dlio_ckpt.plan.checkpoint_formats import format_spec
+from dlio_ckpt.plan.durability import check_flat_layout, resolve_durability
+from dlio_ckpt.plan.layouts import get_layout
 from dlio_ckpt.plan.model import resolve_parallelism
 from dlio_ckpt.plan.read import last_training_step
 from dlio_ckpt.plan.replay import check_replay_space
@@ -220,6 +222,7 @@ def check_job(config: RunConfig, world_size: int, free_space: bool = True) -> No
     check_world_fit(config, world_size)
     check_failure_steps(config, world_size)
     check_model_fit(config, world_size)
+    check_checkpoint_folders(config)
     check_memory(config, world_size)
     check_dependencies(config)
     check_paths(config)
@@ -296,6 +299,13 @@ def check_dataset_format_fit(ds: Any) -> None:
 
 def uses_checkpoints(config: RunConfig) -> bool:
     return config.workload != "replay" and (config.mode in ("checkpoint", "restore", "plan") or config.checkpoint.enabled)
+
+
+def check_checkpoint_folders(config: RunConfig) -> None:
+    """A layout without a folder per checkpoint (`flat`) refused where the run needs one (a manifest,
+    retention), before the run's checkpoint folder is made; the engine checks the same."""
+    if uses_checkpoints(config) and config.mode != "plan":
+        check_flat_layout(get_layout(config.checkpoint.layout), resolve_durability(config), config.checkpoint.keep_last)
 
 
 def check_model_fit(config: RunConfig, world_size: int) -> None:

@@ -110,7 +110,7 @@ class CheckpointPlan:
         encoded: int | None = 0
         for files in self.files_by_rank:
             for f in files:
-                names.append(f"{folder}/{f.path_for(step)}")
+                names.append(f"{folder}/{f.path_for(step)}" if folder else f.path_for(step))  # flat: no folder
                 if encoded is not None:
                     size = fmt.encoded_size(f.tensors)
                     encoded = None if size is None else encoded + size

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlio_ckpt.codec_registry import codec_names, codec_setting
+from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.schema import RunConfig
 
 
@@ -80,3 +81,17 @@ def data_fsync(durability: Durability, fmt, layout, checkpoint_fsync: bool) -> b
         if declared is not None:
             return declared
     return checkpoint_fsync
+
+
+def check_flat_layout(layout, durability: Durability, keep_last: int) -> None:
+    """A layout without a folder per checkpoint (`flat`) has nowhere for a manifest and nothing to
+    delete as one checkpoint: it runs under `framework` durability and keeps every file."""
+    if layout.folder_per_checkpoint:
+        return
+    if durability.commit:
+        why = durability.reason or "checkpoint.durability=commit"
+        raise ConfigError(f"checkpoint.layout={layout.name} writes each checkpoint's files straight into the checkpoint "
+                          f"folder, with no folder or manifest of its own, but {why}: use checkpoint.layout=raw")
+    if keep_last:
+        raise ConfigError(f"checkpoint.layout={layout.name} keeps every file, as a program saving "
+                          f"checkpoint_<n>.pt into one folder does: set checkpoint.keep_last=0")

@@ -5,8 +5,11 @@ given ranks; reproducing the names and the grouping (one file per rank, per laye
 partition) reproduces the metadata load (creates, directory entries) the storage really gets. The
 bytes inside each file follow `checkpoint.format`, whatever the names' extensions say.
 
-Every layout puts one checkpoint in one folder (TensorFlow's flat `ckpt-N.*` files go in a
-`ckpt-N/` folder), so a checkpoint can be committed by one manifest and deleted as one unit.
+Every layout but `flat` puts one checkpoint in one folder (TensorFlow's flat `ckpt-N.*` files go
+in a `ckpt-N/` folder), so a checkpoint can be committed by one manifest and deleted as one unit.
+`flat` is a program that saves straight into one folder (torch.save(state, "checkpoint_3.pt")):
+no folder per checkpoint, so only the framework's own calls (checkpoint.durability=framework) and
+nothing deleted.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ class Layout:
     metadata_write: str = "plain"
     data_fsync: bool | None = None
     tag_writes: int = 1  # how many times the framework writes its tag per checkpoint
+    # whether a checkpoint is a folder of its own (made by its first file's write); False: its files
+    # go into the run's checkpoint folder itself (`flat`)
+    folder_per_checkpoint: bool = True
 
     def folder(self, step: int) -> str:
         return f"step_{step:08d}"
@@ -92,6 +98,29 @@ class RawLayout(Layout):
 
     def rank_files(self, model, rank, tensors, ext):
         return [(f"rank_{rank:05d}.{ext}", tensors)] if tensors else []
+
+
+@dataclass(frozen=True)
+class FlatLayout(Layout):
+    """A program saving each checkpoint straight into one folder, as a plain PyTorch loop does
+    (`torch.save(state, f"checkpoint_{epoch}.pt")`, the ImageNet example's `checkpoint.pth.tar`):
+    no folder per checkpoint, which such a program never makes. A rank's file is
+    `checkpoint_<step>.<ext>` (`_rank<r>` added when several ranks write). With no folder there is
+    no manifest, so the engine accepts it only with checkpoint.durability=framework and keeps every
+    file (keep_last=0): what a checkpoint is, is its files."""
+
+    name: str = "flat"
+    folder_per_checkpoint: bool = False
+
+    def folder(self, step: int) -> str:
+        return ""
+
+    def parse_step(self, folder: str) -> int | None:
+        return None  # no folder is a checkpoint
+
+    def rank_files(self, model, rank, tensors, ext):
+        own = f"_rank{rank:05d}" if model.world_size > 1 else ""
+        return [(f"checkpoint_{{step}}{own}.{ext}", tensors)] if tensors else []
 
 
 @dataclass(frozen=True)
@@ -371,6 +400,7 @@ LAYOUTS = Registry(
     noun="layout",
     entries={
         "raw": "dlio_ckpt.plan.layouts:RawLayout",
+        "flat": "dlio_ckpt.plan.layouts:FlatLayout",
         "deepspeed": "dlio_ckpt.plan.layouts:DeepSpeedLayout",
         "pytorch_dcp": "dlio_ckpt.plan.layouts:PytorchDcpLayout",
         "megatron": "dlio_ckpt.plan.layouts:MegatronLayout",

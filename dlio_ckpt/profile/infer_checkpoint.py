@@ -8,7 +8,8 @@ Rules (docs/profile.md):
   (torch.save: fopen, then writev on the descriptor, which darshan-runtime does not see), its size
   on disk when it is still there, or the --strace counts (strace_input.py);
 - layout and format: from the file names (.distcp and .metadata: pytorch_dcp; ckpt-N.index and
-  .data-*: tensorflow; .pt/.pth/.bin of a torch program: torch) and the writing ranks;
+  .data-*: tensorflow; .pt/.pth/.bin of a torch program: torch) and the writing ranks; `flat`
+  where every save's files are in one folder (a torch.save loop makes no folder per save);
 - interval: epochs per save when the saves divide the epochs;
 - fsync and rename: POSIX_FSYNCS / POSIX_RENAME_SOURCES on the checkpoint files;
 - the model: dlio_ckpt-describe-model's readers on the first save still on disk, so the emulated
@@ -75,9 +76,11 @@ def checkpoint_values(job: Job, roles: Roles, epochs: int, framework: str,
     writers = sorted({rank for s in saves for _, rank, b in s.files if b})
     names = " ".join(f.path for f, _ in uses)
     layout, fmt, why = _layout(names, framework, len(writers))
+    if layout == "raw" and saves and len({os.path.dirname(path) for s in saves for path, _, _ in s.files}) == 1:
+        layout, why = "flat", why + "; every save's files in one folder, none made for a save"
     add(Value("checkpoint.layout", layout, INFERRED, why))
     add(Value("checkpoint.format", fmt, INFERRED, why))
-    if fmt == "torch" and layout == "raw" and saves:  # torch.save(obj, path) records the file's name in its zip
+    if fmt == "torch" and layout in ("raw", "flat") and saves:  # torch.save(obj, path) records the file's name in its zip
         first = saves[0].files[0][0]
         add(Value("checkpoint.archive_name", archive_stem(first), MEASURED,
                   f"the folder torch.save's zip records: {os.path.basename(first)}'s name (the first save)"))
