@@ -411,6 +411,24 @@ def test_saves_are_told_apart_by_the_reads_between_them():
     assert [s.bytes for s in two] == [7, 7]
 
 
+def test_a_save_whose_files_are_far_apart_under_load_stays_one_save():
+    """keras_tfdata's second save under load (darshan-runtime, 2026-12-02): its staged data file and
+    index, then its merged index, then CheckpointManager's two `checkpoint` state writes 0.48 s and
+    1.64 s later, with no dataset read in between (the run's last epoch had ended). The pause rule
+    split it into 3 saves (4 in the run) while reads were there to go by; it is one save."""
+    first = [_use("/c/ckpt-1_temp/part-00000-of-00001.data-00000-of-00001.tempstate1", 16.149, 16.157, 1550956),
+             _use("/c/ckpt-1_temp/part-00000-of-00001.index.tempstate2", 16.158, 16.159, 2131),
+             _use("/c/ckpt-1.index", 16.1697, 16.1707, 2131),
+             _use("/c/checkpoint.tmp1", 16.1718, 16.1724, 166), _use("/c/checkpoint.tmp2", 16.1726, 16.1734, 166)]
+    second = [_use("/c/ckpt-2_temp/part-00000-of-00001.data-00000-of-00001.tempstate3", 16.417, 16.425, 1550956),
+              _use("/c/ckpt-2_temp/part-00000-of-00001.index.tempstate4", 16.4252, 16.4259, 2131),
+              _use("/c/ckpt-2.index", 16.4269, 16.4274, 2131),
+              _use("/c/checkpoint.tmp3", 16.9081, 16.9089, 255), _use("/c/checkpoint.tmp4", 18.0638, 18.0646, 255)]
+    found = _saves(first + second, [8.85, 10.60, 16.206, 16.21])
+    assert [len(s.files) for s in found] == [5, 5]
+    assert [s.bytes for s in found] == [1555550, 1555728]
+
+
 def test_an_empty_module_mapped_to_the_logs_end_is_not_damage(tmp_path):
     """darshan-runtime 3.4.7 maps a module that recorded nothing (a `uname -p` that TensorFlow starts:
     its STDIO, DXT_POSIX, HEATMAP) to the log's end with length 0; the check took that for damage and
