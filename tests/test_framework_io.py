@@ -366,7 +366,11 @@ def test_tensorflow_under_framework_durability_renames_and_never_fsyncs(tmp_path
     (pf,) = engine.plan.files_by_rank[0]
     assert {name for name in reader.get_variable_to_shape_map()} >= {t.name for t in pf.tensors}  # one shard: own names
     counts = {op: n for (phase, op), n in ctx.recorder.op_counts.items() if phase == "checkpoint"}
-    assert "fsync" not in counts and "read" not in counts  # no fsync, no checksum read-back
+    # no fsync, no checksum read-back: the only reads are MergeV2Checkpoints' of the staged index
+    # (footer, index block, data block: TF's table reader, as darshan-runtime counts them)
+    assert "fsync" not in counts and counts["read"] == 3
+    assert ops_on(ctx.storage, str(root / "ckpt-3" / "ckpt-3_temp" / "part-00000-of-00001.index")) == \
+        ["stat", "open", *["write"] * 7, "close", "open", "read", "read", "read", "close", "unlink"]
     # MergeV2Checkpoints renames the data file; CheckpointManager writes the tag twice, each through a temporary name
     assert counts["rename"] == 3
     assert ops_on(ctx.storage, str(root / "checkpoint.tmp")) == ["open", "write", "close", "rename"] * 2
@@ -481,3 +485,10 @@ def test_tensorflow_files_are_recorded_call_by_call_as_darshan_runtime_counts_tf
         "part-00000-of-00001.data-00000-of-00001": 1, "part-00000-of-00001.index": 2, "ckpt-3.index": 1}
     closes = events[events["op"] == OPS.index("close")]
     assert len(closes) == len(events[events["op"] == OPS.index("open")])
+    # the merge reads the staged index back as TF's table reader does: footer, index block, data
+    # block (each with its trailer), the blocks the staged index's writes made, at the merge's start
+    reads = [(int(e["offset"]), int(e["length"])) for e in events[events["op"] == OPS.index("read")]]
+    assert [paths[e["file"]] for e in events[events["op"] == OPS.index("read")]] == \
+        [str(folder / "ckpt-3_temp" / "part-00000-of-00001.index")] * 3
+    (o, n, _, _), (_, t, _, _) = staged[0], staged[1]  # the data block and its trailer
+    assert reads == [(staged[-1][0], 48), (staged[4][0], staged[4][1] + 5), (o, n + t)]

@@ -28,6 +28,7 @@ from dlio_ckpt.profile.records import load_job
 
 ROWS = (("dataset", "bytes_read"), ("dataset", "reads"), ("dataset", "opens"), ("dataset", "seeks"),
         ("checkpoint", "bytes_written"), ("checkpoint", "writes"), ("checkpoint", "opens"),
+        ("checkpoint", "reads"), ("checkpoint", "bytes_read"),
         ("checkpoint", "fsyncs"), ("checkpoint", "renames"), ("other", "bytes_read"), ("other", "bytes_written"))
 
 
