@@ -337,6 +337,9 @@ class TensorflowLayout(Layout):
             return []
         before, shards = self._shard_numbers(model)
         shard = int(before[rank])
+        if model.write_order:  # SaveV2 appends in the order it is given: the program's (its object graph's)
+            place = {name: i for i, name in enumerate(model.write_order)}
+            tensors = tuple(sorted(tensors, key=lambda t: place.get(t.name, len(place))))  # stable: the rest after
         # The step is part of TF's names; the folder name carries it, so `{step}` is filled later.
         return [(f"ckpt-{{step}}.data-{shard:05d}-of-{shards:05d}", tensors)]
 
