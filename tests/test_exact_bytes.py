@@ -282,8 +282,9 @@ def test_an_archive_name_with_a_folder_is_refused():
 
 def test_tensorflow_state_file_is_checkpoint_managers(tmp_path, monkeypatch):
     """Every write of CheckpointManager's `checkpoint` state (two per save, max_to_keep=2, four
-    saves) against the tensorflow layout's, given the same save times: the same bytes, but for the
-    emulation's folder per checkpoint (`ckpt-N/ckpt-N` where TF names `ckpt-N`)."""
+    saves) against the tensorflow layout's, given the same save times: the same bytes, in the
+    framework's flat directory (`ckpt-N`); in a folder per checkpoint (the commit protocol's) each
+    path is `ckpt-N/ckpt-N`."""
     import re
 
     tf = pytest.importorskip("tensorflow")
@@ -312,6 +313,8 @@ def test_tensorflow_state_file_is_checkpoint_managers(tmp_path, monkeypatch):
     layout, saves, emulated = get_layout("tensorflow"), [], []
     for step in range(1, 5):
         saves.append((step, numbers(real[2 * step - 2], "all_model_checkpoint_timestamps")[-1]))
-        emulated += layout.tag_texts(step, saves, 2, preserved)
+        emulated += layout.tag_texts(step, saves, 2, preserved, flat=True)
+        foldered = layout.tag_texts(step, saves, 2, preserved)
         saves = saves[-2:]
-    assert [re.sub(r'"ckpt-(\d+)/ckpt-\1"', r'"ckpt-\1"', text) for text in emulated] == real
+    assert emulated == real
+    assert [re.sub(r'"ckpt-(\d+)"', r'"ckpt-\1/ckpt-\1"', text) for text in real[-2:]] == foldered
