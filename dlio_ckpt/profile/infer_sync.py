@@ -7,16 +7,18 @@ reached step k - prefetch. Ranks that never meet (DLIO's) drift apart: each step
 from rank to rank (a read, the scheduler), and nothing pulls them back, so the gap between their
 k-th batches is the sum of those differences, growing like the square root of the steps.
 
-So, per epoch: each reading process's batches (every `files_per_batch`-th file read to its end, in
-read order) are paired with the process of another rank whose batches lie nearest (a DataLoader
-worker of each rank serves the same steps); the steps the loop paced (each batch read later than
-the one before by more than a fifth of the process's median gap between batches: the prefetch at an
-epoch's start is not) are compared. The ranks step together when their paced batches were read
-within a tenth of a step (median) of each other, none beyond a quarter. How sure that is comes
-from the jitter: ranks that never met, with each step varying as much as these ranks' own steps
-did from their median, would after n steps be about jitter x sqrt(2 n) apart; far below that (a
-third at most, over 8 paced steps or more) is "strong", else "weak". One rank: `none`, nothing to
-meet. No DXT, or reads that do not split into epochs: `none`, assumed, named.
+So, per epoch: each reading process's batches (when each began: the first read of every
+`files_per_batch`-th file, in read order) are paired with the process of another rank whose
+batches lie nearest (a DataLoader worker of each rank serves the same steps); the batches its loop
+paced (from the first read later than the one before by more than half the process's median gap
+between batches: the prefetch at an epoch's start is read back to back, and the workers of two
+ranks start tens of ms apart on a loaded machine) are compared. The ranks step together when their
+paced batches were read within a tenth of a step (median) of each other, three in four within a
+quarter. How sure that is comes from the jitter: ranks that never met, with each step varying as
+much as these ranks' own steps did from their median, would after n steps be about
+jitter x sqrt(2 n) apart; far below that (three in four gaps within a third of it, over 8 paced
+steps or more) is "strong", else "weak". One rank: `none`, nothing to meet. No DXT, or reads that
+do not split into epochs: `none`, assumed, named.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import statistics
 from dlio_ckpt.profile.values import INFERRED, MEASURED, Value, assumed
 
 ALIGNED_MEDIAN = 0.10  # of a step: the ranks' paced batches, median gap
-ALIGNED_MAX = 0.25  # of a step: the largest gap
-PACED = 0.2  # a batch read later than the one before by more than this of the median gap was paced by the loop
+ALIGNED_MOST = 0.25  # of a step: the gap three in four pairs stay within (a prefetched batch taken for paced may not)
+PACED = 0.5  # the first batch read later than the one before by more than this of the median gap: the loop's pace
 STRONG_STEPS = 8
 STRONG_SHARE = 1 / 3  # the largest gap against independent ranks' expected drift
 
@@ -48,9 +50,9 @@ def gradient_sync_value(reads: list[tuple[float, float, int]], files: int, epoch
     gaps, periods, jitter, steps = [], [], [], 0
     for e in range(epochs):
         streams: dict[int, list[float]] = {}
-        for _, end, index in reads[e * files:(e + 1) * files]:
-            streams.setdefault(index, []).append(end)
-        batches = {i: _batches(sorted(ends), size) for i, ends in streams.items()}
+        for start, _, index in reads[e * files:(e + 1) * files]:
+            streams.setdefault(index, []).append(start)
+        batches = {i: _batches(sorted(starts), size) for i, starts in streams.items()}
         for index, times in batches.items():
             partner = _partner(index, times, batches)
             if partner is None:
@@ -68,27 +70,26 @@ def gradient_sync_value(reads: list[tuple[float, float, int]], files: int, epoch
         return assumed("train.gradient_sync", "none", "the ranks' reads show no steps paced by their loops (a small run "
                        "prefetches every batch): whether they meet each step cannot be seen")
     period = statistics.median(periods)
-    median_gap, max_gap = statistics.median(gaps), max(gaps)
+    gaps.sort()
+    median_gap, most_gap, max_gap = statistics.median(gaps), gaps[(3 * (len(gaps) - 1)) // 4], gaps[-1]
     spread = math.sqrt(sum(j * j for j in jitter) / len(jitter))
     drift = spread * math.sqrt(2 * steps)  # where independent ranks would be after the epoch's paced steps
-    seen = (f"the ranks' batches of each step were read {median_gap * 1e3:.1f} ms apart (median; at most "
-            f"{max_gap * 1e3:.1f} ms) over {len(gaps)} paced batches, steps of {period * 1e3:.0f} ms; ranks that never met, "
+    seen = (f"the ranks' batches of each step were read {median_gap * 1e3:.1f} ms apart (median; 3 in 4 within "
+            f"{most_gap * 1e3:.1f} ms, at most {max_gap * 1e3:.1f} ms) over {len(gaps)} paced batches, steps of {period * 1e3:.0f} ms; ranks that never met, "
             f"each step varying as these did ({spread * 1e3:.1f} ms), would be ~{drift * 1e3:.0f} ms apart after "
             f"{steps} steps")
-    if median_gap <= ALIGNED_MEDIAN * period and max_gap <= ALIGNED_MAX * period:
-        strong = steps >= STRONG_STEPS and max_gap <= STRONG_SHARE * drift
+    if median_gap <= ALIGNED_MEDIAN * period and most_gap <= ALIGNED_MOST * period:
+        strong = steps >= STRONG_STEPS and most_gap <= STRONG_SHARE * drift
         sure = "strong" if strong else "weak (few steps, or steps too even to tell drift from meeting)"
         return Value("train.gradient_sync", "barrier", INFERRED,
                      f"DXT: the ranks step together (DDP's all-reduce or the like): {seen}; evidence {sure}")
     return Value("train.gradient_sync", "none", INFERRED, f"DXT: the ranks do not step together: {seen}")
 
 
-def _batches(ends: list[float], size: int) -> list[float]:
-    """When each batch's reads ended: every `size`-th file's, and the last (a short batch)."""
-    times = ends[size - 1::size]
-    if len(ends) % size:
-        times.append(ends[-1])
-    return times
+def _batches(starts: list[float], size: int) -> list[float]:
+    """When each batch's reads began (its first file's first read: when its loader was asked for
+    it; a slow read inside the batch, common on a loaded machine, does not move it)."""
+    return starts[::size]
 
 
 def _partner(index: int, times: list[float], batches: dict[int, list[float]]) -> int | None:
@@ -107,11 +108,13 @@ def _partner(index: int, times: list[float], batches: dict[int, list[float]]) ->
 
 
 def _paced(times: list[float]) -> list[int]:
-    """The batches (index k >= 1) read later than the one before by more than PACED of the median
-    of the process's larger half of gaps: batches its loop asked for, not the epoch's prefetch."""
+    """The batches its loop asked for: every one from the first read later than the one before by
+    more than PACED of the median of the process's larger half of gaps (the epoch's prefetch before
+    it is read back to back, as soon as the worker starts, and workers of two ranks start apart)."""
     intervals = [times[k] - times[k - 1] for k in range(1, len(times))]
     if not intervals:
         return []
     larger = sorted(intervals)[len(intervals) // 2:]
     floor = PACED * statistics.median(larger)
-    return [k for k in range(1, len(times)) if times[k] - times[k - 1] > floor]
+    first = next((k for k in range(1, len(times)) if times[k] - times[k - 1] > floor), len(times))
+    return list(range(first, len(times)))
