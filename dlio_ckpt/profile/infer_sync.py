@@ -13,8 +13,9 @@ batches lie nearest (a DataLoader worker of each rank serves the same steps); th
 paced (from the first read later than the one before by more than half the process's median gap
 between batches: the prefetch at an epoch's start is read back to back, and the workers of two
 ranks start tens of ms apart on a loaded machine) are compared. The ranks step together when their
-paced batches were read within a tenth of a step (median) of each other, three in four within a
-quarter. How sure that is comes from the jitter: ranks that never met, with each step varying as
+paced batches were read at a steady lag of a quarter step at most (a worker woken later than its
+partner, step after step, on a loaded machine), varying by a tenth of a step at most (median),
+three in four within a quarter. How sure that is comes from the jitter: ranks that never met, with each step varying as
 much as these ranks' own steps did from their median, would after n steps be about
 jitter x sqrt(2 n) apart; far below that (three in four gaps within a third of it, over 8 paced
 steps or more) is "strong", else "weak". One rank: `none`, nothing to meet. No DXT, or reads that
@@ -47,7 +48,7 @@ def gradient_sync_value(reads: list[tuple[float, float, int]], files: int, epoch
         return assumed("train.gradient_sync", "none", "no DXT read times per rank (or the reads do not split into epochs): "
                        "whether the ranks meet each step cannot be seen; set barrier for a DDP/Horovod program")
     size = max(1, int(round(files_per_batch)))
-    gaps, periods, jitter, steps = [], [], [], 0
+    gaps, periods, jitter, offsets, steps = [], [], [], [], 0
     for e in range(epochs):
         streams: dict[int, list[float]] = {}
         for start, _, index in reads[e * files:(e + 1) * files]:
@@ -59,7 +60,11 @@ def gradient_sync_value(reads: list[tuple[float, float, int]], files: int, epoch
                 continue
             paced = _paced(times)
             other = batches[partner]
-            gaps += [abs(times[k] - other[k]) for k in paced if k < len(other)]
+            lags = [times[k] - other[k] for k in paced if k < len(other)]
+            if lags:  # a worker woken later than its partner, step after step, lags by as much each time
+                steady = statistics.median(lags)
+                gaps += [abs(d - steady) for d in lags]
+                offsets.append(abs(steady))
             intervals = [times[k] - times[k - 1] for k in paced]
             if intervals:
                 period = statistics.median(intervals)
@@ -74,11 +79,13 @@ def gradient_sync_value(reads: list[tuple[float, float, int]], files: int, epoch
     median_gap, most_gap, max_gap = statistics.median(gaps), gaps[(3 * (len(gaps) - 1)) // 4], gaps[-1]
     spread = math.sqrt(sum(j * j for j in jitter) / len(jitter))
     drift = spread * math.sqrt(2 * steps)  # where independent ranks would be after the epoch's paced steps
-    seen = (f"the ranks' batches of each step were read {median_gap * 1e3:.1f} ms apart (median; 3 in 4 within "
-            f"{most_gap * 1e3:.1f} ms, at most {max_gap * 1e3:.1f} ms) over {len(gaps)} paced batches, steps of {period * 1e3:.0f} ms; ranks that never met, "
-            f"each step varying as these did ({spread * 1e3:.1f} ms), would be ~{drift * 1e3:.0f} ms apart after "
-            f"{steps} steps")
-    if median_gap <= ALIGNED_MEDIAN * period and most_gap <= ALIGNED_MOST * period:
+    lag = statistics.median(offsets)
+    seen = (f"the ranks' batches of each step were read at a steady lag (median {lag * 1e3:.1f} ms) "
+            f"give or take {median_gap * 1e3:.1f} ms (median; 3 in 4 within {most_gap * 1e3:.1f} ms, at most "
+            f"{max_gap * 1e3:.1f} ms) over {len(gaps)} paced batches, steps of {period * 1e3:.0f} ms; ranks that "
+            f"never met, each step varying as these did ({spread * 1e3:.1f} ms), would be ~{drift * 1e3:.0f} ms "
+            f"apart after {steps} steps")
+    if median_gap <= ALIGNED_MEDIAN * period and most_gap <= ALIGNED_MOST * period and lag <= ALIGNED_MOST * period:
         strong = steps >= STRONG_STEPS and most_gap <= STRONG_SHARE * drift
         sure = "strong" if strong else "weak (few steps, or steps too even to tell drift from meeting)"
         return Value("train.gradient_sync", "barrier", INFERRED,
