@@ -222,6 +222,10 @@ class ModelConfig:
     # one per layer_parameters / optimization_groups entry, each the entry's element count; empty: flat
     layer_shapes: list[list[int]]
     optimization_group_shapes: list[list[int]]
+    # the order the framework appends the tensors (and extra_state entries) to its data file, by name,
+    # where it is not the state dict's: TensorFlow's SaveV2 takes them in its object graph's order,
+    # which its index records as each tensor's offset; empty: layers, optimizer groups, extra_state
+    write_order: list[str]
     num_layers: int
     hidden_size: int
     ffn_hidden_size: int
@@ -266,6 +270,10 @@ class ModelConfig:
         every = [*self.layer_names, *self.optimization_group_names, *names]
         require(len(set(every)) == len(every), f"{key}layer_names: a name is given twice (layer, optimization group "
                                                "and extra_state names must all differ)")
+        require(len(set(self.write_order)) == len(self.write_order), f"{key}write_order: a name is given twice")
+        unknown = [n for n in self.write_order if n not in set(every)][:1]
+        require(not unknown, f"{key}write_order: {''.join(unknown)!r} is not a name of layer_names, "
+                             "optimization_group_names or extra_state; list only the model's own names")
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,36 @@ def test_listing_names_only_checkpoint_folders_oldest_first_with_whether_each_is
     assert folders.path(12) == str(tmp_path / "step_00000012")
 
 
+def test_a_flat_checkpoint_is_removed_file_by_file_as_checkpoint_manager_removes_it(tmp_path):
+    """TensorFlow's own layout (durability=framework): checkpoints lie side by side in the root.
+    Removing checkpoint 1 unlinks its index, then its data files (TF's remove_checkpoint), and a
+    staging folder a failed save left; never ckpt-10's files, the state file, or a link's target."""
+    tf_layout = get_layout("tensorflow")
+    elsewhere = tmp_path / "elsewhere"
+    root = tmp_path / "root"
+    for folder in (root / "ckpt-1_temp", elsewhere):
+        folder.mkdir(parents=True)
+    names = ["ckpt-1.index", "ckpt-1.data-00000-of-00002", "ckpt-1.data-00001-of-00002", "ckpt-10.index",
+             "ckpt-10.data-00000-of-00001", "checkpoint", "ckpt-1_temp/part-00000-of-00001.index"]
+    for name in names:
+        (root / name).write_bytes(b"x")
+    (elsewhere / "kept").write_bytes(b"y")
+    os.symlink(elsewhere / "kept", root / "ckpt-1.data-00002-of-00002")  # a link named like its data: not ours
+    storage = traced(tmp_path)
+    folders = CheckpointFolders(str(root), tf_layout, storage, flat=True)
+    assert folders.path(1) == str(root)
+    folders.remove(1)
+    assert sorted(os.listdir(root)) == ["checkpoint", "ckpt-1.data-00002-of-00002", "ckpt-10.data-00000-of-00001",
+                                        "ckpt-10.index"]
+    assert (elsewhere / "kept").read_bytes() == b"y"
+    unlinked = [os.path.basename(path) for op, path in calls(storage) if op == "unlink"]
+    assert unlinked[:3] == ["ckpt-1.index", "ckpt-1.data-00000-of-00002", "ckpt-1.data-00001-of-00002"]
+    # a failed save's leftovers go the same way (no manifest in the framework's layout)
+    (root / "ckpt-2.index").write_bytes(b"x")
+    folders.discard_failed(2)
+    assert not (root / "ckpt-2.index").exists() and (root / "checkpoint").exists()
+
+
 def test_own_refuses_a_link_and_a_name_that_leaves_the_root(tmp_path):
     root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
     root.mkdir()

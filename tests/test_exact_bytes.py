@@ -21,6 +21,7 @@ import yaml
 from dlio_ckpt.describe.readers import read_tensors
 from dlio_ckpt.describe.section import model_section
 from dlio_ckpt.errors import ConfigError
+from dlio_ckpt.plan.layouts import get_layout
 from dlio_ckpt.plan.model import build_model_plan
 from dlio_ckpt.schema import ModelConfig
 from dlio_ckpt.typed import build
@@ -28,13 +29,17 @@ from dlio_ckpt.typed import build
 REPO = Path(__file__).resolve().parents[1]
 
 
-def plan_of(checkpoint: Path, world: int = 1):
-    """The described checkpoint as the emulation plans it: every tensor and entry, in order."""
+def plan_of(checkpoint: Path, world: int = 1, layout: str = ""):
+    """The described checkpoint as the emulation plans it: every tensor and entry, in order (under
+    `layout`, in its file's order: TensorFlow's SaveV2 takes model.write_order's)."""
     section = {k: v for k, v in model_section(read_tensors(checkpoint), "m").items() if k != "_notes"}
     defaults = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())["model"]
     config = build(ModelConfig, {**defaults, **section}, "model.")
     config.validate("model.")
     plan = build_model_plan(config, world)
+    if layout:
+        ((_, tensors),) = get_layout(layout).rank_files(plan, 0, plan.rank_tensors(0), "")
+        return tensors
     return plan.rank_tensors(0)
 
 
@@ -203,7 +208,7 @@ def test_tensorflow_index_is_the_programs(tmp_path):
     checkpoint = tf.train.Checkpoint(step=step, net=tf.train.Checkpoint(kernel=dense, bias=bias))
     real = tf.train.CheckpointManager(checkpoint, str(tmp_path / "real"), max_to_keep=3).save()
 
-    tensors = plan_of(Path(real))
+    tensors = plan_of(Path(real), layout="tensorflow")
     folder = tmp_path / "emulated"
     folder.mkdir()
     fmt = get_format("tensorflow")
@@ -218,12 +223,15 @@ def test_tensorflow_index_is_the_programs(tmp_path):
     assert reader.get_variable_to_dtype_map() == tf.train.load_checkpoint(real).get_variable_to_dtype_map()
     data = ".data-00000-of-00001"
     assert os.path.getsize(str(folder / "ckpt-1") + data) == os.path.getsize(real + data)
-    # The index records each tensor's offset in the data file as a varint, and TensorFlow writes the
-    # tensors in its object graph's order (step, save_counter, net/...), which the checkpoint does
-    # not record; the emulation writes them in the described order, so an offset may take one byte
-    # more or less: at most one per tensor (here 2 B of 369, docs/fidelity.md)
-    index = os.path.getsize(real + ".index")
-    assert abs(os.path.getsize(str(folder / "ckpt-1") + ".index") - index) <= len(want)
+    # The index records each tensor's offset in the data file as a varint (none for offset 0), and
+    # TensorFlow writes the tensors in its object graph's order (step, save_counter, net/...), which
+    # the index's offsets record: describe-model reads it (model.write_order) and the tensorflow
+    # layout hands SaveV2 the tensors in it, so every offset is the program's and the index is as
+    # long (it was 2 B of 369 off in the described order). The entries' CRC32Cs are fixed32s.
+    order = read_tensors(real).write_order
+    assert order[:2] == ("step/.ATTRIBUTES/VARIABLE_VALUE", "save_counter/.ATTRIBUTES/VARIABLE_VALUE")
+    assert read_tensors(str(folder / "ckpt-1")).write_order == order
+    assert os.path.getsize(str(folder / "ckpt-1") + ".index") == os.path.getsize(real + ".index")
 
 
 def test_a_shape_that_does_not_hold_its_count_is_refused():
@@ -234,6 +242,24 @@ def test_a_shape_that_does_not_hold_its_count_is_refused():
     config = build(ModelConfig, {**defaults, "kind": "explicit", "layer_parameters": [6], "layer_shapes": []}, "model.")
     config.validate("model.")  # no shapes: flat tensors
     assert build_model_plan(config, 1).rank_tensors(0)[0].dims == (6,)
+
+
+def test_write_order_orders_the_tensorflow_file_and_names_only_the_models_names():
+    """model.write_order hands SaveV2 the tensors in the program's order (names not listed after,
+    in their places); a name that is none of the model's is refused in one line."""
+    defaults = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())["model"]
+    model = {**defaults, "kind": "explicit", "layer_parameters": [6, 4], "layer_names": ["a", "b"],
+             "optimization_groups": [2], "optimization_group_names": ["opt"], "optimizer_states": 1, "extra_state": [{"name": "graph", "bytes": 9}]}
+    config = build(ModelConfig, {**model, "write_order": ["opt", "b"]}, "model.")
+    config.validate("model.")
+    plan = build_model_plan(config, 1)
+    assert [t.name for t in plan.rank_tensors(0)] == ["a", "b", "opt", "graph"]  # the state dict's order
+    ((_, tensors),) = get_layout("tensorflow").rank_files(plan, 0, plan.rank_tensors(0), "")
+    assert [t.name for t in tensors] == ["opt", "b", "a", "graph"]
+    with pytest.raises(ConfigError, match=r"model.write_order: 'c' is not a name of layer_names"):
+        build(ModelConfig, {**model, "write_order": ["a", "c"]}, "model.").validate("model.")
+    with pytest.raises(ConfigError, match=r"model.write_order: a name is given twice"):
+        build(ModelConfig, {**model, "write_order": ["a", "a"]}, "model.").validate("model.")
 
 
 def test_a_tensor_cut_into_parts_is_flat():
@@ -256,8 +282,9 @@ def test_an_archive_name_with_a_folder_is_refused():
 
 def test_tensorflow_state_file_is_checkpoint_managers(tmp_path, monkeypatch):
     """Every write of CheckpointManager's `checkpoint` state (two per save, max_to_keep=2, four
-    saves) against the tensorflow layout's, given the same save times: the same bytes, but for the
-    emulation's folder per checkpoint (`ckpt-N/ckpt-N` where TF names `ckpt-N`)."""
+    saves) against the tensorflow layout's, given the same save times: the same bytes, in the
+    framework's flat directory (`ckpt-N`); in a folder per checkpoint (the commit protocol's) each
+    path is `ckpt-N/ckpt-N`."""
     import re
 
     tf = pytest.importorskip("tensorflow")
@@ -286,6 +313,8 @@ def test_tensorflow_state_file_is_checkpoint_managers(tmp_path, monkeypatch):
     layout, saves, emulated = get_layout("tensorflow"), [], []
     for step in range(1, 5):
         saves.append((step, numbers(real[2 * step - 2], "all_model_checkpoint_timestamps")[-1]))
-        emulated += layout.tag_texts(step, saves, 2, preserved)
+        emulated += layout.tag_texts(step, saves, 2, preserved, flat=True)
+        foldered = layout.tag_texts(step, saves, 2, preserved)
         saves = saves[-2:]
-    assert [re.sub(r'"ckpt-(\d+)/ckpt-\1"', r'"ckpt-\1"', text) for text in emulated] == real
+    assert emulated == real
+    assert [re.sub(r'"ckpt-(\d+)"', r'"ckpt-\1/ckpt-\1"', text) for text in real[-2:]] == foldered

@@ -118,10 +118,10 @@ def test_tensorflow_saves_a_blob_under_its_own_name(tmp_path):
     engine.save(2, 1)
     engine.finish()
     (pf,) = engine.plan.files_by_rank[0]
-    reader = tf.train.load_checkpoint(str(Path(engine.root) / "ckpt-2" / "ckpt-2"))
+    reader = tf.train.load_checkpoint(str(Path(engine.root) / "ckpt-1"))  # CheckpointManager's directory, its first save
     assert len(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")) == 4818
     # SaveV2 stores a string scalar as its bytes, a 4-byte CRC and a varint length (2 bytes for 4,818)
-    data = Path(engine.root) / "ckpt-2" / pf.path_for(2)
+    data = Path(engine.root) / pf.path_for(1)
     assert data.stat().st_size == pf.payload_bytes + 4818 + 4 + 2
 
 

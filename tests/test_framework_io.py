@@ -360,13 +360,21 @@ def test_tensorflow_under_framework_durability_renames_and_never_fsyncs(tmp_path
     engine.save(3, 1)
     engine.finish()
     root = Path(engine.root)
-    assert sorted(p.name for p in (root / "ckpt-3").iterdir()) == ["ckpt-3.data-00000-of-00001", "ckpt-3.index"]
-    assert tf.train.latest_checkpoint(str(root)) == str(root / "ckpt-3" / "ckpt-3")  # the `checkpoint` tag
-    reader = tf.train.load_checkpoint(str(root / "ckpt-3" / "ckpt-3"))
+    # CheckpointManager's directory: the checkpoint's files beside its `checkpoint` state, no folder of
+    # its own, numbered by the manager's save counter (the run's first save at step 3: ckpt-1)
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".dlio_ckpt")) == \
+        ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
+    assert tf.train.latest_checkpoint(str(root)) == str(root / "ckpt-1")  # the `checkpoint` tag
+    assert engine.records[-1].folder == "ckpt-1"
+    reader = tf.train.load_checkpoint(str(root / "ckpt-1"))
     (pf,) = engine.plan.files_by_rank[0]
     assert {name for name in reader.get_variable_to_shape_map()} >= {t.name for t in pf.tensors}  # one shard: own names
     counts = {op: n for (phase, op), n in ctx.recorder.op_counts.items() if phase == "checkpoint"}
-    assert "fsync" not in counts and "read" not in counts  # no fsync, no checksum read-back
+    # no fsync, no checksum read-back: the only reads are MergeV2Checkpoints' of the staged index
+    # (footer, index block, data block: TF's table reader, as darshan-runtime counts them)
+    assert "fsync" not in counts and counts["read"] == 3
+    assert ops_on(ctx.storage, str(root / "ckpt-1_temp" / "part-00000-of-00001.index")) == \
+        ["stat", "open", *["write"] * 7, "close", "open", "read", "read", "read", "close", "unlink"]
     # MergeV2Checkpoints renames the data file; CheckpointManager writes the tag twice, each through a temporary name
     assert counts["rename"] == 3
     assert ops_on(ctx.storage, str(root / "checkpoint.tmp")) == ["open", "write", "close", "rename"] * 2
@@ -427,17 +435,23 @@ def test_tensorflow_state_file_lists_the_kept_checkpoints_as_checkpoint_manager_
         engine.save(step, 1)
     engine.finish()
     root = Path(engine.root)
-    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["ckpt-3", "ckpt-4"]
+    # the manager's directory: the kept checkpoints' files side by side, the older ones deleted as
+    # TF's remove_checkpoint deletes them (the index, then the data files)
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".dlio_ckpt")) == \
+        ["checkpoint", "ckpt-3.data-00000-of-00001", "ckpt-3.index", "ckpt-4.data-00000-of-00001", "ckpt-4.index"]
+    for gone in (1, 2):
+        assert ops_on(ctx.storage, str(root / f"ckpt-{gone}.index"))[-1] == "unlink"
+        assert ops_on(ctx.storage, str(root / f"ckpt-{gone}.data-00000-of-00001"))[-1] == "unlink"
     state = tf.train.get_checkpoint_state(str(root))
-    assert state.model_checkpoint_path == str(root / "ckpt-4" / "ckpt-4")
-    assert list(state.all_model_checkpoint_paths) == [str(root / f"ckpt-{s}" / f"ckpt-{s}") for s in (3, 4)]
+    assert state.model_checkpoint_path == str(root / "ckpt-4")
+    assert list(state.all_model_checkpoint_paths) == [str(root / f"ckpt-{s}") for s in (3, 4)]
     times = list(state.all_model_checkpoint_timestamps)
     assert len(times) == 2 and state.last_preserved_timestamp < times[0] < times[1]
     assert len(written) == 8  # two writes per save
     tracked = [text.count("all_model_checkpoint_paths") for text in written]
     assert tracked == [1, 1, 2, 2, 3, 2, 3, 2]  # before and after each sweep
-    assert written[4].count("all_model_checkpoint_timestamps") == 3 and '"ckpt-1/ckpt-1"' in written[4]
-    assert '"ckpt-1/ckpt-1"' not in written[5]
+    assert written[4].count("all_model_checkpoint_timestamps") == 3 and 'all_model_checkpoint_paths: "ckpt-1"\n' in written[4]
+    assert '"ckpt-1"' not in written[5]
 
 
 def test_tensorflow_files_are_recorded_call_by_call_as_darshan_runtime_counts_tfs_fwrites(tmp_path):
@@ -451,19 +465,19 @@ def test_tensorflow_files_are_recorded_call_by_call_as_darshan_runtime_counts_tf
     engine = make_checkpoint_engine(ctx)
     engine.save(3, 1)
     engine.finish()
-    folder = Path(engine.root) / "ckpt-3"
+    folder = Path(engine.root)  # TF's checkpoint directory: the files lie in it
     events, paths = ctx.recorder.array(), ctx.recorder.paths
     writes: dict[str, list] = {}
     for e in events[events["op"] == OPS.index("write")]:
         writes.setdefault(os.path.basename(paths[e["file"]]), []).append((int(e["offset"]), int(e["length"]),
                                                                          float(e["start"]), float(e["end"])))
-    data_size = (folder / "ckpt-3.data-00000-of-00001").stat().st_size
-    index_size = (folder / "ckpt-3.index").stat().st_size
+    data_size = (folder / "ckpt-1.data-00000-of-00001").stat().st_size
+    index_size = (folder / "ckpt-1.index").stat().st_size
     assert 8 * 2**20 < data_size < 16 * 2**20
     data = writes.pop("part-00000-of-00001.data-00000-of-00001")
     assert [(o, n) for o, n, _, _ in data] == [(0, 8 * 2**20), (8 * 2**20, data_size - 8 * 2**20)]
     assert data[0][2] < data[0][3] == data[1][2] < data[1][3]  # the call's span, shared in turn
-    staged, merged = writes.pop("part-00000-of-00001.index"), writes.pop("ckpt-3.index")
+    staged, merged = writes.pop("part-00000-of-00001.index"), writes.pop("ckpt-1.index")
     for calls in (staged, merged):
         assert len(calls) == 7 and calls[-1][1] == 48  # block + trailer three times (data, metaindex, index), footer
         assert [o for o, _, _, _ in calls] == [sum(n for _, n, _, _ in calls[:i]) for i in range(7)]  # in file order
@@ -478,6 +492,13 @@ def test_tensorflow_files_are_recorded_call_by_call_as_darshan_runtime_counts_tf
         name = os.path.basename(paths[e["file"]])
         opens[name] = opens.get(name, 0) + 1
     assert {name: n for name, n in opens.items() if "part-" in name or name.startswith("ckpt-")} == {
-        "part-00000-of-00001.data-00000-of-00001": 1, "part-00000-of-00001.index": 2, "ckpt-3.index": 1}
+        "part-00000-of-00001.data-00000-of-00001": 1, "part-00000-of-00001.index": 2, "ckpt-1.index": 1}
     closes = events[events["op"] == OPS.index("close")]
     assert len(closes) == len(events[events["op"] == OPS.index("open")])
+    # the merge reads the staged index back as TF's table reader does: footer, index block, data
+    # block (each with its trailer), the blocks the staged index's writes made, at the merge's start
+    reads = [(int(e["offset"]), int(e["length"])) for e in events[events["op"] == OPS.index("read")]]
+    assert [paths[e["file"]] for e in events[events["op"] == OPS.index("read")]] == \
+        [str(folder / "ckpt-1_temp" / "part-00000-of-00001.index")] * 3
+    (o, n, _, _), (_, t, _, _) = staged[0], staged[1]  # the data block and its trailer
+    assert reads == [(staged[-1][0], 48), (staged[4][0], staged[4][1] + 5), (o, n + t)]

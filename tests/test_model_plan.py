@@ -171,6 +171,17 @@ def test_layout_file_names(layout, names):
         assert name in listed
 
 
+def test_tensorflow_framework_layout_is_flat_and_numbered_by_saves(tmp_path):
+    """Under checkpoint.durability=framework TensorFlow's files lie in the checkpoint folder itself,
+    named by CheckpointManager's save counter (the first save: ckpt-1); under commit, in a folder
+    per checkpoint, named by the step (above)."""
+    config = load_config(["workload=llama3_8b", "scale=tiny", "checkpoint.layout=tensorflow",
+                          "checkpoint.durability=framework", "mode=plan", "world.size=8"])
+    names = run_plan_mode(config, tmp_path)["checkpoint"]["file_names"]
+    assert "ckpt-1.data-00007-of-00008" in names and "ckpt-1.index" in names and "checkpoint" in names
+    assert not any("/" in name for name in names)
+
+
 def test_plan_mode_1024_ranks_writes_plan_json(tmp_path):
     config = load_config(["workload=llama3_1t", "mode=plan", "world.size=1024"])
     report = run_plan_mode(config, tmp_path)

@@ -37,10 +37,13 @@ CALLS_TOLERANCE = 0.10
 # of where it is kept, which differs between the two runs (bytes either way, measured 2026-12-01):
 # - ddp_dcp: DCP's .metadata pickles the checkpoint folder's path (real_checkpoints/epoch_1 beside
 #   checkpoints/<run>/step_00000002): +16 B of 10,070,146 (was -6,403 B);
-# - keras_tfdata: CheckpointManager's `checkpoint` state file, written as the manager writes it,
-#   names each kept checkpoint `ckpt-N`, the emulation's `ckpt-N/ckpt-N` (its folder per
-#   checkpoint): +60 B of 1,555,636 (-230 B when the tag listed the latest only; -440 B before).
-PER_SAVE_LOCATION_BYTES = {"ddp_dcp": 64, "keras_tfdata": 120}
+# - keras_tfdata: CheckpointManager's `checkpoint` state file, written as the manager writes it in
+#   its own directory (ckpt-N, N its save counter), lists the time of each tracked checkpoint and
+#   the manager's start as Python's repr of a float, 17 or 18 characters as the clock falls: each
+#   of the 10 floats of the tiny run's 4 state writes may differ by one, 5 B a save at most: -2 B
+#   of 1,555,639 (2026-12-02; +60 B when the emulation kept a folder per checkpoint, ckpt-N/ckpt-N,
+#   and named it by its step; -230 B when the tag listed the latest only; -440 B before).
+PER_SAVE_LOCATION_BYTES = {"ddp_dcp": 64, "keras_tfdata": 5}
 
 # Known differences still accepted: (program, file class, count) -> the emulated/real range
 # accepted, each with today's figure and the reason in a comment. Empty: at the tiny size every

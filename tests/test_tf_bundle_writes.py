@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dlio_ckpt.checkpoint.formats import get_format
-from dlio_ckpt.checkpoint.tf_bundle_writes import data_file_writes, table_writes
+from dlio_ckpt.checkpoint.tf_bundle_writes import data_file_writes, table_reads, table_writes
 
 MIB = 1 << 20
 RUNTIME = Path(__file__).resolve().parents[1].parent / "shared" / "tools" / "darshan-runtime-3.4.7" / "nonmpi" / "libdarshan.so"
@@ -46,6 +46,17 @@ def test_a_one_block_table_is_its_block_then_the_metaindex_index_and_footer():
     shortest key after "c"), 4 + 2 bytes, and 8 of restarts (14)."""
     assert table_writes([(b"", 6), (b"a", 18), (b"b", 17), (b"c", 14)]) == \
         [(0, 78), (78, 5), (83, 8), (91, 5), (96, 14), (110, 5), (115, 48)]
+
+
+def test_the_merge_reads_a_table_footer_first_then_its_index_block_then_each_data_block():
+    """TF's table reader (MergeV2Checkpoints reading a staged index): the footer, the index block
+    and its trailer, then every data block and its trailer in key order; never the metaindex
+    block. The one-block table above: 48 B at 115, 14 + 5 at 96, 78 + 5 at 0 (keras_tfdata.py's
+    staged index of 2,131 B, DXT of darshan-runtime: 48 at 2,083, 20 at 2,063, 2,050 at 0)."""
+    assert table_reads([(b"", 6), (b"a", 18), (b"b", 17), (b"c", 14)]) == [(115, 48), (96, 19), (0, 83)]
+    # two data blocks (44 at 0 and 42 at 49, below): both read, in order, after footer and index
+    entries = [(b"apple", 10), (b"apricot", 10), (b"cat", 10), (b"cherry", 10)]
+    assert table_reads(entries, block_bytes=40, restart_interval=2) == [(138, 48), (109, 29), (0, 49), (49, 47)]
 
 
 def test_data_blocks_are_cut_at_the_block_size_and_keyed_by_short_separators():
@@ -157,7 +168,8 @@ staged = fmt.write_paths(data, 0, tensors, chunks)
 merged = fmt.merge([data], {data: (0, tensors)})
 calls = {**dict(staged.writes()), **dict(merged.writes())}
 with open(out, "w") as sink:
-    json.dump({"data": calls[staged.data], "staged": calls[staged.others[0]], "merged": calls[merged.written[0]]}, sink)
+    json.dump({"data": calls[staged.data], "staged": calls[staged.others[0]], "merged": calls[merged.written[0]],
+               "staged_reads": dict(merged.reads())[staged.others[0]]}, sink)
 """
 
 
@@ -176,6 +188,20 @@ def _stdio_writes(logs: Path) -> dict[str, tuple[int, int, int]]:
             if int(r["STDIO_WRITES"]) > 0 and not names[r["id"]].startswith("<"):  # not <STDERR>
                 seen[names[r["id"]]] = (int(r["STDIO_WRITES"]), int(r["STDIO_BYTES_WRITTEN"]),
                                         int(r["STDIO_MAX_BYTE_WRITTEN"]))
+    return seen
+
+
+def _posix_reads(logs: Path) -> dict[str, tuple[int, int, int]]:
+    """Per file darshan-runtime's POSIX module saw read: (read calls, bytes, highest byte read)."""
+    import darshan
+
+    seen = {}
+    for log in sorted(logs.glob("*_python*.darshan")):
+        report = darshan.DarshanReport(str(log), read_all=True)
+        names = dict(report.name_records)
+        for r in report.records["POSIX"].to_df()["counters"].to_dict("records"):
+            if int(r["POSIX_READS"]) > 0:
+                seen[names[r["id"]]] = (int(r["POSIX_READS"]), int(r["POSIX_BYTES_READ"]), int(r["POSIX_MAX_BYTE_READ"]))
     return seen
 
 
@@ -215,3 +241,8 @@ def test_the_recorded_calls_are_the_fwrites_darshan_runtime_counts_in_tensorflow
     # and in numbers: a data file over 8 MiB in 2 calls; indexes over 256 KiB: 2 blocks, 2 calls each, then 5
     assert seen[data][0] == 2 and seen[data][1] > 8 * MIB and seen[staged][0] == seen[merged][0] == 2 * 2 + 5
     assert seen[merged][1] > 256 * 1024
+    # the merge reads the staged index back (its final staged name): footer, index block, 2 data blocks
+    read = {path: n for path, n in _posix_reads(logs).items() if path.startswith(str(folder))}
+    staged_index = str(folder / "ckpt-1_temp" / "part-00000-of-00001.index")
+    assert read == {staged_index: _counted(calls["staged_reads"])}
+    assert read[staged_index][0] == 2 + 2 and read[staged_index][1] == seen[staged][1] - 8 - 5  # all but the metaindex

@@ -86,10 +86,14 @@ class CheckpointEngineImpl:
         self._encoder: Any = None
         self._resume: dict[int, dict] = {}  # step -> the loop's resume point, until its manifest is written
         self._steps: dict[int, int] = {}  # checkpoint index -> step, for the chains of encoded checkpoints
+        # step -> the number the framework names the checkpoint by, where it is not the step: in its
+        # own flat layout TensorFlow's CheckpointManager numbers by its save counter (ckpt-1, ckpt-2)
+        self._numbers: dict[int, int] = {}
         self._last_step = -1
         self._last_time = time.monotonic()
         # the parts, each with the values it needs
-        self.folders = CheckpointFolders(self.root, self.layout, self.storage)
+        flat = not self.layout.folder_per_checkpoint or (self.layout.flat_framework and not self.durability.commit)
+        self.folders = CheckpointFolders(self.root, self.layout, self.storage, flat=flat)
         self.writer = CheckpointWriter(self.storage, self.fmt, self.world.rank, self.data_fsync,
                                        self.cfg.checksum if self.durability.commit else "none",
                                        self.cfg.write_chunk_bytes, framework_writes)
@@ -169,6 +173,8 @@ class CheckpointEngineImpl:
             self._resume[step] = dict(resume)
         index = len(self.records)
         self._steps[index] = step
+        if self.folders.flat:  # CheckpointManager.save(): checkpoint_number = its save counter, from 1
+            self._numbers[step] = index + 1
         self.state.advance(step)
         record = self.strategy.save(index, step, epoch)
         self._last_time = time.monotonic()
@@ -179,18 +185,26 @@ class CheckpointEngineImpl:
         self.strategy.finish()
 
     # writing (write_plan.py, writer.py) --------------------------------------------------------
+    def number(self, step: int) -> int:
+        """The number checkpoint `step`'s names carry: the step, or the framework's own (_numbers)."""
+        return self._numbers.get(step, step)
+
+    def checkpoint_name(self, step: int) -> str:
+        """Checkpoint `step`'s name (its folder's, or its files' prefix in a flat layout)."""
+        return self.layout.folder(self.number(step))
+
     def folder_path(self, step: int) -> str:
-        return self.folders.path(step)
+        return self.folders.path(self.number(step))
 
     def write_planned(self, files: tuple[PlannedFile, ...], step: int,
                       payload_for: Callable[[PlannedFile], Payload]) -> list[FileEntry]:
         """Write `files` of checkpoint `step` (each fsynced) and return their manifest entries."""
-        return self.writer.write(plan_write(self.folder_path(step), step, files,
-                                            folder_exists=not self.layout.folder_per_checkpoint), payload_for)
+        return self.writer.write(plan_write(self.folder_path(step), self.number(step), files,
+                                            folder_exists=self.folders.flat), payload_for)
 
     def discard_failed(self, step: int) -> None:
         """Remove checkpoint `step`'s folder if it was never committed (see CheckpointFolders)."""
-        self.folders.discard_failed(step)
+        self.folders.discard_failed(self.number(step))
 
     # commit (commit.py, publish.py) -----------------------------------------------------------
     def commit(self, index: int, step: int, epoch: int, entries: list[FileEntry],
@@ -198,7 +212,7 @@ class CheckpointEngineImpl:
         """Collective: make checkpoint `step` visible (manifest written last, all or nothing).
         Returns (metadata bytes, seconds). The encoder adopts what it encoded for this checkpoint
         only once the manifest is written."""
-        return self.committer.commit(index, step, epoch, entries, error, self._settle)
+        return self.committer.commit(index, self.number(step), epoch, entries, error, self._settle)
 
     def _settle(self, index: int, committed: bool) -> None:
         if self._encoder is not None:

@@ -329,9 +329,9 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
     the folder (so its renames are durable), and return (path relative to `folder`, size,
     checksum) of each file it wrote, for the manifest. The merge call's time goes to the write
     calls of the file it wrote (`_record_framework_writes`); its renames and deletions are
-    recorded as instants at its end (TF does not time them one by one), its opening of each staged
-    index to read it as an instant at its start (the reads themselves are not recorded: TF's
-    table reader's calls, 3 for a one-block index, are left out)."""
+    recorded as instants at its end (TF does not time them one by one), its reading of each staged
+    index (open, TF's table reader's preads as the format works them out: 3 for a one-block index,
+    close) as instants at its start."""
     clock = storage.recorder.clock
     start = clock.now()
     merged = fmt.merge([os.path.join(folder, p) for p in data_paths],
@@ -339,8 +339,11 @@ def merge_framework_files(storage: Any, folder: str, data_paths: list[str], fmt:
     end = clock.now()
     sizes = {path: storage.file_size(path) for path in merged.written}
     calls = dict(merged.writes())  # after the call is timed
-    for path in merged.removed:  # the merge opens each staged index to read its entries
+    reads = dict(merged.reads())
+    for path in merged.removed:  # the merge opens each staged index and reads its entries
         storage.recorder.record("open", storage.phase, path, -1, 0, start, start)
+        for offset, length in reads.get(path, ()):
+            storage.recorder.record("read", storage.phase, path, offset, length, start, start)
         storage.recorder.record("close", storage.phase, path, -1, 0, start, start)
     for path in merged.written:
         _record_framework_writes(storage, path, sizes[path], calls.get(path), start, end)

@@ -18,14 +18,36 @@ from dlio_ckpt.plan.layouts import Layout
 class CheckpointFolders:
     """The checkpoints of one run (or one level) under `root`, named by `layout`, on `storage`."""
 
-    def __init__(self, root: str, layout: Layout, storage: Any) -> None:
+    def __init__(self, root: str, layout: Layout, storage: Any, flat: bool = False) -> None:
         self.root = root
         self.layout = layout
         self.storage = storage
+        # the framework's own layout (checkpoint.durability=framework, Layout.flat_framework): every
+        # checkpoint's files straight in the root, as TensorFlow's CheckpointManager keeps them
+        self.flat = flat
 
     def path(self, step: int) -> str:
-        """The folder of checkpoint `step`."""
-        return os.path.join(self.root, self.layout.folder(step))
+        """The folder of checkpoint `step` (the root itself when flat)."""
+        return self.root if self.flat else os.path.join(self.root, self.layout.folder(step))
+
+    def remove(self, step: int, backend: Any = None) -> None:
+        """Delete checkpoint `step` through `backend` (default: this run's storage): its folder, or,
+        when flat, its own files in the root, as the framework deletes them (Layout.checkpoint_files);
+        never anything that is not directly ours (`own`)."""
+        backend = backend or self.storage
+        if not self.flat:
+            folder = self.own(self.layout.folder(step))
+            if folder is not None and backend.isdir(folder):
+                backend.remove_tree(folder)
+            return
+        for name in self.layout.checkpoint_files(step, backend.listdir(self.root)):
+            path = self.own(name)
+            if path is None:
+                continue
+            if backend.isdir(path):
+                backend.remove_tree(path)
+            else:
+                backend.remove(path)
 
     def listing(self) -> list[tuple[int, str, bool]]:
         """(step, folder name, complete) of this run's checkpoints, oldest first."""
@@ -78,7 +100,9 @@ class CheckpointFolders:
         manifest), with any temporary file its commit left; never anything outside this run's root."""
         folder = self.own(self.layout.folder(step))
         try:
-            if folder is not None and self.storage.isdir(folder) and not self.storage.exists(os.path.join(folder, MANIFEST_NAME)):
+            if self.flat:  # no manifest in the framework's layout: the step's own files, never the root
+                self.remove(step)
+            elif folder is not None and self.storage.isdir(folder) and not self.storage.exists(os.path.join(folder, MANIFEST_NAME)):
                 self.storage.remove_tree(folder)
             tag = self.layout.tag(step)
             for name in self.storage.listdir(self.root) if tag else []:

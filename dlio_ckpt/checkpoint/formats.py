@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from dlio_ckpt.checkpoint.framework_work import dcp_storage_setup
-from dlio_ckpt.checkpoint.tf_bundle_writes import data_file_writes, table_writes, varint_size
+from dlio_ckpt.checkpoint.tf_bundle_writes import data_file_writes, table_reads, table_writes, varint_size
 from dlio_ckpt.checkpoint.torch_stream import torch_stream
 from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.optional import require
@@ -436,6 +436,9 @@ class MergedFiles:
     written: tuple[str, ...]  # the merged index, to be fsynced and listed in the manifest
     removed: tuple[str, ...]
     writes: Callable[[], tuple] = tuple  # as StagedFiles.writes
+    # ((path, ((offset, length), ...)), ...): the read calls the merge made to each file it read
+    # (TF's table reader on each staged index), worked out when called, as `writes`
+    reads: Callable[[], tuple] = tuple
 
 
 _TF_DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5})-of-(?P<shards>\d{5})$")
@@ -518,15 +521,24 @@ class TensorflowFormat(CheckpointFormatSpec):
         staged = [self.staging_prefix(m.string) for m in parsed]
         tf.raw_ops.MergeV2Checkpoints(checkpoint_prefixes=staged, destination_prefix=prefix, delete_old_dirs=True)
 
-        def writes() -> tuple:
+        def bundle() -> list | None:
             if tensors is None or not all(m.string in tensors for m in parsed):
-                return ()
-            bundle = [(self._keys(owner, held, len(parsed)), [_object_value(tf, t) if t.is_object else t for t in held])
-                      for owner, held in (tensors[m.string] for m in parsed)]
-            return ((f"{prefix}.index", tuple(table_writes(_bundle_entries(tf, bundle)[0]))),)
+                return None
+            return [(self._keys(owner, held, len(parsed)), [_object_value(tf, t) if t.is_object else t for t in held])
+                    for owner, held in (tensors[m.string] for m in parsed)]
+
+        def writes() -> tuple:
+            shards = bundle()
+            return () if shards is None else ((f"{prefix}.index", tuple(table_writes(_bundle_entries(tf, shards)[0]))),)
+
+        def reads() -> tuple:  # each staged index is a bundle of its own shard, as SaveV2 wrote it
+            shards = bundle()
+            return () if shards is None else tuple((f"{s}.index", tuple(table_reads(_bundle_entries(tf, [shard])[0])))
+                                                   for s, shard in zip(staged, shards))
 
         return MergedFiles(renamed=tuple((f"{s}.data-00000-of-00001", m.string) for s, m in zip(staged, parsed)),
-                           written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged), writes=writes)
+                           written=(f"{prefix}.index",), removed=tuple(f"{s}.index" for s in staged), writes=writes,
+                           reads=reads)
 
 
 def _object_value(tf: Any, tensor: TensorSpec) -> Any:

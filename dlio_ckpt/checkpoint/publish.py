@@ -104,7 +104,7 @@ class Publisher:
     def tag_texts(self, step: int) -> list[str]:
         """The contents of each write of the layout's tag for checkpoint `step`, written now."""
         self.saves = [s for s in self.saves if s[0] != step] + [(step, time.time())]
-        texts = self.folders.layout.tag_texts(step, self.saves, self.keep_last, self.started)
+        texts = self.folders.layout.tag_texts(step, self.saves, self.keep_last, self.started, self.folders.flat)
         if self.keep_last:
             self.saves = self.saves[-self.keep_last:]
         return texts

@@ -68,8 +68,5 @@ class Retention:
         """checkpoint.durability=framework: checkpoint `step` is written; delete the oldest this run
         wrote beyond `keep_last` (the framework's own rotation: no manifest, no chains)."""
         self._framework_steps.append(step)
-        storage = self.folders.storage
         while self.keep_last and len(self._framework_steps) > self.keep_last:
-            path = self.folders.own(self.folders.layout.folder(self._framework_steps.pop(0)))
-            if path is not None and storage.isdir(path):
-                storage.remove_tree(path)
+            self.folders.remove(self._framework_steps.pop(0))

@@ -104,7 +104,7 @@ class SyncStrategy:
         record = CheckpointRecord(
             index=index, step=step, epoch=epoch, bytes=sum(x.bytes_written for x in entries), files=len(entries),
             blocking_s=total, persist_s=total, write_s=sum(x.write_s for x in entries), strategy=self.name,
-            folder=e.layout.folder(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
+            folder=e.checkpoint_name(step), metadata_bytes=metadata, commit_s=commit_s, committed=True,
             peak_rss_bytes=peak_rss_bytes(), verify_s=sum(x.verify_s for x in entries), framework_s=framework_s,
             cpu_s=cpu_s,
         )
@@ -156,7 +156,7 @@ class SingleWriterStrategy(SyncStrategy):
                 return e.write_planned(self.files_to_write(), step, lambda pf: self._payload(pf, index)), None
             except Exception as exc:
                 e.discard_failed(step)
-                report_failure(f"checkpoint {e.layout.folder(step)} not written: {failure_text(exc)}", e.world)
+                report_failure(f"checkpoint {e.checkpoint_name(step)} not written: {failure_text(exc)}", e.world)
                 raise RunFailure() from None
         try:
             self._send_own_state(index, step)
@@ -327,7 +327,7 @@ class AsyncStrategy:
                 failed.set_exception(exc)
         record = CheckpointRecord(
             index=index, step=step, epoch=epoch, bytes=0, files=0, blocking_s=0.0, persist_s=0.0,
-            write_s=sum(x.write_s for x in sync_entries), strategy=self.name, folder=e.layout.folder(step), wait_s=wait_s,
+            write_s=sum(x.write_s for x in sync_entries), strategy=self.name, folder=e.checkpoint_name(step), wait_s=wait_s,
             snapshot_s=snapshot_s, peak_rss_bytes=peak_rss_bytes(), framework_s=framework_s,
         )
         if self._executor is None:

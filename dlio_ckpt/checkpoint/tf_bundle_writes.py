@@ -4,8 +4,10 @@ TensorFlow's SaveV2 and MergeV2Checkpoints open and write their files themselves
 storage never sees their calls; the engine records them from what this module works out. Each
 call is one `WritableFile::Append`, which TF's POSIX file turns into one `fwrite`: what
 darshan-runtime's STDIO module counts (strace sees fewer `write` syscalls, because glibc's stdio
-buffer joins the small ones). Pure functions of a file's size or an index's entries, so that
-nothing is read back (a read the program does not make); measured with TF 2.21 under an fwrite
+buffer joins the small ones). MergeV2Checkpoints also reads each staged index back (`table_reads`:
+TF's table reader, preads that darshan-runtime's POSIX module counts), which the engine records
+likewise. Pure functions of a file's size or an index's entries, so that the emulation reads
+nothing back itself (a read the program does not make); measured with TF 2.21 under an fwrite
 interposer, and checked against darshan-runtime and TF's own files by tests/test_tf_bundle_writes.py.
 
 - A data file (`.data-0000k-of-0000K`): BundleWriter appends every tensor through
@@ -84,6 +86,25 @@ def table_writes(entries: list[tuple[bytes, int]], block_bytes: int = BLOCK_BYTE
     write_block(8)  # the metaindex block: no entries, one restart
     write_block(sum(index) + 4 * max(len(index), 1) + 4)
     return writes + [(offset, FOOTER_BYTES)]
+
+
+def table_reads(entries: list[tuple[bytes, int]], block_bytes: int = BLOCK_BYTES,
+                restart_interval: int = RESTART_INTERVAL) -> list[tuple[int, int]]:
+    """(offset, length) of each read call TF's table reader makes to read every entry of the table
+    `table_writes` writes for `entries`, as MergeV2Checkpoints reads each staged index: the 48-byte
+    footer, the index block with its trailer (Table::Open; TF sets no filter policy, so the
+    metaindex block is never read), then each data block with its trailer, in key order, as its
+    iterator reaches it. A one-block index is 3 preads (darshan-runtime's DXT of keras_tfdata.py's
+    staged index of 2,131 B: 48 B at 2,083, 20 at 2,063, 2,050 at 0)."""
+    writes = table_writes(entries, block_bytes, restart_interval)
+    footer, blocks = writes[-1], list(zip(writes[:-1:2], writes[1:-1:2]))  # (contents, trailer) per block
+    data, index = blocks[:-2], blocks[-1]  # the metaindex block, second to last, is not read
+
+    def whole(block: tuple[tuple[int, int], tuple[int, int]]) -> tuple[int, int]:
+        (offset, size), (_, trailer) = block
+        return offset, size + trailer
+
+    return [footer, whole(index), *(whole(block) for block in data)]
 
 
 def _index_entry(key: bytes, handle: tuple[int, int]) -> int:

@@ -81,6 +81,9 @@ class TensorList:
     tensors: tuple[Tensor, ...]
     other_entries: int  # non-tensor entries seen
     entries: tuple[Entry, ...] = ()  # those entries, as model.extra_state describes them
+    # the names (tensors and entries) in the order the data file holds them, where the format
+    # records it apart from the names' order (TensorFlow's index: each entry's shard and offset)
+    write_order: tuple[str, ...] = ()
 
 
 def _plain(value) -> bool:
@@ -129,8 +132,8 @@ def read_tensors(path: str | Path, fmt: str = "auto") -> TensorList:
     reader = {"torch": _torch, "npz": _npz, "safetensors": _safetensors, "dcp": _dcp, "tensorflow": _tensorflow}.get(fmt)
     if reader is None:
         raise UserError(f"--format {fmt}: not a format this reads; use one of {', '.join(FORMATS)}")
-    tensors, entries = reader(path)
-    return TensorList(str(path), fmt, tuple(tensors), len(entries), tuple(entries))
+    tensors, entries, *order = reader(path)
+    return TensorList(str(path), fmt, tuple(tensors), len(entries), tuple(entries), tuple(*order))
 
 
 def _torch(path: Path):
@@ -267,4 +270,57 @@ def _tensorflow(path: Path):
             entries.append(Entry(name, blob=len(reader.get_tensor(name))))
             continue
         tensors.append(Tensor(name, tuple(shapes[name]), dtype.name, dtype.size))
-    return tensors, entries
+    return tensors, entries, _tensorflow_write_order(Path(prefix + ".index"))
+
+
+def _tensorflow_write_order(index: Path) -> list[str]:
+    """The bundle's keys in the order SaveV2 appended them to the data files: by (shard, offset)
+    of each BundleEntryProto in the index, a leveldb table (TF writes its blocks uncompressed:
+    footer -> index block -> data blocks -> entries of shared-prefix keys). The checkpoint's only
+    record of the program's object-graph order, which sets the offsets the index stores as varints."""
+    from tensorflow.core.protobuf import tensor_bundle_pb2
+
+    table = index.read_bytes()
+    footer = table[-48:]
+    _, at = _varint(footer, 0)
+    _, at = _varint(footer, at)
+    offset, at = _varint(footer, at)
+    size, _ = _varint(footer, at)
+    placed = []
+    for _, handle in _block(table, offset, size):
+        block_offset, at = _varint(handle, 0)
+        block_size, _ = _varint(handle, at)
+        for key, value in _block(table, block_offset, block_size):
+            if key:  # the empty key is the header
+                entry = tensor_bundle_pb2.BundleEntryProto.FromString(value)
+                placed.append((entry.shard_id, entry.offset, key.decode()))
+    return [name for _, _, name in sorted(placed)]
+
+
+def _block(table: bytes, offset: int, size: int) -> list[tuple[bytes, bytes]]:
+    """The (key, value) entries of a leveldb table block (uncompressed: trailer type 0)."""
+    if table[offset + size] != 0:
+        raise UserError("a TensorFlow index with compressed blocks: its tensors' order cannot be read")
+    block = table[offset:offset + size]
+    restarts = struct.unpack_from("<I", block, len(block) - 4)[0]
+    end, at, key, out = len(block) - 4 - 4 * restarts, 0, b"", []
+    while at < end:
+        shared, at = _varint(block, at)
+        unshared, at = _varint(block, at)
+        length, at = _varint(block, at)
+        key = key[:shared] + block[at:at + unshared]
+        at += unshared
+        out.append((key, block[at:at + length]))
+        at += length
+    return out
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, at

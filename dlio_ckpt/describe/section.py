@@ -71,8 +71,18 @@ def model_section(listing: TensorList, name: str) -> dict:
         "optimization_group_shapes": [list(t.shape) for t in groups],
         "extra_state": [{"name": e.name, "bytes": e.blob} if e.blob >= 0 else {"name": e.name, "value": e.value}
                         for e in listing.entries],
+        "write_order": _write_order(listing, [t.name for t in layers + groups] + [e.name for e in listing.entries]),
         "_notes": {"layer_parameters": layers, "optimization_groups": groups, "model_size_bytes": folded},
     }
+
+
+def _write_order(listing: TensorList, planned: list[str]) -> list[str]:
+    """The listed names in the order the checkpoint's data file holds them (model.write_order), when
+    it records one and it is not the order the emulation writes them by default (layers, optimizer
+    groups, extra_state): TensorFlow's SaveV2 appends in its object graph's order."""
+    known = set(planned)
+    order = [name for name in listing.write_order if name in known]
+    return [] if order == planned[:len(order)] and len(order) == len(planned) else order
 
 
 def section_bytes(section: dict) -> int:
@@ -125,6 +135,9 @@ def to_yaml(listing: TensorList, section: dict, file_bytes: int | None) -> str:
     lines += _shapes("layer_shapes", section["layer_shapes"])
     lines += _shapes("optimization_group_shapes", section["optimization_group_shapes"])
     lines += _entries(section["extra_state"])
+    if section["write_order"]:
+        lines += ["  write_order:   # the data file's order (the framework's, as its index's offsets record it)"]
+        lines += [f"    - {json.dumps(n)}" for n in section["write_order"]]
     lines.append(f"# declared bytes: {section_bytes(section):,} (= the tensors' {total:,})")
     return "\n".join(lines) + "\n"
 

@@ -7,6 +7,7 @@ Built from the ModelPlan (who owns which bytes), the layout (file names) and the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -101,16 +102,17 @@ class CheckpointPlan:
             return None
         return self.files_summary(1)[2]
 
-    def files_summary(self, step: int) -> tuple[list[str], int, int | None]:
+    def files_summary(self, step: int, flat: bool = False) -> tuple[list[str], int, int | None]:
         """(the data files' names at `step`, their count, their encoded bytes or None), in one walk
-        over the ranks (each rank's files are built once, then dropped)."""
+        over the ranks (each rank's files are built once, then dropped). `flat`: in the root, not
+        the checkpoint's folder (Layout.flat_framework under durability=framework)."""
         fmt = format_spec(self.format_name)
-        folder = self.layout.folder(step)
+        folder = "" if flat else self.layout.folder(step)
         names: list[str] = []
         encoded: int | None = 0
         for files in self.files_by_rank:
             for f in files:
-                names.append(f"{folder}/{f.path_for(step)}" if folder else f.path_for(step))  # flat: no folder
+                names.append(os.path.join(folder, f.path_for(step)))
                 if encoded is not None:
                     size = fmt.encoded_size(f.tensors)
                     encoded = None if size is None else encoded + size
@@ -125,10 +127,11 @@ class CheckpointPlan:
 
     def names_with_metadata(self, step: int, data_files: list[str], manifest: bool = True) -> list[str]:
         """The data files' names plus the coordinator's files, the manifest (only the commit
-        protocol writes one: checkpoint.durability) and the tag."""
-        folder = self.layout.folder(step)
+        protocol writes one: checkpoint.durability; without it a flat_framework layout's files lie
+        in the root) and the tag."""
+        folder = "" if self.layout.flat_framework and not manifest else self.layout.folder(step)
         names = list(data_files)
-        names += [f"{folder}/{name}" for name in self.layout.coordinator_files(step, self.world_size)]
+        names += [os.path.join(folder, name) for name in self.layout.coordinator_files(step, self.world_size)]
         if manifest:
             names.append(f"{folder}/{MANIFEST_NAME}")
         tag = self.layout.tag(step)

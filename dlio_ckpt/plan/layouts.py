@@ -5,11 +5,13 @@ given ranks; reproducing the names and the grouping (one file per rank, per laye
 partition) reproduces the metadata load (creates, directory entries) the storage really gets. The
 bytes inside each file follow `checkpoint.format`, whatever the names' extensions say.
 
-Every layout but `flat` puts one checkpoint in one folder (TensorFlow's flat `ckpt-N.*` files go
-in a `ckpt-N/` folder), so a checkpoint can be committed by one manifest and deleted as one unit.
-`flat` is a program that saves straight into one folder (torch.save(state, "checkpoint_3.pt")):
-no folder per checkpoint, so only the framework's own calls (checkpoint.durability=framework) and
-nothing deleted.
+Under the commit protocol every layout but `flat` puts one checkpoint in one folder (TensorFlow's
+flat `ckpt-N.*` files go in a `ckpt-N/` folder), so a checkpoint can be committed by one manifest
+and deleted as one unit. Under checkpoint.durability=framework a layout whose framework keeps its
+checkpoints side by side (`flat_framework`: TensorFlow's CheckpointManager) writes them so, straight
+in the run's checkpoint folder, numbered as the framework numbers them. `flat` is a program that
+saves straight into one folder (torch.save(state, "checkpoint_3.pt")): no folder per checkpoint
+under any durability, so it runs under `framework` only and deletes nothing.
 """
 
 from __future__ import annotations
@@ -51,8 +53,18 @@ class Layout:
     data_fsync: bool | None = None
     tag_writes: int = 1  # how many times the framework writes its tag per checkpoint
     # whether a checkpoint is a folder of its own (made by its first file's write); False: its files
-    # go into the run's checkpoint folder itself (`flat`)
+    # go into the run's checkpoint folder itself, whatever the durability (`flat`)
     folder_per_checkpoint: bool = True
+    # under checkpoint.durability=framework, whether the framework keeps every checkpoint's files
+    # straight in its directory (TensorFlow's CheckpointManager: ckpt-N.index beside ckpt-M.index and
+    # the `checkpoint` state, which names each by its prefix relative to the directory); the folder
+    # per checkpoint is then the commit protocol's alone (one manifest, deleted as one unit)
+    flat_framework: bool = False
+
+    def checkpoint_files(self, step: int, names: list[str]) -> list[str]:
+        """Of `names` (a flat directory's entries), those that belong to checkpoint `step`, in the
+        order the framework deletes them (a flat layout's; others keep a folder per checkpoint)."""
+        return []
 
     def folder(self, step: int) -> str:
         return f"step_{step:08d}"
@@ -80,12 +92,14 @@ class Layout:
         """A framework's "latest" pointer (file name at the checkpoint root, contents)."""
         return None
 
-    def tag_texts(self, step: int, saves: Sequence[tuple[int, float]], keep_last: int, preserved: float) -> list[str]:
+    def tag_texts(self, step: int, saves: Sequence[tuple[int, float]], keep_last: int, preserved: float,
+                  flat: bool = False) -> list[str]:
         """The contents of each of the framework's `tag_writes` writes of its tag at checkpoint
         `step`: the same pointer each time, unless the layout's tag lists more than the newest
         checkpoint. `saves`: this run's checkpoints so far, (step, time.time() when written), the
         newest last; `keep_last`: how many the framework keeps (0: all); `preserved`: when the
-        framework's checkpoint keeper started."""
+        framework's checkpoint keeper started; `flat`: the checkpoints' files lie straight in the
+        directory (`flat_framework` under durability=framework)."""
         tag = self.tag(step)
         return [tag[1]] * self.tag_writes if tag else []
 
@@ -346,6 +360,7 @@ class TensorflowLayout(Layout):
     # tf.train.CheckpointManager.save updates the checkpoint state twice per save (strace of TF 2.21:
     # two `checkpoint.tmp<hex>` writes and renames per save)
     tag_writes: int = 2
+    flat_framework: bool = True
     # The plan asks for every rank's files in turn with one layout and one model; the running
     # count of writers is kept for that model only (a one-entry memo on this instance, holding the
     # model itself so it is never confused with another), so planning 1,024 ranks stays linear.
@@ -366,29 +381,44 @@ class TensorflowLayout(Layout):
             return []
         before, shards = self._shard_numbers(model)
         shard = int(before[rank])
+        if model.write_order:  # SaveV2 appends in the order it is given: the program's (its object graph's)
+            place = {name: i for i, name in enumerate(model.write_order)}
+            tensors = tuple(sorted(tensors, key=lambda t: place.get(t.name, len(place))))  # stable: the rest after
         # The step is part of TF's names; the folder name carries it, so `{step}` is filled later.
         return [(f"ckpt-{{step}}.data-{shard:05d}-of-{shards:05d}", tensors)]
 
     def coordinator_files(self, step, world):
         return [f"ckpt-{step}.index"]
 
+    def checkpoint_files(self, step, names):
+        """CheckpointManager's deletion of a checkpoint past max_to_keep (`remove_checkpoint`): its
+        `.index`, then its data files (`.data-?????-of-?????`); and a save's staging folder."""
+        prefix = f"ckpt-{step}"
+        data = sorted(n for n in names if re.fullmatch(re.escape(prefix) + r"\.data-\d{5}-of-\d{5}", n))
+        return [n for n in [f"{prefix}.index", *data, f"{prefix}_temp"] if n in names]
+
     def tag(self, step):
         return "checkpoint", self._state(step, [(step, None)], None)
 
-    def tag_texts(self, step, saves, keep_last, preserved):
+    def tag_texts(self, step, saves, keep_last, preserved, flat=False):
         """CheckpointManager.save's two writes of its state (`_record_and_sweep_state` in TF's
         checkpoint_management.py): every checkpoint it tracks, oldest first, with the time each was
         written, first with the new one added, then again after the sweep that leaves max_to_keep;
         `last_preserved_timestamp` is when the manager was made, less a second. Text as protobuf's
-        text_format writes a CheckpointState (doubles as Python's repr)."""
+        text_format writes a CheckpointState (doubles as Python's repr). Each checkpoint is named by
+        its prefix relative to the directory (save_relative_paths): `ckpt-N` where its files lie in
+        the directory (`flat`, the framework's layout), `ckpt-N/ckpt-N` in a folder of its own."""
         tracked = list(saves)
         kept = tracked[-keep_last:] if keep_last else tracked
-        return [self._state(step, tracked, preserved), self._state(step, kept, preserved)]
+        return [self._state(step, tracked, preserved, flat), self._state(step, kept, preserved, flat)]
 
     @staticmethod
-    def _state(step: int, saves: Sequence[tuple[int, float | None]], preserved: float | None) -> str:
-        lines = [f'model_checkpoint_path: "ckpt-{step}/ckpt-{step}"']
-        lines += [f'all_model_checkpoint_paths: "ckpt-{s}/ckpt-{s}"' for s, _ in saves]
+    def _state(step: int, saves: Sequence[tuple[int, float | None]], preserved: float | None, flat: bool = False) -> str:
+        def path(s: int) -> str:
+            return f"ckpt-{s}" if flat else f"ckpt-{s}/ckpt-{s}"
+
+        lines = [f'model_checkpoint_path: "{path(step)}"']
+        lines += [f'all_model_checkpoint_paths: "{path(s)}"' for s, _ in saves]
         lines += [f"all_model_checkpoint_timestamps: {t!r}" for _, t in saves if t is not None]
         if preserved is not None:
             lines.append(f"last_preserved_timestamp: {preserved!r}")

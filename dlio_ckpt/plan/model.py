@@ -128,6 +128,9 @@ class ModelPlan:
     # shard 0 that write its replicated state (a process's epoch counter and param groups), saved
     # after its tensors as a state dict lists them
     objects: tuple[TensorSpec, ...] = ()
+    # model.write_order: the names in the order the framework appends them to its data file
+    # (TensorFlow's SaveV2); empty: the order above (model tensors, optimizer tensors, objects)
+    write_order: tuple[str, ...] = ()
 
     # ranks ------------------------------------------------------------------------------------
     @property
@@ -420,5 +423,5 @@ def build_model_plan(cfg: ModelConfig, world_size: int, max_total_bytes: int = 0
         name=cfg.name, kind=cfg.kind, tp=tp, pp=pp, dp=dp, zero_stage=cfg.parallelism.zero_stage,
         world_size=world_size, parameters=params, scale_factor=factor,
         unscaled_model_bytes=unscaled_model, unscaled_optimizer_bytes=unscaled_opt, mp_shards=shards,
-        replicas=replicas, objects=object_specs(cfg),
+        replicas=replicas, objects=object_specs(cfg), write_order=tuple(cfg.write_order),
     )

@@ -28,6 +28,7 @@ from dlio_ckpt.profile.records import load_job
 
 ROWS = (("dataset", "bytes_read"), ("dataset", "reads"), ("dataset", "opens"), ("dataset", "seeks"),
         ("checkpoint", "bytes_written"), ("checkpoint", "writes"), ("checkpoint", "opens"),
+        ("checkpoint", "reads"), ("checkpoint", "bytes_read"),
         ("checkpoint", "fsyncs"), ("checkpoint", "renames"), ("other", "bytes_read"), ("other", "bytes_written"))
 
 
@@ -97,7 +98,11 @@ def run_check(profile: Profile, workload: Path, timeout: float = 600.0, keep: Pa
             shutil.rmtree(work, ignore_errors=True)
     rows = [Row(f"{cls} {key}", getattr(profile.figures[cls], key), getattr(figures[cls], key)) for cls, key in ROWS]
     rows.append(Row("checkpoints (saves)", len(profile.checkpoint.saves), saves))
-    rows.append(Row("checkpoint bytes per save", profile.checkpoint.per_save_bytes, per_save))
+    # the log's likewise: its checkpoint bytes over its saves (saves can differ: CheckpointManager's
+    # state file lists one checkpoint more each save, so the largest save is not the typical one)
+    logged = len(profile.checkpoint.saves)
+    rows.append(Row("checkpoint bytes per save", int(profile.figures["checkpoint"].bytes_written) // logged if logged else 0,
+                    per_save))
     rows.append(Row("compute per step (s)", profile.compute_s or 0.0, emulated_compute))
     return rows
 

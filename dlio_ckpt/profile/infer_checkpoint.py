@@ -1,9 +1,9 @@
 """The checkpoint keys of the workload, from the checkpoint files' records (pure but for on_disk).
 
 Rules (docs/profile.md):
-- saves: the checkpoint files' first opens, grouped in time (a new save starts after a pause of
-  more than a quarter of the longest pause between them); files per save, bytes per save and per
-  rank follow;
+- saves: the checkpoint files' first opens, grouped in time (a new save starts once dataset reads
+  happened since the previous checkpoint file; without reads to go by, after a pause); files per
+  save, bytes per save and per rank follow;
 - bytes: what POSIX and STDIO counted; when they counted nothing for a file that a rank opened
   (torch.save: fopen, then writev on the descriptor, which darshan-runtime does not see), its size
   on disk when it is still there, or the --strace counts (strace_input.py);
@@ -128,7 +128,10 @@ def _bytes_of(f: FileUse, extra: dict[str, int]) -> tuple[int, str]:
 
 def _saves(sized: list[tuple[FileUse, int, int]], reads: list[float]) -> list[Save]:
     """Files in time order; a new save starts when dataset reads happened since the previous file
-    was opened, or after a pause longer than max(0.25 s, half the current save's length)."""
+    was opened. Only a log without dataset reads to go by (none known) splits on a pause longer
+    than max(0.25 s, half the current save's length): under load a save's own files can be that
+    far apart (CheckpointManager's second `checkpoint` state write 0.5-1.6 s after its index, at
+    load 2-8), which split keras_tfdata's 2 saves into 4 when the pause rule applied beside reads."""
     events = sorted((f.first_open, f.last_close if f.last_close == f.last_close else f.first_open, f.path, rank, b)
                     for f, rank, b in sized if f.first_open == f.first_open and (b or f.reads == 0))
     saves: list[Save] = []
@@ -137,7 +140,7 @@ def _saves(sized: list[tuple[FileUse, int, int]], reads: list[float]) -> list[Sa
         # from the last open, not the last close: darshan-runtime can date a file fopen()ed by torch.save
         # closed only when its descriptor is reused (at the next save's open)
         read_between = any(last_open < t < start for t in reads)
-        if not saves or read_between or start - end > max(0.25, 0.5 * (end - begin)):
+        if not saves or read_between or (not reads and start - end > max(0.25, 0.5 * (end - begin))):
             saves.append(Save(start, []))
             begin = start
         saves[-1].files.append((path, rank, nbytes))

@@ -10,6 +10,7 @@ from dlio_ckpt.profile.classify import DATASET, Roles, classify
 from dlio_ckpt.profile.figures import ClassFigures, class_figures
 from dlio_ckpt.profile.infer_checkpoint import CheckpointFacts, checkpoint_values
 from dlio_ckpt.profile.infer_dataset import DatasetFacts, dataset_values
+from dlio_ckpt.profile.infer_sync import gradient_sync_value
 from dlio_ckpt.profile.infer_timing import file_reads, timing_values
 from dlio_ckpt.profile.records import Job, load_job
 from dlio_ckpt.profile.values import ASSUMED, Value, assumed
@@ -52,6 +53,8 @@ def profile_logs(paths: list[Path], data_root: str = "", checkpoint_root: str = 
     timing, compute = timing_values(job, roles, len(dataset.paths), dataset.epochs, dataset.batch_size, dataset.ranks,
                                     dataset.samples_per_file, [s.start for s in checkpoint.saves])
     values += timing
+    values.append(gradient_sync_value(spans if job.source == "DXT" else [], len(dataset.paths), dataset.epochs,
+                                      dataset.batch_size / max(dataset.samples_per_file, 1), dataset.ranks))
     values.append(assumed("checkpoint.keep_last", 0, "deletions are not in a Darshan log: every save is kept"))
     figures = class_figures(job, roles)
     if checkpoint.bytes_source not in ("log", "unknown"):
