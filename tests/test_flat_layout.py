@@ -51,7 +51,7 @@ def test_torch_saves_land_in_the_run_folder_without_a_mkdir(tmp_path, monkeypatc
     monkeypatch.setattr(PosixStorage, "makedirs", lambda self, path: (made.append(path), real_makedirs(self, path))[1])
     ctx = make_ctx(tmp_path, [*FLAT, "checkpoint.format=torch"])
     engine = make_checkpoint_engine(ctx)
-    os.makedirs(engine.root)  # the run's checkpoint folder, made at its start (engine/ownership.claim_run)
+    assert made == [engine.root]  # the program's checkpoint directory, made when it starts, not in a save
     made.clear()
     engine.save(4, 1)  # (step, epoch)
     engine.save(8, 2)

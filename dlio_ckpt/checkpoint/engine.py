@@ -94,6 +94,8 @@ class CheckpointEngineImpl:
         # the parts, each with the values it needs
         flat = not self.layout.folder_per_checkpoint or (self.layout.flat_framework and not self.durability.commit)
         self.folders = CheckpointFolders(self.root, self.layout, self.storage, flat=flat)
+        if flat and self.cfg.enabled:  # the program makes its checkpoint directory at its start (CheckpointManager's
+            self.storage.makedirs(self.root)  # constructor, a loop's os.makedirs), never inside a save
         self.writer = CheckpointWriter(self.storage, self.fmt, self.world.rank, self.data_fsync,
                                        self.cfg.checksum if self.durability.commit else "none",
                                        self.cfg.write_chunk_bytes, framework_writes)
