@@ -165,8 +165,8 @@ def _own_bytes(program: str, run: dict, kept: Path, saves: int) -> int:
       every tracked checkpoint was written and the manager's start, as Python's repr of each float:
       17 or 18 characters, as the clock falls. Both runs keep every save (max_to_keep 3, keep_last 0),
       so each run's final state file holds every time it wrote: save k's writes list saves 1..k.
-    (torch.save's zip records its file's name too: the profile sets checkpoint.archive_name to the
-    program's, so that one is equal.)"""
+    (torch.save's zip records its file's name too: the profile chooses the flat layout, whose files
+    have the program's names, checkpoint_<n>.pt, so that one is equal.)"""
     if program == "ddp_dcp":
         import pickle
 

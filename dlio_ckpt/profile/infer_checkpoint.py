@@ -80,7 +80,7 @@ def checkpoint_values(job: Job, roles: Roles, epochs: int, framework: str,
         layout, why = "flat", why + "; every save's files in one folder, none made for a save"
     add(Value("checkpoint.layout", layout, INFERRED, why))
     add(Value("checkpoint.format", fmt, INFERRED, why))
-    if fmt == "torch" and layout in ("raw", "flat") and saves:  # torch.save(obj, path) records the file's name in its zip
+    if fmt == "torch" and layout == "raw" and saves:  # flat: the emulated files have the program's names  # torch.save(obj, path) records the file's name in its zip
         first = saves[0].files[0][0]
         add(Value("checkpoint.archive_name", archive_stem(first), MEASURED,
                   f"the folder torch.save's zip records: {os.path.basename(first)}'s name (the first save)"))
