@@ -18,6 +18,7 @@ import numpy as np
 
 from dlio_ckpt.engine import tf_reader
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions, SampleReader, Scratch
+from dlio_ckpt.plan.file_list import samples_per_file
 from dlio_ckpt.plan.read import Batch, EpochReadPlan, transfer_end, transfer_requests
 
 OPEN_FILES_PER_WORKER = 4
@@ -258,6 +259,29 @@ class TransferReader:
             runs.close()
 
 
+class SharePaths(Sequence):
+    """The paths of a share's files in read order, each made when asked (a block at a time when
+    iterated): what tf.data is handed as its list of files, with nothing kept per file."""
+
+    def __init__(self, files: Sequence[FileSpec], positions: Sequence[int]) -> None:
+        self._files = files
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, k: int) -> str:
+        return self._files[self.positions[k]].path
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._files[p].path for p in self.positions)
+
+    def identity(self) -> tuple:
+        """Equal for shares of the same files in any order (plan/read_order.RunFiles.identity)."""
+        identity = getattr(self.positions, "identity", None)
+        return identity() if identity is not None else ("set", tuple(sorted(self.positions)))
+
+
 class TensorFlowReader:
     """reader.name=tensorflow: tf.data reads the rank's TFRecord files (see engine/tf_reader.py)."""
 
@@ -283,10 +307,12 @@ class TensorFlowReader:
                 drop_last=plan.drop_last)
         self._pipeline.prepare(*self._paths(plan))
 
-    def _paths(self, plan: EpochReadPlan) -> tuple[list[str], list[int]]:
-        """The epoch's files and their record counts."""
-        specs = [self._files[p] for p in plan.files()]
-        return [spec.path for spec in specs], [spec.num_samples for spec in specs]
+    def _paths(self, plan: EpochReadPlan) -> tuple[SharePaths, int | list[int]]:
+        """The epoch's files, a path when asked, and their record count (one number where every
+        file has the same: a dataset's files do)."""
+        paths = SharePaths(self._files, plan.files_in_order())
+        per_file = samples_per_file(self._files)
+        return paths, per_file if per_file else [self._files[p].num_samples for p in paths.positions]
 
     def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
         if self._pipeline is None:
