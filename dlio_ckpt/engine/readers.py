@@ -12,12 +12,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from dlio_ckpt.engine import tf_reader
 from dlio_ckpt.formats.base import DatasetFormat, FileSpec, FormatOptions, SampleReader, Scratch
+from dlio_ckpt.plan.file_list import samples_per_file
 from dlio_ckpt.plan.read import Batch, EpochReadPlan, transfer_end, transfer_requests
 
 OPEN_FILES_PER_WORKER = 4
@@ -117,13 +118,94 @@ def read_ahead(read_batch: Callable[[int], Batch], count: int, threads: int, win
 class _SequentialFile:
     """One file read from its start in transfer_size requests, as far as the samples consumed reach."""
 
-    def __init__(self, handle: Any, spec: FileSpec, uses: int) -> None:
+    def __init__(self, handle: Any, spec: FileSpec, position: int) -> None:
         self.handle = handle
         self.spec = spec
+        self.position = position  # the file's position in the reader's file list
         self.size = handle.size()
         self.done = 0  # bytes read from the start
-        self.uses = uses  # samples of this file still to be consumed in the epoch
+        self.uses = 0  # samples of this file handed to batches and not yet consumed
+        self.sealed = False  # no later batch reads this file: it closes once `uses` is 0
         self.lock = threading.Lock()
+
+    def release(self) -> bool:
+        """Close the file once it is sealed and every sample handed out was consumed (call with
+        `lock` held); True when this call closed it."""
+        if self.sealed and self.uses == 0 and self.handle is not None:
+            self.handle.close()
+            self.handle = None
+            return True
+        return False
+
+
+class _OpenRuns:
+    """The files of an epoch's batches, opened as the batches are handed out, in plan order.
+
+    Batch b's rows are split into runs of one file; a run that continues the file the batch
+    before ended with joins that file's stream, any other opens the file (and seals the file
+    before it, which closes once its last sample is consumed). So a file is open from the batch
+    that first reads it to the one that last does, and only the files of the batches in flight
+    are held: never one handle (or object) per file of the rank's share. The plan must list
+    each file's samples in one run, as a whole-file plan in file order does (a file that came
+    back after another would be opened again)."""
+
+    def __init__(self, storage: Any, files: Sequence[FileSpec], plan: EpochReadPlan) -> None:
+        self._storage = storage
+        self._files = files
+        self._plan = plan
+        self._count = plan.num_batches
+        self._lock = threading.Lock()
+        self._next = 0  # the next batch to hand out
+        self._tail: _SequentialFile | None = None  # the stream the last batch handed out ended with
+        self._handed: dict[int, tuple[np.ndarray, list[_SequentialFile]]] = {}  # batch -> its rows, a stream a row
+        self._open: dict[int, _SequentialFile] = {}  # by id: what `close` must still close
+
+    def take(self, index: int) -> tuple[np.ndarray, list[_SequentialFile]]:
+        """Batch `index`'s rows and each row's stream (batches before it are handed out first)."""
+        with self._lock:
+            while self._next <= index:
+                self._handed[self._next] = self._hand_out(self._plan.batch(self._next))
+                self._next += 1
+                if self._next == self._count:
+                    self._seal(self._tail)
+            return self._handed.pop(index)
+
+    def _hand_out(self, rows: np.ndarray) -> tuple[np.ndarray, list[_SequentialFile]]:
+        positions = rows[:, 0]
+        starts = [0, *(np.flatnonzero(positions[1:] != positions[:-1]) + 1).tolist(), len(rows)]
+        streams: list[_SequentialFile] = []
+        for start, stop in zip(starts[:-1], starts[1:]):
+            position = int(positions[start])
+            stream = self._tail
+            if stream is None or stream.position != position:
+                self._seal(stream)
+                spec = self._files[position]
+                stream = self._tail = _SequentialFile(self._storage.open_read(spec.path), spec, position)
+                self._open[id(stream)] = stream
+            with stream.lock:
+                stream.uses += stop - start
+            streams += [stream] * (stop - start)
+        return rows, streams
+
+    def _seal(self, stream: _SequentialFile | None) -> None:
+        if stream is not None:
+            with stream.lock:
+                stream.sealed = True
+                self.closed(stream, stream.release())
+
+    def closed(self, stream: _SequentialFile, done: bool) -> None:
+        if done:
+            self._open.pop(id(stream), None)
+
+    def close(self) -> None:
+        """Close what an epoch ended or cut short left open, in the order the files were opened."""
+        with self._lock:
+            streams, self._open = list(self._open.values()), {}
+        for stream in streams:
+            with stream.lock:
+                if stream.handle is not None:
+                    stream.handle.close()
+                    stream.handle = None
 
 
 class TransferReader:
@@ -132,10 +214,13 @@ class TransferReader:
     Each file of the rank's whole-file share is read sequentially from offset 0 in
     transfer_size requests (tf.data's read buffer); a sample is available once the request
     holding its last byte has been read. Read threads assemble batches as the native reader's
-    do; a file shared by two batches in flight is read once, in order, under its lock.
+    do; a file shared by two batches in flight is read once, in order, under its lock. Files are
+    opened as the batches that read them are handed out and closed after their last sample
+    (_OpenRuns), as tf.data opens each file when its interleave reaches it: what the reader holds
+    is the batches in flight, not the share.
     """
 
-    def __init__(self, storage: Any, files: tuple[FileSpec, ...], transfer_size: int, read_threads: int,
+    def __init__(self, storage: Any, files: Sequence[FileSpec], transfer_size: int, read_threads: int,
                  prefetch_size: int) -> None:
         self._storage = storage
         self._files = files
@@ -143,10 +228,10 @@ class TransferReader:
         self._threads = read_threads
         self._window = max(1, read_threads * max(prefetch_size, 1))
 
-    def _read_batch(self, rows: np.ndarray, streams: dict[int, _SequentialFile], scratch: threading.local) -> Batch:
+    def _read_batch(self, index: int, runs: _OpenRuns, scratch: threading.local) -> Batch:
+        rows, streams = runs.take(index)
         payload = 0
-        for file_position, sample in rows:
-            stream = streams[int(file_position)]
+        for (_, sample), stream in zip(rows, streams):
             with stream.lock:
                 end = transfer_end(stream.size, stream.spec.num_samples, int(sample), self._transfer)
                 if end > stream.done:
@@ -160,26 +245,41 @@ class TransferReader:
                                            f"before the {stream.size} it had when opened")
                     stream.done = end
                 stream.uses -= 1
-                if stream.uses == 0:
-                    stream.handle.close()
+                runs.closed(stream, stream.release())
             payload += stream.spec.sample_bytes
         return Batch(samples=len(rows), payload_bytes=payload)
 
     def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
-        count = plan.num_batches
-        positions, uses = np.unique(plan.rows(0, plan.samples_read)[:, 0], return_counts=True)
-        streams: dict[int, _SequentialFile] = {}
+        runs = _OpenRuns(self._storage, self._files, plan)
         scratch = threading.local()
         try:
-            for position, n in zip(positions, uses):
-                spec = self._files[int(position)]
-                streams[int(position)] = _SequentialFile(self._storage.open_read(spec.path), spec, int(n))
-            yield from read_ahead(lambda index: self._read_batch(plan.batch(index), streams, scratch), count,
+            yield from read_ahead(lambda index: self._read_batch(index, runs, scratch), plan.num_batches,
                                   self._threads, self._window)
         finally:
-            for stream in streams.values():
-                if stream.uses > 0:
-                    stream.handle.close()
+            runs.close()
+
+
+class SharePaths(Sequence):
+    """The paths of a share's files in read order, each made when asked (a block at a time when
+    iterated): what tf.data is handed as its list of files, with nothing kept per file."""
+
+    def __init__(self, files: Sequence[FileSpec], positions: Sequence[int]) -> None:
+        self._files = files
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, k: int) -> str:
+        return self._files[self.positions[k]].path
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._files[p].path for p in self.positions)
+
+    def identity(self) -> tuple:
+        """Equal for shares of the same files in any order (plan/read_order.RunFiles.identity)."""
+        identity = getattr(self.positions, "identity", None)
+        return identity() if identity is not None else ("set", tuple(sorted(self.positions)))
 
 
 class TensorFlowReader:
@@ -207,10 +307,12 @@ class TensorFlowReader:
                 drop_last=plan.drop_last)
         self._pipeline.prepare(*self._paths(plan))
 
-    def _paths(self, plan: EpochReadPlan) -> tuple[list[str], list[int]]:
-        """The epoch's files and their record counts."""
-        specs = [self._files[p] for p in plan.files()]
-        return [spec.path for spec in specs], [spec.num_samples for spec in specs]
+    def _paths(self, plan: EpochReadPlan) -> tuple[SharePaths, int | list[int]]:
+        """The epoch's files, a path when asked, and their record count (one number where every
+        file has the same: a dataset's files do)."""
+        paths = SharePaths(self._files, plan.files_in_order())
+        per_file = samples_per_file(self._files)
+        return paths, per_file if per_file else [self._files[p].num_samples for p in paths.positions]
 
     def batches(self, plan: EpochReadPlan) -> Iterator[Batch]:
         if self._pipeline is None:

@@ -1,7 +1,9 @@
 """DatasetPlan: which files the dataset has, where, how many samples and how large (pure).
 
-Sample sizes are drawn once per file from a seeded normal distribution (mean, stdev, clipped at
-the minimum), so every rank and every later run computes the same plan without communicating.
+Sample sizes follow a seeded normal distribution (mean, stdev, clipped at the minimum), drawn a
+block of files at a time keyed by the seed, the split and the block (plan/file_sizes.py), so every
+rank and every later run computes the same plan without communicating, and no rank holds a size
+per file.
 The fingerprint covers everything that decides the bytes on disk, and it names the dataset's
 folder (`<dataset.folder or data/<workload>>/<fingerprint>/`): runs that share a storage.root,
 even at the same time, never write a dataset of one shape where another run reads one of another
@@ -15,10 +17,9 @@ import json
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
 from dlio_ckpt.schema import RunConfig
 from dlio_ckpt.plan.file_list import FileList, SplitFiles
+from dlio_ckpt.plan.file_sizes import KeyedSizes
 
 MANIFEST_NAME = ".dlio_ckpt_dataset.json"
 
@@ -74,6 +75,8 @@ def dataset_fingerprint(config: RunConfig) -> str:
         "pool_bytes": config.generate.pool_bytes,
         "version": 2,  # 2: sample contents spread by content.spread (version 1 repeated every other file)
     }
+    if ds.record_length_bytes_stdev:  # varied sizes are drawn per block of files since then: other sizes
+        identity["sizes_drawn"] = "keyed blocks"  # only there, so that no dataset of one size changes folder
     if ds.format == "parquet":  # only there, so that no other dataset's fingerprint (and folder) changes
         identity["parquet"] = [list(ds.parquet_columns), ds.parquet_row_group_size]
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
@@ -83,14 +86,14 @@ def dataset_folder(config: RunConfig) -> str:
     return os.path.join(dataset_base_folder(config), dataset_fingerprint(config))
 
 
-def _sizes(count: int, config: RunConfig, stream: int) -> np.ndarray | None:
-    """Per-file sample sizes, or None where every file has record_length_bytes (no array kept)."""
+def _sizes(count: int, config: RunConfig, stream: int) -> KeyedSizes | None:
+    """Per-file sample sizes (computed a block of files at a time when asked), or None where every
+    file has record_length_bytes."""
     ds = config.dataset
     if ds.record_length_bytes_stdev == 0 or count == 0:
         return None
-    rng = np.random.default_rng([ds.seed, stream])
-    sizes = rng.normal(ds.record_length_bytes, ds.record_length_bytes_stdev, count)
-    return np.maximum(sizes, ds.record_length_bytes_min).astype(np.int64)
+    return KeyedSizes(count=count, mean=ds.record_length_bytes, stdev=ds.record_length_bytes_stdev,
+                      minimum=ds.record_length_bytes_min, key=(ds.seed, stream))
 
 
 def plan_dataset(config: RunConfig, extension: str) -> DatasetPlan:

@@ -4,7 +4,7 @@ the file count (pure).
 A tuple of FileSpec cost ~300 bytes a file (the object, its path string): 3 GiB for ten million
 files, held by every rank for the whole run. A file's path, index and size follow from its
 position by arithmetic (the naming rule below), so FileList keeps the rule and, where sizes vary,
-one int64 per file in a numpy array (none where every file has one size), and builds a FileSpec
+their keyed draw (plan/file_sizes.py: a file's size from its block of files alone), and builds a FileSpec
 only when one is asked for: `files[i]`, iteration (one at a time) and slices (another FileList,
 a range of positions) behave as they did on the tuple.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlio_ckpt.formats.base import FileSpec
+from dlio_ckpt.plan.file_sizes import KeyedSizes
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,7 +35,7 @@ class SplitFiles:
     num_samples: int
     first_index: int
     sample_bytes: int  # every file's sample size where `sizes` is None
-    sizes: np.ndarray | None = None  # per-file sample sizes (int64) where they vary
+    sizes: KeyedSizes | None = None  # per-file sample sizes, computed a block at a time, where they vary
 
     def __post_init__(self) -> None:
         """The parts every path shares, formatted once (a path is asked for per sample read)."""
@@ -56,11 +57,11 @@ class SplitFiles:
         return sorted({os.path.dirname(self.path(i)) for i in range(min(self.count, self.subfolders or 1))})
 
     def spec(self, i: int) -> FileSpec:
-        size = self.sample_bytes if self.sizes is None else int(self.sizes[i])
+        size = self.sample_bytes if self.sizes is None else self.sizes[i]
         return FileSpec(index=self.first_index + i, path=self.path(i), num_samples=self.num_samples, sample_bytes=size)
 
     def total_sample_bytes(self) -> int:
-        return self.sample_bytes * self.count if self.sizes is None else int(self.sizes.sum())
+        return self.sample_bytes * self.count if self.sizes is None else self.sizes.sum()
 
 
 class FileList(Sequence):

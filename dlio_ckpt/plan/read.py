@@ -28,7 +28,7 @@ from dlio_ckpt.errors import ConfigError
 from dlio_ckpt.formats.base import FileSpec
 from dlio_ckpt.plan.file_list import sample_counts, samples_per_file, total_samples
 from dlio_ckpt.plan.permutation import KeyedPermutation
-from dlio_ckpt.plan.read_order import ListedOrder, ShareOrder, index_dtype
+from dlio_ckpt.plan.read_order import ListedOrder, RunFiles, ShareOrder, index_dtype
 from dlio_ckpt.world import rank_slices
 
 BLOCK_ROWS = 1 << 16  # rows computed at once: 512 KiB of int32 pairs, a numpy call per ~65k samples, not per batch
@@ -103,6 +103,19 @@ class EpochReadPlan:
         column = self.samples[:, 0]
         _, first = np.unique(column, return_index=True)
         return [int(column[i]) for i in sorted(first)]
+
+    def files_in_order(self) -> RunFiles | list[int]:
+        """`files()` without a list where the plan reads each file's samples in one run, all
+        files alike (a whole-file plan in file order: tf.data's): the share's files by arithmetic
+        (RunFiles); any other plan, `files()`."""
+        order = self.order
+        if not (isinstance(order, ShareOrder) and order.per_file and order.sample_order is None):
+            return self.files()
+        if self.num_samples <= 0:
+            return RunFiles(first=order.first_slot, files=0, file_order=order.file_order)
+        first = (order.begin + self.start) // order.per_file
+        last = (order.begin + order.length - 1) // order.per_file
+        return RunFiles(first=order.first_slot + first, files=last - first + 1, file_order=order.file_order)
 
 
 def check_world(files: tuple[FileSpec, ...], size: int, whole_files: bool) -> None:

@@ -11,7 +11,8 @@ file order and each file's first row (two integers a file) to find a row's file 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -78,3 +79,61 @@ class ListedOrder:
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         return self.listed[lo:hi]
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_S29 = np.uint64(29)
+DIGEST_BLOCK = 1 << 16  # files a numpy call when a share's set of files is digested or iterated
+LOOKUP_BLOCK = 4096  # files computed at once when one is asked for
+
+
+@dataclass(frozen=True, eq=False)
+class RunFiles(Sequence):
+    """The files of a share read in file order (each file's rows one run), in that order, by
+    arithmetic: file k is slot `first + k` of the epoch's file order (what a whole-file reader
+    hands its framework as the list of files, without a list)."""
+
+    first: int  # the slot of the first file
+    files: int  # how many
+    file_order: KeyedPermutation | None  # slot -> file position (None: the list's order)
+    # the block of positions last asked for one at a time, (block, positions), replaced whole: a
+    # reader asks for files in about their order, and one file's permutation costs ~60 numpy calls
+    _block: list = field(init=False, default_factory=lambda: [None], compare=False, repr=False)
+
+    def __len__(self) -> int:
+        return self.files
+
+    def between(self, lo: int, hi: int) -> np.ndarray:
+        """Positions of files lo..hi-1, int64."""
+        slots = np.arange(self.first + max(lo, 0), self.first + min(hi, self.files), dtype=np.int64)
+        return slots if self.file_order is None else self.file_order(slots)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            raise TypeError("RunFiles is indexed one file at a time (between() gives a range)")
+        k = range(self.files)[k]  # negatives, IndexError
+        block, cached = k // LOOKUP_BLOCK, self._block[0]
+        if cached is None or cached[0] != block:
+            cached = (block, self.between(block * LOOKUP_BLOCK, (block + 1) * LOOKUP_BLOCK))
+            self._block[0] = cached
+        return int(cached[1][k - block * LOOKUP_BLOCK])
+
+    def __iter__(self):
+        for lo in range(0, self.files, DIGEST_BLOCK):
+            yield from self.between(lo, lo + DIGEST_BLOCK).tolist()
+
+    def identity(self) -> tuple:
+        """Equal for two shares of the same set of files (in any order): the slots where the order
+        is the list's, every file where the share is the whole order, else a digest of the set
+        (count, sum, and the sum of a multiplicative hash, wrapping), a block at a time."""
+        if self.file_order is None:
+            return ("slots", self.first, self.files)
+        if self.first == 0 and self.files == self.file_order.n:
+            return ("every file", self.files)
+        total, mixed = 0, np.uint64(0)
+        for lo in range(0, self.files, DIGEST_BLOCK):
+            block = self.between(lo, lo + DIGEST_BLOCK)
+            total += int(block.sum())
+            z = block.astype(np.uint64) * _GOLDEN
+            mixed += np.bitwise_xor(z, z >> _S29).sum(dtype=np.uint64)
+        return ("set", self.files, total, int(mixed))
