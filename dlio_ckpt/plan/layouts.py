@@ -120,9 +120,9 @@ class FlatLayout(Layout):
     (`torch.save(state, f"checkpoint_{epoch}.pt")`, the ImageNet example's `checkpoint.pth.tar`):
     no folder per checkpoint, which such a program never makes. A rank's file is
     `checkpoint_<n>.<ext>` (`_rank<r>` added when several ranks write), n the save's number from 1
-    (the engine numbers a flat folder's checkpoints so: a loop saving each epoch names its epoch). With no folder there is
-    no manifest, so the engine accepts it only with checkpoint.durability=framework and keeps every
-    file (keep_last=0): what a checkpoint is, is its files."""
+    (the engine numbers a flat folder's checkpoints so: a loop saving each epoch names its epoch).
+    With no folder there is no manifest, so the engine accepts it only with
+    checkpoint.durability=framework and keeps every file (keep_last=0): a checkpoint is its files."""
 
     name: str = "flat"
     folder_per_checkpoint: bool = False
