@@ -87,3 +87,12 @@ def test_the_cli_refuses_it_in_one_line_with_nothing_written(tmp_path):
                                                     "program saving checkpoint_<n>.pt into one folder does: set "
                                                     "checkpoint.keep_last=0")
     assert not (tmp_path / "store" / "checkpoints").exists() or not os.listdir(tmp_path / "store" / "checkpoints")
+
+
+def test_plan_mode_names_the_files_a_run_writes():
+    from dlio_ckpt.engine.plan_mode import build_plan_report
+
+    config = load_config(["model.kind=explicit", "model.layer_parameters=[100,20]", *FLAT, "checkpoint.format=npy",
+                          "checkpoint.steps_between_checkpoints=8"])
+    report = build_plan_report(config)["checkpoint"]
+    assert report["file_names"] == ["checkpoint_1.npy"]  # the first save, numbered as the engine numbers it

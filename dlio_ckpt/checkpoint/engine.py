@@ -92,7 +92,7 @@ class CheckpointEngineImpl:
         self._last_step = -1
         self._last_time = time.monotonic()
         # the parts, each with the values it needs
-        flat = not self.layout.folder_per_checkpoint or (self.layout.flat_framework and not self.durability.commit)
+        flat = self.layout.flat(self.durability.commit)
         self.folders = CheckpointFolders(self.root, self.layout, self.storage, flat=flat)
         if flat and self.cfg.enabled:  # the program makes its checkpoint directory at its start (CheckpointManager's
             self.storage.makedirs(self.root)  # constructor, a loop's os.makedirs), never inside a save

@@ -127,9 +127,9 @@ class CheckpointPlan:
 
     def names_with_metadata(self, step: int, data_files: list[str], manifest: bool = True) -> list[str]:
         """The data files' names plus the coordinator's files, the manifest (only the commit
-        protocol writes one: checkpoint.durability; without it a flat_framework layout's files lie
+        protocol writes one: checkpoint.durability; without it a flat layout's files lie
         in the root) and the tag."""
-        folder = "" if self.layout.flat_framework and not manifest else self.layout.folder(step)
+        folder = "" if self.layout.flat(manifest) else self.layout.folder(step)
         names = list(data_files)
         names += [os.path.join(folder, name) for name in self.layout.coordinator_files(step, self.world_size)]
         if manifest:

@@ -61,6 +61,12 @@ class Layout:
     # per checkpoint is then the commit protocol's alone (one manifest, deleted as one unit)
     flat_framework: bool = False
 
+    def flat(self, commit: bool) -> bool:
+        """Whether checkpoints' files lie straight in the run's checkpoint folder, numbered by the
+        save (from 1), under the commit protocol (`commit`) or the framework's own calls: the one
+        rule the engine, plan mode and the plan's names follow."""
+        return not self.folder_per_checkpoint or (self.flat_framework and not commit)
+
     def checkpoint_files(self, step: int, names: list[str]) -> list[str]:
         """Of `names` (a flat directory's entries), those that belong to checkpoint `step`, in the
         order the framework deletes them (a flat layout's; others keep a folder per checkpoint)."""
