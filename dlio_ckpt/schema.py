@@ -357,6 +357,7 @@ class CheckpointConfig:
     sleep_between_s: float
     drop_caches: bool
     framework_cpu_s: float  # CPU seconds per save of the framework's walk of the program's objects (checkpoint/framework_work.py)
+    framework_first_cpu_s: float  # CPU seconds more in the process's first save (the framework's first-time work)
     update: Literal["random", "sparse", "sgd", "trace", "files"]  # how the state evolves per training step (dlio_ckpt/state)
     update_fraction: float  # sparse: fraction of update chunks that change per training step
     update_moves: float  # sparse: fraction of update chunks that move to another offset per training step
@@ -390,6 +391,9 @@ class CheckpointConfig:
         require(self.framework_cpu_s >= 0, f"{key}framework_cpu_s: CPU seconds per save, cannot be negative "
                 f"(got {self.framework_cpu_s})")
         require_seconds(self.framework_cpu_s, f"{key}framework_cpu_s", MAX_WAIT_S)
+        require(self.framework_first_cpu_s >= 0, f"{key}framework_first_cpu_s: CPU seconds, cannot be negative "
+                f"(got {self.framework_first_cpu_s})")
+        require_seconds(self.framework_first_cpu_s, f"{key}framework_first_cpu_s", MAX_WAIT_S)
         require_seconds(self.seconds_between_checkpoints, f"{key}seconds_between_checkpoints", MAX_INTERVAL_S)
         require(self.max_in_flight >= 1, f"{key}max_in_flight: must be at least 1")
         require(self.write_chunk_bytes >= 4096, f"{key}write_chunk_bytes: must be at least 4096")

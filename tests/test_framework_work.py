@@ -79,6 +79,19 @@ def test_framework_cpu_is_spent_inside_the_save_and_adds_no_io(tmp_path):
     assert plain.framework_s < busy.framework_s
 
 
+def test_the_first_save_alone_spends_the_framework_first_time_work(tmp_path):
+    """checkpoint.framework_first_cpu_s is CPU in the engine's first save only (TensorFlow traces its
+    save functions once), on top of framework_cpu_s; later saves spend framework_cpu_s alone."""
+    pytest.importorskip("torch")
+    ctx = make_ctx(tmp_path, [*FRAMEWORK, "checkpoint.framework_cpu_s=0.01", "checkpoint.framework_first_cpu_s=0.06"])
+    engine = make_checkpoint_engine(ctx)
+    first, second = engine.save(1, 1), engine.save(2, 1)
+    engine.finish()
+    assert first.cpu_s >= 0.07 and first.framework_s >= 0.07
+    assert second.cpu_s >= 0.01
+    assert first.cpu_s - second.cpu_s >= 0.04  # the second spent no first-time work (CPU: load stretches only wall)
+
+
 def test_the_summary_reports_the_framework_work_per_save_apart_from_the_write_split(tmp_path):
     pytest.importorskip("torch")
     ctx = make_ctx(tmp_path, [*FRAMEWORK, "checkpoint.framework_cpu_s=0.02"])
@@ -124,10 +137,12 @@ def test_each_emulated_dcp_save_runs_dcps_storage_setup_before_its_files(tmp_pat
 @pytest.mark.parametrize("value,message", [
     ("-0.1", "checkpoint.framework_cpu_s: CPU seconds per save, cannot be negative"),
     ("2e6", "checkpoint.framework_cpu_s: at most 1e+06 seconds"),
+    ("first:-1", "checkpoint.framework_first_cpu_s: CPU seconds, cannot be negative"),
 ])
 def test_a_bad_framework_cpu_is_refused_naming_the_key(value, message):
+    key = "framework_first_cpu_s" if value.startswith("first:") else "framework_cpu_s"
     with pytest.raises(ConfigError) as info:
-        load_config([f"checkpoint.framework_cpu_s={value}"])
+        load_config([f"checkpoint.{key}={value.removeprefix('first:')}"])
     assert message in str(info.value) and "\n" not in str(info.value)
 
 

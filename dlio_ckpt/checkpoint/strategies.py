@@ -48,14 +48,17 @@ def framework_work(engine: Any, step: int, exchange: Callable[[], None] | None =
     """The save's framework work before its first byte (framework_work.py), its wall seconds: what
     the emulation does for real (the format's storage setup, DCP's `_storage_setup`, for a folder
     on local paths; `exchange`, DCP's planning), then the rest of checkpoint.framework_cpu_s as CPU
-    work (the walk of the program's objects the emulator has not got)."""
+    work (the walk of the program's objects the emulator has not got), and in this engine's first save
+    checkpoint.framework_first_cpu_s more (the framework's first-time work: TensorFlow traces its
+    save functions once)."""
     start, cpu = now(), thread_cpu()
     setup = getattr(engine.fmt, "storage_setup", None)
     if setup is not None and engine.storage.capabilities.local_paths:
         setup(engine.folder_path(step))
     if exchange is not None:
         exchange()
-    spend_cpu(engine.cfg.framework_cpu_s - (thread_cpu() - cpu))
+    first = engine.cfg.framework_first_cpu_s if not engine.records else 0.0
+    spend_cpu(engine.cfg.framework_cpu_s + first - (thread_cpu() - cpu))
     return now() - start
 
 

@@ -45,6 +45,8 @@ class CheckpointFacts:
     per_save_bytes: int
     bytes_source: str  # "log", "disk", "strace", "unknown"
     model_yaml: str | None
+    format: str = "raw"  # checkpoint.format as inferred
+    on_disk: str | None = None  # the first save's checkpoint, still on disk, that describe-model read
 
 
 def checkpoint_values(job: Job, roles: Roles, epochs: int, framework: str,
@@ -110,7 +112,8 @@ def checkpoint_values(job: Job, roles: Roles, epochs: int, framework: str,
                   "container's exact bytes paste `dlio_ckpt-describe-model <a saved checkpoint>`'s model section"))
         add(Value("model.model_size_bytes", max(per_save) if per_save else 0, INFERRED if source != "unknown" else ASSUMED,
                   f"bytes per save ({source})"))
-    return values, CheckpointFacts(saves, max(per_save) if per_save else 0, source, model_yaml)
+    return values, CheckpointFacts(saves, max(per_save) if per_save else 0, source, model_yaml, fmt,
+                                   target if described else None)
 
 
 def _bytes_of(f: FileUse, extra: dict[str, int]) -> tuple[int, str]:

@@ -102,10 +102,14 @@ class EpochCompute:
 
 
 def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: int, files_per_batch: float,
-                     ranks: int, save_starts: list[float], exits: dict[int, float]) -> EpochCompute | None:
+                     ranks: int, save_starts: list[float], exits: dict[int, float],
+                     save_setup_s: tuple[float, float] = (0.0, 0.0)) -> EpochCompute | None:
     """Each epoch's compute per step; None when unknown.
     `files_per_batch`: dataset files per rank per step; `exits`: when each data-loader worker process
-    ended (a DataLoader shuts its workers down as the epoch's loop ends, before the save), by index."""
+    ended (a DataLoader shuts its workers down as the epoch's loop ends, before the save), by index;
+    `save_setup_s`: how long a save works before its first write, which the log dates it by (the
+    loop ended that much earlier; never before the epoch's last read): every save's, and the first
+    save's more (a framework's first-time work)."""
     if not reads or files_per_batch <= 0 or len(reads) < files * epochs:
         return None
     per_epoch: list[float] = []
@@ -118,7 +122,8 @@ def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: 
         next_read = reads[(e + 1) * files][0] if (e + 1) * files < len(reads) else math.inf
         last_read_end = max(end for _, end, _ in chunk)
         saves = [s for s in save_starts if last_read_end <= s < next_read]
-        end = saves[0] if saves else next_read
+        setup = save_setup_s[0] + (save_setup_s[1] if saves and saves[0] == save_starts[0] else 0.0)
+        end = max(saves[0] - setup, last_read_end) if saves else next_read
         quitting = [exits[i] for i in {i for _, _, i in chunk} if i in exits and last_read_end <= exits[i] < next_read]
         end = min([end, *quitting])
         if not math.isfinite(end) or end <= first_read:
@@ -201,7 +206,7 @@ def _solve(ready: list[float], end: float, receive: float = 0.0) -> float:
 
 
 def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, ranks: int, samples_per_file: int,
-                  save_starts: list[float]) -> tuple[list[Value], float | None]:
+                  save_starts: list[float], save_setup_s: tuple[float, float] = (0.0, 0.0)) -> tuple[list[Value], float | None]:
     reads = file_reads(job, roles)
     if not reads:
         return [assumed("train.computation_time", 0.0, f"no DXT read times in the logs ({job.source}): "
@@ -209,7 +214,7 @@ def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, r
                 assumed("train.first_step_time", 0.0, "no DXT read times in the logs: the first step's tracing cannot be seen")], None
     files_per_batch = batch / max(samples_per_file, 1)
     exits = {i: p.end for i, (p, role) in enumerate(zip(job.processes, roles.processes)) if role == "worker"}
-    found = compute_per_step(reads, files, epochs, files_per_batch, ranks, save_starts, exits)
+    found = compute_per_step(reads, files, epochs, files_per_batch, ranks, save_starts, exits, save_setup_s)
     if found is None:
         return [assumed("train.computation_time", 0.0, "the reads do not split into whole epochs"),
                 assumed("train.first_step_time", 0.0, "the reads do not split into whole epochs")], None
@@ -218,6 +223,9 @@ def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, r
     values = [Value("train.computation_time", round(float(steady), 6), INFERRED,
                     f"DXT: per epoch, the compute per step that ends the loop where the epoch's workers quit or its save "
                     f"starts ({epochs_text} s), batch {batch} x {ranks} rank(s)"
+                    + (f"; each save taken to start {1e3 * save_setup_s[0]:.1f} ms before its first write, the first "
+                       f"{1e3 * sum(save_setup_s):.1f} ms (checkpoint.framework_cpu_s, framework_first_cpu_s)"
+                       if any(save_setup_s) else "")
                     + ("; the median of the epochs after the first" if found.first_step > 0 else ""))]
     if found.first_known:
         values.append(Value("train.first_step_time", round(found.first_step, 6), INFERRED,

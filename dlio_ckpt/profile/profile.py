@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dlio_ckpt.profile.classify import DATASET, Roles, classify
 from dlio_ckpt.profile.figures import ClassFigures, class_figures
+from dlio_ckpt.profile.framework_setup import setup_values
 from dlio_ckpt.profile.infer_checkpoint import CheckpointFacts, checkpoint_values
 from dlio_ckpt.profile.infer_dataset import DatasetFacts, dataset_values
 from dlio_ckpt.profile.infer_sync import gradient_sync_value
@@ -50,8 +51,10 @@ def profile_logs(paths: list[Path], data_root: str = "", checkpoint_root: str = 
                                                  if roles.files.get(f.path) == DATASET]
     ckpt_values, checkpoint = checkpoint_values(job, roles, dataset.epochs, dataset.framework, strace_bytes, opens)
     values += ckpt_values
+    setup, setup_s = setup_values(checkpoint.format, checkpoint.on_disk) if checkpoint.saves else ([], (0.0, 0.0))
+    values += setup
     timing, compute = timing_values(job, roles, len(dataset.paths), dataset.epochs, dataset.batch_size, dataset.ranks,
-                                    dataset.samples_per_file, [s.start for s in checkpoint.saves])
+                                    dataset.samples_per_file, [s.start for s in checkpoint.saves], setup_s)
     values += timing
     values.append(gradient_sync_value(spans if job.source == "DXT" else [], len(dataset.paths), dataset.epochs,
                                       dataset.batch_size / max(dataset.samples_per_file, 1), dataset.ranks))
