@@ -707,6 +707,14 @@ class EventFile:
             yield block, (self.names(block["file"]) if paths and block.dtype == EVENT_DTYPE else {})
 
 
+    def path_blocks(self, rows: int | None = None) -> Iterator[tuple[int, list[str]]]:
+        """The whole path table `rows` paths at a time (EVENT_BLOCK_ROWS by default), each block
+        with the index of its first path."""
+        rows = rows or EVENT_BLOCK_ROWS
+        for first in range(0, self.path_count, rows):
+            yield first, list(self.names(np.arange(first, min(first + rows, self.path_count))).values())
+
+
 def iter_event_blocks(path: Path | str, rows: int | None = None) -> Iterator[tuple[np.ndarray, dict[int, str]]]:
     """An event file's events a block of `rows` at a time, each with the paths it names
     ({index: path}): what a reader that needs no more than the events and their paths calls."""
