@@ -158,6 +158,7 @@ class EventFigures:
             rank.later = (np.minimum.accumulate(starts[::-1])[::-1].tolist()[1:] + [np.inf]) if starts else []
             for first, paths in rank.events.path_blocks():
                 self.files.add_paths(position, first, paths)
+            rank.events.close()
         for group, counted in self.durations.items():
             for index in order_index(counted.count, list(PERCENTS)):
                 self.order.want(group, index)
@@ -196,6 +197,7 @@ class EventFigures:
                         self.bins[name] += spread(np.full(len(picked), position), picked["start"], picked["end"],
                                                   picked["length"], len(self.ranks), self.bins["width"],
                                                   self.bins[name].shape[1])
+            rank.events.close()
         if refine:
             self.order.end_pass()
 
@@ -208,6 +210,7 @@ class EventFigures:
                         chosen = (phase == code) & (ops == op)
                         if chosen.any():
                             self.order.add(_group(code, op), _durations(ev[chosen]))
+            rank.events.close()
         self.order.end_pass()
 
     @staticmethod

@@ -6,8 +6,10 @@ and twice in one: EventRecorder gives a path a second index once it left its cac
 by path held 10 million entries at 10 million files. Instead every (rank, path index) named, with
 the bytes a block of events moved to it, becomes a fixed-size record keyed by the path's 64-bit
 hash, appended to one of several unlinked temporary files by that hash (`tempfile.TemporaryFile`:
-nothing is left behind however the analysis ends), each PARTITION_PATHS paths or so. Each file is
-then grouped on its own with numpy, so what is held is one partition's records.
+nothing is left behind however the analysis ends), each PARTITION_PATHS paths or so, at most
+MAX_PARTITIONS files (open at once: past 2^22 paths, summed over the ranks' tables, a partition
+grows instead, ~70 bytes held a path of one partition). Each file is then grouped on its own with
+numpy, so what is held is one partition's records.
 
 A path is known by its hash alone: two different paths with the same 64-bit hash (Python's
 SipHash of the text, random per process) would count as one file. With n paths the odds are about
@@ -21,7 +23,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-PARTITION_PATHS = 1 << 15  # paths (and about as many records again from events) a partition holds
+PARTITION_PATHS = 1 << 14  # paths (and about as many records again from events) a partition holds
+MAX_PARTITIONS = 256
 TOP_FILES = 50
 
 RECORD = np.dtype([("hash", "i8"), ("rank", "i4"), ("index", "i8"), ("read", "i8"), ("written", "i8"),
@@ -33,7 +36,7 @@ class FileTotals:
     then read once (`result`). `rank` is the rank's position in the run (its order in the report)."""
 
     def __init__(self, total_paths: int) -> None:
-        count = max(1, -(-total_paths // PARTITION_PATHS))
+        count = min(MAX_PARTITIONS, max(1, -(-total_paths // PARTITION_PATHS)))
         self._parts = [tempfile.TemporaryFile() for _ in range(count)]
 
     def close(self) -> None:

@@ -122,15 +122,16 @@ def _open(path: Path) -> EventFile:
         raise _not_an_event_file(path, exc) from None
     problem = (f"its events have the layout {events.events.dtype} (dlio_ckpt writes {EVENT_DTYPE})"
                if events.events.dtype != EVENT_DTYPE else f"its rank is {events.rank}" if events.rank < 0 else None)
+    events.close()  # opened again when read: a run of many ranks holds no file open per rank
     if problem:
-        events.close()
         raise _damaged(path, problem)
     return events
 
 
 def checked_blocks(events: EventFile) -> Iterator[tuple[np.ndarray, dict[int, str]]]:
     """The file's events a block at a time with the paths each names, every block checked first:
-    a problem is a UserError naming the file (the analysis writes nothing before all are read)."""
+    a problem is a UserError naming the file (the analysis writes nothing before all are read).
+    The file is closed at the end."""
     for block, _ in events.blocks(paths=False):
         problem = _block_problem(block, events.path_count)
         if problem:
@@ -140,6 +141,7 @@ def checked_blocks(events: EventFile) -> Iterator[tuple[np.ndarray, dict[int, st
         except (OSError, ValueError) as exc:
             raise _not_an_event_file(events.path, exc) from None
         yield block, names
+    events.close()
 
 
 def _block_problem(ev: np.ndarray, path_count: int) -> str | None:

@@ -580,12 +580,14 @@ def load_run_events(run_dir: Path) -> list[RankEvents]:
 # time, and the paths by index, each only when a block names it. What it holds is one block and
 # its paths, whatever the file's size.
 
-EVENT_BLOCK_ROWS = 1 << 16  # rows a block (2.4 MiB of events)
+# Rows a block (608 KiB of events), and paths a block of the path table (`path_blocks`): a block
+# of 2^16 paths held ~14 MiB while it was decoded (its bytes, twice, and a dict of str).
+EVENT_BLOCK_ROWS = 1 << 14
 _PATH_GAP = 256  # paths named less than this far apart are read in one run of the table
 
 
 class _StoredArray:
-    """A one-dimensional .npy member of an uncompressed zip, read a slice at a time."""
+    """Where a one-dimensional .npy member of an uncompressed zip lies, to read a slice at a time."""
 
     def __init__(self, handle, archive: zipfile.ZipFile, name: str) -> None:
         info = archive.getinfo(name)
@@ -602,16 +604,16 @@ class _StoredArray:
         shape, fortran, dtype = read_header(handle)
         if len(shape) != 1 or fortran or dtype.hasobject:
             raise ValueError(f"{name} is not a one-dimensional array of plain values")
-        self.handle, self.dtype, self.count, self.offset = handle, dtype, int(shape[0]), handle.tell()
+        self.dtype, self.count, self.offset = dtype, int(shape[0]), handle.tell()
         if info.file_size < self.offset - (info.header_offset + 30 + name_len + extra_len) + self.count * dtype.itemsize:
             raise ValueError(f"{name} is cut short")
 
-    def read(self, start: int, stop: int) -> np.ndarray:
+    def read(self, handle, start: int, stop: int) -> np.ndarray:
         """Items [start, stop) (stop clipped to the array's end) as a new array."""
         out = np.empty(max(min(stop, self.count) - start, 0), self.dtype)
         if len(out):
-            self.handle.seek(self.offset + start * self.dtype.itemsize)
-            if self.handle.readinto(out.view(np.uint8)) != out.nbytes:
+            handle.seek(self.offset + start * self.dtype.itemsize)
+            if handle.readinto(out.view(np.uint8)) != out.nbytes:
                 raise ValueError("the file is cut short")
         return out
 
@@ -620,13 +622,16 @@ class EventFile:
     """One rank's event file (`EventRecorder.save`) opened for reading a block at a time:
     `blocks()` gives the events EVENT_BLOCK_ROWS rows at a time with the paths each block names,
     `names()` any paths by index. Paths are as the file stores them: a path the recorder gave a
-    second index (`merged_paths`) comes back under each of its indices, with the same text."""
+    second index (`merged_paths`) comes back under each of its indices, with the same text.
+
+    The file is opened when it is read and stays open until `close()`, which a reader of many
+    ranks' files calls after each (a run of a thousand ranks would otherwise hold a thousand)."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._handle = open(self.path, "rb")
+        self._handle = None
         try:
-            with zipfile.ZipFile(self._handle) as archive:
+            with zipfile.ZipFile(self._open()) as archive:
                 meta = json.loads(str(np.load(io.BytesIO(archive.read("meta.npy")), allow_pickle=False)))
                 self.events = _StoredArray(self._handle, archive, "events.npy")
                 if "path_ends.npy" in archive.namelist():
@@ -639,9 +644,8 @@ class EventFile:
             self.rank = int(meta["rank"])
             self.hostname = str(meta["hostname"])
             self.job_start_wall = float(meta["job_start_wall"])
-        except BaseException:
-            self._handle.close()
-            raise
+        finally:
+            self.close()
 
     def __enter__(self) -> "EventFile":
         return self
@@ -649,8 +653,18 @@ class EventFile:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _open(self):
+        if self._handle is None:
+            self._handle = open(self.path, "rb")
+        return self._handle
+
+    def _read(self, array: _StoredArray, start: int, stop: int) -> np.ndarray:
+        return array.read(self._open(), start, stop)
+
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
 
     @property
     def path_count(self) -> int:
@@ -663,7 +677,7 @@ class EventFile:
             return
         last = 0
         for start in range(0, self._ends.count, EVENT_BLOCK_ROWS):
-            ends = self._ends.read(start, start + EVENT_BLOCK_ROWS).astype(np.int64, copy=False)
+            ends = self._read(self._ends, start, start + EVENT_BLOCK_ROWS).astype(np.int64, copy=False)
             if (np.diff(ends, prepend=last) < 0).any():
                 raise ValueError("its path table does not hold together")
             last = int(ends[-1])
@@ -683,19 +697,19 @@ class EventFile:
         for run in np.split(wanted, cuts):
             first, last = int(run[0]), int(run[-1])
             if self._legacy is not None:
-                table = self._legacy.read(first, last + 1)
+                table = self._read(self._legacy, first, last + 1)
                 found.update((index, str(table[index - first])) for index in run.tolist())
                 continue
-            ends = self._ends.read(max(first - 1, 0), last + 1).astype(np.int64, copy=False)
+            ends = self._read(self._ends, max(first - 1, 0), last + 1).astype(np.int64, copy=False)
             if first == 0:
                 ends = np.concatenate([[0], ends])
             base = int(ends[0])
             if base < 0 or (np.diff(ends) < 0).any() or int(ends[-1]) > self._bytes.count:
                 raise ValueError("its path table does not hold together")
-            blob = self._bytes.read(base, int(ends[-1])).tobytes()
+            blob = memoryview(self._read(self._bytes, base, int(ends[-1])))
             for index in run.tolist():
                 start, end = int(ends[index - first]) - base, int(ends[index - first + 1]) - base
-                found[index] = blob[start:end].decode("utf-8", "surrogatepass")
+                found[index] = str(blob[start:end], "utf-8", "surrogatepass")
         return found
 
     def blocks(self, rows: int | None = None, paths: bool = True) -> Iterator[tuple[np.ndarray, dict[int, str]]]:
@@ -703,7 +717,7 @@ class EventFile:
         caller), each with {index: path} for the files it names ({} when `paths` is False)."""
         rows = rows or EVENT_BLOCK_ROWS
         for start in range(0, self.events.count, rows):
-            block = self.events.read(start, start + rows)
+            block = self._read(self.events, start, start + rows)
             yield block, (self.names(block["file"]) if paths and block.dtype == EVENT_DTYPE else {})
 
 

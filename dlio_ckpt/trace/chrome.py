@@ -20,6 +20,8 @@ import numpy as np
 from dlio_ckpt.storage.events import OPS, PHASES, EventFile, RankEvents
 
 _CHUNK = 65536  # events converted to Python objects at a time
+# json.dumps(event, separators=(",", ":")) without building an encoder per event (the same text)
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 # A block of one rank's events and what names their files by index: {index: path} for a block
 # read from an event file, the rank's whole path list for events already in memory.
@@ -61,9 +63,11 @@ def _write_events(out: TextIO, ranks: Sequence[RankEvents | EventFile]) -> int:
         for source in (_metadata_events(rank.rank, rank.hostname), _slices(rank.rank, blocks)):
             for event in source:
                 out.write(separator)
-                out.write(json.dumps(event, separators=(",", ":")))
+                out.write(_encode(event))
                 separator = ",\n"
                 count += 1
+        if isinstance(rank, EventFile):
+            rank.close()  # one rank's file open at a time
     return count
 
 
