@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dlio_ckpt.analysis.model import SIZE_BUCKETS, Timeline, histogram_from_sizes, phase_entry
+from dlio_ckpt.analysis.model import SIZE_BUCKETS, Timeline, histogram_from_sizes, phase_entry, rate_mib_per_s
 from dlio_ckpt.analysis.timeline import grid, spread
 from dlio_ckpt.metrics.latency import REPORTED_OPS
 from dlio_ckpt.metrics.timing import busy_seconds
