@@ -157,3 +157,14 @@ def test_event_files_of_older_versions_and_without_events_give_the_old_trace(tmp
     old = old_chrome_trace(tmp_path / "old.json", loaded).read_bytes()
     assert write_chrome_trace(tmp_path / "new.json", [*files, empty]).read_bytes() == old
     assert b'"rank 2 (node9)"' in old
+
+
+def test_an_event_file_that_fails_part_way_leaves_no_trace(tmp_path, monkeypatch):
+    files = write_varied_run(tmp_path / "run", monkeypatch, ranks=2)
+    with np.load(files[1]) as data:
+        arrays = {name: data[name] for name in data.files}
+    arrays["events"]["file"][-1] = len(arrays["path_ends"]) + 3  # a path past the table, in the last block
+    np.savez(files[1], **arrays)
+    with pytest.raises(ValueError, match="past its"):
+        write_chrome_trace(tmp_path / "trace.json", files)
+    assert not list(tmp_path.glob("trace.json*"))

@@ -74,7 +74,8 @@ def _write_events(out: TextIO, ranks: Sequence[RankEvents | EventFile]) -> int:
 def write_chrome_trace(path: Path | str, ranks: Sequence[RankEvents | Path | str], metadata: dict | None = None) -> Path:
     """Write the trace of `ranks` to `path` (JSON object format) and return the path. `ranks` are
     event files (paths: read a block at a time, what a run's end passes) or events already loaded
-    (RankEvents); either way the same trace."""
+    (RankEvents); either way the same trace. An event file that fails part-way (an event naming a
+    path past its table) leaves no partial trace behind."""
     target = Path(path)
     partial = target.with_name(target.name + ".partial")
     opened = [EventFile(rank) if isinstance(rank, (str, Path)) else rank for rank in ranks]
@@ -88,6 +89,9 @@ def write_chrome_trace(path: Path | str, ranks: Sequence[RankEvents | Path | str
             out.write("\n]}\n")
             out.flush()
             os.fsync(out.fileno())
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     finally:
         for rank in opened:
             if isinstance(rank, EventFile):
