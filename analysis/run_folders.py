@@ -5,7 +5,9 @@ recomputed from them rather than copied from summary.json: that way the analysis
 the summary, and a disagreement becomes a warning in the report. Time per rank is the union of
 the rank's operation intervals (Darshan's overlap-free timer), because reader threads overlap and a
 plain sum would count the same second several times. When a run was made without events, the
-figures fall back to summary.json's io and ranks sections, and the report says so.
+figures fall back to summary.json's io and ranks sections, and the report says so. The event
+files are read a block at a time (event_figures.py), so a run of millions of files is analysed in
+memory that does not grow with them.
 """
 
 from __future__ import annotations
@@ -14,32 +16,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dlio_ckpt.analysis.darshan_logs import load_logs
-from dlio_ckpt.analysis.latency import event_latency
-from dlio_ckpt.analysis.model import (
-    SIZE_BUCKETS,
-    JobAnalysis,
-    Timeline,
-    histogram_from_sizes,
-    phase_entry,
-    rate_mib_per_s,
-    share,
-)
-from dlio_ckpt.analysis.timeline import grid, spread
+from dlio_ckpt.analysis.event_figures import EventFigures
+from dlio_ckpt.analysis.model import SIZE_BUCKETS, JobAnalysis, phase_entry, rate_mib_per_s, share
+from dlio_ckpt.analysis.run_inputs import checked_summary, open_checked_events
 from dlio_ckpt.errors import UserError
-from dlio_ckpt.metrics.timing import busy_seconds
-from dlio_ckpt.analysis.run_inputs import checked_summary, load_checked_events
-from dlio_ckpt.storage.events import OPS, PHASES, RankEvents
 
-_READ = OPS.index("read")
-_WRITE = OPS.index("write")
-_FSYNC = OPS.index("fsync")
-_DATA_OPS = (_READ, _WRITE, _FSYNC)
 _READ_PHASES = ("train", "eval")
 _CHECKPOINT_PHASES = ("checkpoint", "restore")
-_TOP_FILES = 50
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
@@ -53,94 +37,16 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def _rank_figures(rank: RankEvents) -> dict[str, Any]:
-    ev = rank.events
-    ops = ev["op"]
-    reads, writes = ops == _READ, ops == _WRITE
-    write_like = writes | (ops == _FSYNC)
-    meta = ~np.isin(ops, _DATA_OPS)
-    return {
-        "rank": rank.rank,
-        "label": f"rank {rank.rank} ({rank.hostname})",
-        "hostname": rank.hostname,
-        "bytes_read": int(ev["length"][reads].sum()),
-        "bytes_written": int(ev["length"][writes].sum()),
-        "reads": int(reads.sum()),
-        "writes": int(writes.sum()),
-        "read_s": busy_seconds(ev["start"][reads], ev["end"][reads]),
-        "write_s": busy_seconds(ev["start"][write_like], ev["end"][write_like]),
-        "meta_s": busy_seconds(ev["start"][meta], ev["end"][meta]),
-    }
-
-
-def _per_rank(ranks: list[RankEvents], summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _per_rank(figures: list[dict[str, Any]], summary: dict[str, Any]) -> list[dict[str, Any]]:
     extra = {r.get("rank"): r for r in summary.get("ranks", []) if isinstance(r, dict)}
-    out = []
-    for rank in ranks:
-        fig = _rank_figures(rank)
+    for fig in figures:
         fig["io_s"] = fig["read_s"] + fig["write_s"] + fig["meta_s"]
         fig["read_mib_per_s"] = rate_mib_per_s(fig["bytes_read"], fig["read_s"])
         fig["write_mib_per_s"] = rate_mib_per_s(fig["bytes_written"], fig["write_s"])
         for key in ("samples", "steps", "peak_rss_bytes"):
-            if key in extra.get(rank.rank, {}):
-                fig[key] = extra[rank.rank][key]
-        out.append(fig)
-    return out
-
-
-def _per_phase(ranks: list[RankEvents]) -> dict[str, dict[str, Any]]:
-    """Totals per phase; a phase's time is its slowest rank's busy time (docs/metrics.md)."""
-    table: dict[str, dict[str, Any]] = {}
-    present = sorted({int(p) for r in ranks for p in np.unique(r.events["phase"])})
-    for code in present:
-        name = PHASES[code]
-        br = bw = ops = nreads = nwrites = 0
-        read_times, write_times = [], []
-        first, last = np.inf, -np.inf
-        for rank in ranks:
-            ev = rank.events[rank.events["phase"] == code]
-            if not len(ev):
-                continue
-            reads, writes = ev["op"] == _READ, ev["op"] == _WRITE
-            write_like = writes | (ev["op"] == _FSYNC)
-            br += int(ev["length"][reads].sum())
-            bw += int(ev["length"][writes].sum())
-            ops += len(ev)
-            nreads += int(reads.sum())
-            nwrites += int(writes.sum())
-            read_times.append(busy_seconds(ev["start"][reads], ev["end"][reads]))
-            write_times.append(busy_seconds(ev["start"][write_like], ev["end"][write_like]))
-            first, last = min(first, float(ev["start"].min())), max(last, float(ev["end"].max()))
-        entry = phase_entry(br, bw, max(read_times, default=0.0), max(write_times, default=0.0),
-                            sum(read_times), sum(write_times), ops, nreads, nwrites)
-        entry["first_start_s"], entry["last_end_s"] = first, last
-        table[name] = entry
-    return table
-
-
-def _files(ranks: list[RankEvents]) -> dict[str, Any]:
-    per_path: dict[str, dict[str, Any]] = {}
-    for rank in ranks:
-        ev = rank.events
-        for op_code, key in ((_READ, "bytes_read"), (_WRITE, "bytes_written")):
-            sel = ev["op"] == op_code
-            sums = np.bincount(ev["file"][sel].astype(np.int64), weights=ev["length"][sel], minlength=len(rank.paths))
-            for index, nbytes in enumerate(sums):
-                entry = per_path.setdefault(rank.paths[index], {"bytes_read": 0, "bytes_written": 0, "ranks": set()})
-                entry[key] += int(nbytes)
-        for index in np.unique(ev["file"]):
-            per_path.setdefault(rank.paths[int(index)], {"bytes_read": 0, "bytes_written": 0, "ranks": set()})["ranks"].add(rank.rank)
-    counts = {"read_only": 0, "write_only": 0, "read_write": 0, "metadata_only": 0}
-    for entry in per_path.values():
-        r, w = entry["bytes_read"] > 0, entry["bytes_written"] > 0
-        counts["read_write" if r and w else "read_only" if r else "write_only" if w else "metadata_only"] += 1
-    top = sorted(per_path.items(), key=lambda kv: -(kv[1]["bytes_read"] + kv[1]["bytes_written"]))[:_TOP_FILES]
-    return {
-        "count": len(per_path), **counts,
-        "top": [{"path": p, "bytes_read": e["bytes_read"], "bytes_written": e["bytes_written"], "ranks": len(e["ranks"])}
-                for p, e in top],
-        "listed": len(top),
-    }
+            if key in extra.get(fig["rank"], {}):
+                fig[key] = extra[fig["rank"]][key]
+    return figures
 
 
 def _io_share(per_phase: dict[str, dict[str, Any]], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
@@ -153,27 +59,6 @@ def _io_share(per_phase: dict[str, dict[str, Any]], per_rank: list[dict[str, Any
             "read_s": read_s, "checkpoint_s": ckpt_s, "other_s": other_s,
             "basis": "busy time summed over ranks: reads in train+eval vs all I/O in checkpoint+restore vs the "
                      "rest (generate, metadata, other)"}
-
-
-def _timeline(ranks: list[RankEvents], per_phase: dict[str, dict[str, Any]]) -> Timeline | None:
-    if not ranks or not any(len(r.events) for r in ranks):
-        return None
-    span = max(float(r.events["end"].max()) for r in ranks if len(r.events))
-    width, nbins = grid(span)
-    out = {}
-    for op_name, code in (("read", _READ), ("write", _WRITE)):
-        rows, starts, ends, lengths = [], [], [], []
-        for row, rank in enumerate(ranks):
-            sel = rank.events["op"] == code
-            ev = rank.events[sel]
-            rows.append(np.full(len(ev), row))
-            starts.append(ev["start"])
-            ends.append(ev["end"])
-            lengths.append(ev["length"])
-        out[op_name] = spread(np.concatenate(rows), np.concatenate(starts), np.concatenate(ends),
-                              np.concatenate(lengths), len(ranks), width, nbins)
-    spans = [(name, p["first_start_s"], p["last_end_s"]) for name, p in per_phase.items()]
-    return Timeline(width, out["read"], out["write"], [f"rank {r.rank}" for r in ranks], "events", spans)
 
 
 def _from_summary_only(summary: dict[str, Any]) -> tuple[dict, list, int, int]:
@@ -266,22 +151,24 @@ def _crosscheck(run_dir: Path, summary: dict[str, Any], analysis: JobAnalysis) -
 def analyse_run(run_dir: Path, label: str | None = None, timeline: bool = True) -> JobAnalysis:
     run_dir = Path(run_dir)
     summary = checked_summary(read_summary(run_dir), run_dir / "summary.json")
-    ranks = load_checked_events(run_dir) if (run_dir / "events").is_dir() else []
+    files = open_checked_events(run_dir) if (run_dir / "events").is_dir() else []
+    try:
+        figures = EventFigures(files, timeline) if files else None
+    finally:
+        for events in files:
+            events.close()
     warnings = [f"summary.json: {w}" for w in summary.get("warnings", []) or []]
     job = {k: summary.get(k) for k in ("workload", "mode", "world_size", "hostnames", "started_at", "wall_s", "tool_version")}
     job["run_dir"] = str(run_dir)
     extra = {"summary": {k: summary.get(k) for k in ("train", "checkpoint", "dataset") if summary.get(k)}}
-    if ranks:
-        per_rank = _per_rank(ranks, summary)
-        per_phase = _per_phase(ranks)
+    if figures is not None:
+        per_rank = _per_rank(figures.per_rank(), summary)
+        per_phase = figures.per_phase()
         bytes_read = sum(r["bytes_read"] for r in per_rank)
         bytes_written = sum(r["bytes_written"] for r in per_rank)
-        read_sizes = np.concatenate([r.events["length"][r.events["op"] == _READ] for r in ranks])
-        write_sizes = np.concatenate([r.events["length"][r.events["op"] == _WRITE] for r in ranks])
-        histogram = {"buckets": list(SIZE_BUCKETS), "read": histogram_from_sizes(read_sizes),
-                     "write": histogram_from_sizes(write_sizes), "source": "event lengths in Darshan's size buckets"}
-        files = _files(ranks)
-        extra["latency"] = event_latency(ranks)
+        histogram = figures.histogram()
+        file_figures = figures.file_figures
+        extra["latency"] = figures.latency()
         extra["latency_source"] = "exact, from the events"
         io = summary.get("io") or {}
         for key, value in (("bytes_read", bytes_read), ("bytes_written", bytes_written)):
@@ -292,7 +179,7 @@ def analyse_run(run_dir: Path, label: str | None = None, timeline: bool = True) 
         per_phase, per_rank, bytes_read, bytes_written = _from_summary_only(summary)
         histogram = {"buckets": list(SIZE_BUCKETS), "read": [0] * len(SIZE_BUCKETS), "write": [0] * len(SIZE_BUCKETS),
                      "source": "unavailable (no events)"}
-        files = {"count": None, "top": []}
+        file_figures = {"count": None, "top": []}
         if summary.get("latency"):
             extra["latency"] = summary["latency"]
             extra["latency_source"] = "summary.json (per-rank histograms: within 2.3 % above the true value)"
@@ -303,11 +190,11 @@ def analyse_run(run_dir: Path, label: str | None = None, timeline: bool = True) 
     analysis = JobAnalysis(
         label=label or run_dir.name, kind="run", inputs=[str(run_dir)], bytes_read=int(bytes_read),
         bytes_written=int(bytes_written), per_phase=per_phase, per_rank=per_rank, slowest_rank=slowest,
-        histogram=histogram, files=files, io_time_share=_io_share(per_phase, per_rank), job=job,
+        histogram=histogram, files=file_figures, io_time_share=_io_share(per_phase, per_rank), job=job,
         extra=extra, warnings=warnings,
     )
     analysis.headline = _headline(summary, analysis)
-    if timeline and ranks:
-        analysis.timeline = _timeline(ranks, per_phase)
+    if figures is not None:
+        analysis.timeline = figures.timeline(per_phase)
     _crosscheck(run_dir, summary, analysis)
     return analysis

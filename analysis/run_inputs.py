@@ -1,4 +1,5 @@
-"""What a run folder hands the analysis (summary.json, events/rank-*.npz), checked before use.
+"""What a run folder hands the analysis (summary.json, events/rank-*.npz), checked before use
+(the events as they are read, a block at a time).
 
 Both are the run's own output, but they are files on disk: edited by hand, cut short, written by
 another version. A field of the wrong type (a string where summary.json has an object) or an event
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from dlio_ckpt.errors import UserError
-from dlio_ckpt.storage.events import EVENT_DTYPE, OPS, PHASES, RankEvents
+from dlio_ckpt.storage.events import EVENT_DTYPE, OPS, PHASES, EventFile, event_files
 
 NUMBER = (int, float)
 # Fields the analysis reads, by path, with the JSON type each must have when present and not null.
@@ -76,50 +77,83 @@ def checked_summary(summary: dict[str, Any], path: Path) -> dict[str, Any]:
     return summary
 
 
-def load_checked_events(run_dir: Path) -> list[RankEvents]:
-    """Every events/rank-*.npz of a run folder, ordered by rank; a file that is not a whole event file
-    of this version (not a zip, cut, other arrays, indexes past its own tables) is a UserError naming it."""
-    paths = sorted((run_dir / "events").glob("rank-*.npz"))
-    ranks = [_load(path) for path in paths]
-    seen: dict[int, Path] = {}
-    for rank, path in zip(ranks, paths):
-        if rank.rank in seen:
-            raise UserError(f"{path}: holds the events of rank {rank.rank}, as {seen[rank.rank].name} does; "
-                            "the run's events are damaged")
-        seen[rank.rank] = path
-    return sorted(ranks, key=lambda r: r.rank)
-
-
-def _load(path: Path) -> RankEvents:
+def open_checked_events(run_dir: Path) -> list[EventFile]:
+    """Every events/rank-*.npz of a run folder opened for reading a block at a time, ordered by rank;
+    a file that is not a whole event file of this version (not a zip, cut, other arrays, a path
+    table that does not hold together) is a UserError naming it. The events themselves are checked
+    as they are read (`checked_blocks`). The caller closes the files."""
+    opened: list[EventFile] = []
     try:
-        events = RankEvents.load(path)
+        seen: dict[int, Path] = {}
+        for path in event_files(run_dir):
+            events = _open(path)
+            opened.append(events)
+            if events.rank in seen:
+                raise UserError(f"{path}: holds the events of rank {events.rank}, as {seen[events.rank].name} does; "
+                                "the run's events are damaged")
+            seen[events.rank] = path
+    except BaseException:
+        for events in opened:
+            events.close()
+        raise
+    return sorted(opened, key=lambda r: r.rank)
+
+
+def _not_an_event_file(path: Path, exc: BaseException) -> UserError:
+    reason = " ".join(str(exc).split()).split(". ")[0][:100] or type(exc).__name__
+    return UserError(f"{path}: not a dlio_ckpt event file ({reason}); the run's events are damaged: rerun the "
+                     "run, or move events/ aside to analyse from summary.json alone")
+
+
+def _damaged(path: Path, problem: str) -> UserError:
+    return UserError(f"{path}: {problem}; the run's events are damaged: rerun the run, or move events/ aside "
+                     "to analyse from summary.json alone")
+
+
+def _open(path: Path) -> EventFile:
+    try:
+        events = EventFile(path)
     except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile) as exc:
-        reason = " ".join(str(exc).split()).split(". ")[0][:100] or type(exc).__name__
-        raise UserError(f"{path}: not a dlio_ckpt event file ({reason}); the run's events are damaged: rerun the "
-                        "run, or move events/ aside to analyse from summary.json alone") from None
-    problem = _event_problem(events)
+        raise _not_an_event_file(path, exc) from None
+    try:
+        events.check_path_table()
+    except (OSError, ValueError) as exc:
+        events.close()
+        raise _not_an_event_file(path, exc) from None
+    problem = (f"its events have the layout {events.events.dtype} (dlio_ckpt writes {EVENT_DTYPE})"
+               if events.events.dtype != EVENT_DTYPE else f"its rank is {events.rank}" if events.rank < 0 else None)
+    events.close()  # opened again when read: a run of many ranks holds no file open per rank
     if problem:
-        raise UserError(f"{path}: {problem}; the run's events are damaged: rerun the run, or move events/ aside "
-                        "to analyse from summary.json alone")
+        raise _damaged(path, problem)
     return events
 
 
-def _event_problem(rank: RankEvents) -> str | None:
-    """What makes a loaded event file unusable, or None."""
-    ev = rank.events
-    if ev.dtype != EVENT_DTYPE or ev.ndim != 1:
-        return f"its events have the layout {ev.dtype} (dlio_ckpt writes {EVENT_DTYPE})"
-    if rank.rank < 0:
-        return f"its rank is {rank.rank}"
+def checked_blocks(events: EventFile) -> Iterator[tuple[np.ndarray, dict[int, str]]]:
+    """The file's events a block at a time with the paths each names, every block checked first:
+    a problem is a UserError naming the file (the analysis writes nothing before all are read).
+    The file is closed at the end."""
+    for block, _ in events.blocks(paths=False):
+        problem = _block_problem(block, events.path_count)
+        if problem:
+            raise _damaged(events.path, problem)
+        try:
+            names = events.names(block["file"])
+        except (OSError, ValueError) as exc:
+            raise _not_an_event_file(events.path, exc) from None
+        yield block, names
+    events.close()
+
+
+def _block_problem(ev: np.ndarray, path_count: int) -> str | None:
+    """What makes a block of events unusable, or None."""
     if not len(ev):
         return None
     if int(ev["op"].max()) >= len(OPS) or int(ev["phase"].max()) >= len(PHASES):
         return "it holds operation or phase codes this version does not know"
-    if int(ev["file"].max()) >= len(rank.paths):  # u4: never negative
-        return f"its events name file numbers past its {len(rank.paths)} paths"
+    if int(ev["file"].max()) >= path_count:  # u4: never negative
+        return f"its events name file numbers past its {path_count} paths"
     if (ev["length"] < 0).any():
         return "it holds negative byte counts"
-    times = np.concatenate([ev["start"], ev["end"]]).astype(np.float64)
-    if not np.isfinite(times).all() or (ev["end"] < ev["start"]).any():
+    if not (np.isfinite(ev["start"]).all() and np.isfinite(ev["end"]).all()) or (ev["end"] < ev["start"]).any():
         return "it holds times that are not finite or end before they start"
     return None

@@ -13,7 +13,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from dlio_ckpt.analysis.run_inputs import load_checked_events
+from dlio_ckpt.analysis.run_inputs import checked_blocks, open_checked_events
 from dlio_ckpt.errors import UserError
 from dlio_ckpt.metrics import latency, summary
 from dlio_ckpt.metrics.timing import UnionLength, busy_seconds
@@ -194,8 +194,7 @@ def test_union_length_by_blocks_is_the_union_of_all(seed):
 
 
 def test_a_damaged_file_with_repeated_paths_is_refused_in_one_line(tmp_path, small_blocks):
-    """Repeated paths and an event naming a file past the table: the analysis's checks name it
-    (the merge leaves such a file as it is rather than fail on it)."""
+    """Repeated paths and an event naming a file past the table: the analysis's checks name it."""
     recorder = EventRecorder(rank=0, clock=JobClock.start())
     record_files(recorder, 300, epochs=2, keep=False)
     target = recorder.save(tmp_path / "run" / "events", "h")
@@ -204,5 +203,8 @@ def test_a_damaged_file_with_repeated_paths_is_refused_in_one_line(tmp_path, sma
     assert len(set(read_independently(target)[1])) < len(arrays["path_ends"])  # repeated paths
     arrays["events"]["file"][7] = len(arrays["path_ends"]) + 5
     np.savez(target, **arrays)
+    files = open_checked_events(tmp_path / "run")  # the events are checked as they are read
     with pytest.raises(UserError, match="file numbers past its"):
-        load_checked_events(tmp_path / "run")
+        for events in files:
+            for _ in checked_blocks(events):
+                pass

@@ -18,6 +18,7 @@ events come from pure Python without it.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
@@ -567,3 +568,174 @@ def load_run_events(run_dir: Path) -> list[RankEvents]:
     """All ranks' events of a run folder, ordered by rank."""
     files: Iterable[Path] = sorted((run_dir / "events").glob("rank-*.npz"))
     return sorted((RankEvents.load(f) for f in files), key=lambda r: r.rank)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading an event file a block at a time (the Chrome trace, the offline analysis).
+#
+# A run over 10 million files leaves ~40 million events (1.5 GB) and 10 million paths in one
+# rank's event file: `RankEvents.load` holds all of it, and a Python str per path besides. The
+# archive is written uncompressed (ZIP_STORED, `save`), so each .npy member is a plain run of
+# bytes in the file: `EventFile` finds where each starts and reads the events a block of rows at a
+# time, and the paths by index, each only when a block names it. What it holds is one block and
+# its paths, whatever the file's size.
+
+# Rows a block (608 KiB of events), and paths a block of the path table (`path_blocks`): a block
+# of 2^16 paths held ~14 MiB while it was decoded (its bytes, twice, and a dict of str).
+EVENT_BLOCK_ROWS = 1 << 14
+_PATH_GAP = 256  # paths named less than this far apart are read in one run of the table
+
+
+class _StoredArray:
+    """Where a one-dimensional .npy member of an uncompressed zip lies, to read a slice at a time."""
+
+    def __init__(self, handle, archive: zipfile.ZipFile, name: str) -> None:
+        info = archive.getinfo(name)
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"{name} is compressed (dlio_ckpt writes its event files uncompressed)")
+        handle.seek(info.header_offset)
+        local = handle.read(30)
+        if len(local) != 30 or local[:4] != b"PK\x03\x04":
+            raise ValueError(f"{name}: no zip entry where the directory says")
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        handle.seek(info.header_offset + 30 + name_len + extra_len)
+        version = np.lib.format.read_magic(handle)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(handle)
+        if len(shape) != 1 or fortran or dtype.hasobject:
+            raise ValueError(f"{name} is not a one-dimensional array of plain values")
+        self.dtype, self.count, self.offset = dtype, int(shape[0]), handle.tell()
+        if info.file_size < self.offset - (info.header_offset + 30 + name_len + extra_len) + self.count * dtype.itemsize:
+            raise ValueError(f"{name} is cut short")
+
+    def read(self, handle, start: int, stop: int) -> np.ndarray:
+        """Items [start, stop) (stop clipped to the array's end) as a new array."""
+        out = np.empty(max(min(stop, self.count) - start, 0), self.dtype)
+        if len(out):
+            handle.seek(self.offset + start * self.dtype.itemsize)
+            if handle.readinto(out.view(np.uint8)) != out.nbytes:
+                raise ValueError("the file is cut short")
+        return out
+
+
+class EventFile:
+    """One rank's event file (`EventRecorder.save`) opened for reading a block at a time:
+    `blocks()` gives the events EVENT_BLOCK_ROWS rows at a time with the paths each block names,
+    `names()` any paths by index. Paths are as the file stores them: a path the recorder gave a
+    second index (`merged_paths`) comes back under each of its indices, with the same text.
+
+    The file is opened when it is read and stays open until `close()`, which a reader of many
+    ranks' files calls after each (a run of a thousand ranks would otherwise hold a thousand)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._handle = None
+        try:
+            with zipfile.ZipFile(self._open()) as archive:
+                meta = json.loads(str(np.load(io.BytesIO(archive.read("meta.npy")), allow_pickle=False)))
+                self.events = _StoredArray(self._handle, archive, "events.npy")
+                if "path_ends.npy" in archive.namelist():
+                    self._ends = _StoredArray(self._handle, archive, "path_ends.npy")
+                    self._bytes = _StoredArray(self._handle, archive, "path_bytes.npy")
+                    self._legacy = None
+                else:  # written before the byte table: fixed-width unicode, read by index as well
+                    self._ends = self._bytes = None
+                    self._legacy = _StoredArray(self._handle, archive, "paths.npy")
+            self.rank = int(meta["rank"])
+            self.hostname = str(meta["hostname"])
+            self.job_start_wall = float(meta["job_start_wall"])
+        finally:
+            self.close()
+
+    def __enter__(self) -> "EventFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self):
+        if self._handle is None:
+            self._handle = open(self.path, "rb")
+        return self._handle
+
+    def _read(self, array: _StoredArray, start: int, stop: int) -> np.ndarray:
+        return array.read(self._open(), start, stop)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    @property
+    def path_count(self) -> int:
+        return self._legacy.count if self._legacy is not None else self._ends.count
+
+    def check_path_table(self) -> None:
+        """ValueError where the path table does not hold together (ends that go back or past its
+        bytes), read a block of ends at a time; what `decoded_paths` checks for a whole table."""
+        if self._legacy is not None:
+            return
+        last = 0
+        for start in range(0, self._ends.count, EVENT_BLOCK_ROWS):
+            ends = self._read(self._ends, start, start + EVENT_BLOCK_ROWS).astype(np.int64, copy=False)
+            if (np.diff(ends, prepend=last) < 0).any():
+                raise ValueError("its path table does not hold together")
+            last = int(ends[-1])
+        if self._ends.dtype.kind not in "iu" or self._bytes.dtype != np.uint8 or last != self._bytes.count:
+            raise ValueError("its path table does not hold together")
+
+    def names(self, indices: np.ndarray) -> dict[int, str]:
+        """The paths at `indices` (ValueError for one past the table), each run of nearby indices
+        read in one piece."""
+        wanted = np.unique(np.asarray(indices, dtype=np.int64))
+        if not len(wanted):
+            return {}
+        if wanted[0] < 0 or wanted[-1] >= self.path_count:
+            raise ValueError(f"its events name file numbers past its {self.path_count} paths")
+        cuts = np.flatnonzero(np.diff(wanted) > _PATH_GAP) + 1
+        found: dict[int, str] = {}
+        for run in np.split(wanted, cuts):
+            first, last = int(run[0]), int(run[-1])
+            if self._legacy is not None:
+                table = self._read(self._legacy, first, last + 1)
+                found.update((index, str(table[index - first])) for index in run.tolist())
+                continue
+            ends = self._read(self._ends, max(first - 1, 0), last + 1).astype(np.int64, copy=False)
+            if first == 0:
+                ends = np.concatenate([[0], ends])
+            base = int(ends[0])
+            if base < 0 or (np.diff(ends) < 0).any() or int(ends[-1]) > self._bytes.count:
+                raise ValueError("its path table does not hold together")
+            blob = memoryview(self._read(self._bytes, base, int(ends[-1])))
+            for index in run.tolist():
+                start, end = int(ends[index - first]) - base, int(ends[index - first + 1]) - base
+                found[index] = str(blob[start:end], "utf-8", "surrogatepass")
+        return found
+
+    def blocks(self, rows: int | None = None, paths: bool = True) -> Iterator[tuple[np.ndarray, dict[int, str]]]:
+        """The events `rows` at a time (the file's EVENT_DTYPE rows as they are, checked by the
+        caller), each with {index: path} for the files it names ({} when `paths` is False)."""
+        rows = rows or EVENT_BLOCK_ROWS
+        for start in range(0, self.events.count, rows):
+            block = self._read(self.events, start, start + rows)
+            yield block, (self.names(block["file"]) if paths and block.dtype == EVENT_DTYPE else {})
+
+
+    def path_blocks(self, rows: int | None = None) -> Iterator[tuple[int, list[str]]]:
+        """The whole path table `rows` paths at a time (EVENT_BLOCK_ROWS by default), each block
+        with the index of its first path."""
+        rows = rows or EVENT_BLOCK_ROWS
+        for first in range(0, self.path_count, rows):
+            yield first, list(self.names(np.arange(first, min(first + rows, self.path_count))).values())
+
+
+def iter_event_blocks(path: Path | str, rows: int | None = None) -> Iterator[tuple[np.ndarray, dict[int, str]]]:
+    """An event file's events a block of `rows` at a time, each with the paths it names
+    ({index: path}): what a reader that needs no more than the events and their paths calls."""
+    with EventFile(path) as events:
+        yield from events.blocks(rows)
+
+
+def event_files(run_dir: Path) -> list[Path]:
+    """A run folder's event files, in the order of their names (rank-NNNNN.npz: the ranks')."""
+    return sorted((Path(run_dir) / "events").glob("rank-*.npz"))

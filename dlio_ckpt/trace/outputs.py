@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlio_ckpt.storage.events import RankEvents
+from dlio_ckpt.storage.events import RankEvents, event_files
 from dlio_ckpt.trace.chrome import write_chrome_trace
 from dlio_ckpt.trace.darshan_writer import JobInfo, darshan_log_name, write_darshan_log
 from dlio_ckpt.trace.runtime import RuntimeInfo
@@ -32,7 +32,8 @@ def write_trace_outputs(run_dir: Path, ranks: list[RankEvents], job: JobInfo, da
         path = write_darshan_log(run_dir / darshan_log_name(job), ranks, job)
         written["darshan"] = _relative(path, run_dir)
     if chrome:
-        path = write_chrome_trace(run_dir / CHROME_TRACE_NAME, ranks,
+        # the run folder's event files, read a block at a time; the events given where it has none
+        path = write_chrome_trace(run_dir / CHROME_TRACE_NAME, event_files(run_dir) or ranks,
                                   metadata={"jobid": job.jobid, "nprocs": job.nprocs, "start_wall": job.start_wall,
                                             **dict(job.metadata)})
         written["chrome"] = _relative(path, run_dir)
