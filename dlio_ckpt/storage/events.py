@@ -567,3 +567,79 @@ def load_run_events(run_dir: Path) -> list[RankEvents]:
     """All ranks' events of a run folder, ordered by rank."""
     files: Iterable[Path] = sorted((run_dir / "events").glob("rank-*.npz"))
     return sorted((RankEvents.load(f) for f in files), key=lambda r: r.rank)
+
+
+def _npy_member(archive: zipfile.ZipFile, name: str):
+    """An event file's `.npy` member opened for sequential reading, its header read: (stream, dtype,
+    count). Stored or deflated members alike (zipfile inflates as it reads)."""
+    stream = archive.open(f"{name}.npy")
+    version = np.lib.format.read_magic(stream)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(stream)
+    if len(shape) != 1:
+        stream.close()
+        raise ValueError(f"its {name} array is not one-dimensional")
+    return stream, dtype, int(shape[0])
+
+
+def _read_rows(stream, dtype: np.dtype, count: int, rows: int) -> Iterator[np.ndarray]:
+    """`count` items of `dtype` from `stream`, `rows` at a time, each block a fresh writable array."""
+    left = count
+    while left:
+        take = min(rows, left)
+        data = stream.read(take * dtype.itemsize)
+        if len(data) != take * dtype.itemsize:
+            raise ValueError("it ends before its arrays do")
+        yield np.frombuffer(bytearray(data), dtype)
+        left -= take
+
+
+def event_file_counts(path: Path) -> tuple[dict, int, int]:
+    """An event file's meta (JSON), its number of events and of entries in its path table, read
+    without reading the arrays themselves."""
+    with zipfile.ZipFile(path) as archive:
+        with np.load(path, allow_pickle=False) as data:
+            meta = json.loads(str(data["meta"]))
+        stream, _, events = _npy_member(archive, "events")
+        stream.close()
+        table = "path_ends" if "path_ends.npy" in archive.namelist() else "paths"
+        stream, _, paths = _npy_member(archive, table)
+        stream.close()
+    return meta, events, paths
+
+
+def iter_event_blocks(path: Path, rows: int = 1 << 16) -> Iterator[np.ndarray]:
+    """An event file's events, in their order, `rows` at a time (EVENT_DTYPE arrays): for a reader
+    that must not hold a whole rank's events (the streamed Darshan writer, trace/darshan_stream.py).
+    The path indices are the file's own, duplicates not merged (`RankEvents.load` merges them)."""
+    with zipfile.ZipFile(path) as archive:
+        stream, dtype, count = _npy_member(archive, "events")
+        with stream:
+            if dtype != EVENT_DTYPE:
+                raise ValueError("its events are not in this version's layout")
+            yield from _read_rows(stream, dtype, count, rows)
+
+
+def iter_path_blocks(path: Path, paths: int = PATH_BLOCK) -> Iterator[list[str]]:
+    """An event file's path table in index order, `paths` strings at a time, as `decoded_paths`
+    decodes it (duplicates kept). A file written before the byte table (`paths`, a numpy unicode
+    array) is read whole: such files come from short runs."""
+    with zipfile.ZipFile(path) as archive:
+        if "path_ends.npy" not in archive.namelist():
+            with np.load(path, allow_pickle=False) as data:
+                table = [str(p) for p in data["paths"]]
+            for start in range(0, len(table), paths):
+                yield table[start:start + paths]
+            return
+        ends_stream, ends_dtype, count = _npy_member(archive, "path_ends")
+        bytes_stream, _, total = _npy_member(archive, "path_bytes")
+        with ends_stream, bytes_stream:
+            done = 0
+            for ends in _read_rows(ends_stream, ends_dtype, count, paths):
+                ends = ends.astype(np.int64, copy=False)
+                if (ends[0] < done) or (np.diff(ends) < 0).any() or int(ends[-1]) > total:
+                    raise ValueError("its path table does not hold together")
+                blob = bytes_stream.read(int(ends[-1]) - done)
+                cuts = (ends - done).tolist()
+                yield [blob[start:end].decode("utf-8", "surrogatepass") for start, end in zip([0, *cuts[:-1]], cuts)]
+                done = int(ends[-1])
