@@ -315,3 +315,14 @@ def test_a_path_index_past_the_table_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="^rank 0's events name a path its path table does not have$"):
         write_darshan_log(tmp_path / "x.darshan", [bad], job(1, False))
     assert os.listdir(tmp_path) == []
+
+
+def test_an_event_file_from_before_the_byte_table_streams_too(tmp_path):
+    """Event files whose path table is a numpy unicode array (`paths`) are read as RankEvents.load
+    reads them."""
+    ranks = varied_ranks(tmp_path / "fs", 1)
+    legacy = tmp_path / "rank-00000.npz"
+    np.savez(legacy, events=ranks[0].events, paths=np.array(ranks[0].paths, dtype=str),
+             meta=np.array('{"rank": 0, "hostname": "node0", "job_start_wall": 1.0}'))
+    reference = encode_log(build_log_contents([RankEvents.load(legacy)], job(1, False)), job(1, False))
+    assert write_darshan_log(tmp_path / "l.darshan", [legacy], job(1, False)).read_bytes() == reference

@@ -22,9 +22,9 @@ from typing import IO, Iterator
 
 import numpy as np
 
-BUCKET_BYTES = 2 << 20  # the rows a bucket aims at (what the reader holds, sorted, at a time)
+BUCKET_BYTES = 512 << 10  # the rows a bucket aims at (what the reader holds, sorted, at a time)
 BUCKET_MAX_BYTES = 4 * BUCKET_BYTES  # past this a bucket is partitioned again
-FLUSH_BYTES = 4 << 20  # rows buffered before they are sorted by bucket and written
+FLUSH_BYTES = 1 << 20  # rows buffered before they are sorted by bucket and written
 # Buckets of one spill at most: each flush keeps a row count per bucket (4 bytes), so more would
 # make that bookkeeping grow as flushes x buckets; bigger buckets are split again instead.
 MAX_BUCKETS = 256

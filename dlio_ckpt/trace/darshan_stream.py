@@ -38,8 +38,8 @@ from dlio_ckpt.trace.darshan_hash import darshan_hash
 from dlio_ckpt.trace.darshan_posix import POSIX_RECORD, clean_path, file_alignment, file_record
 from dlio_ckpt.trace.darshan_spill import BucketSpill, key_groups
 
-EVENT_BLOCK = 1 << 16  # events read from an event file at a time
-PATH_BLOCK = 1 << 14  # paths read from an event file at a time
+EVENT_BLOCK = 1 << 14  # events read from an event file at a time
+PATH_BLOCK = 1 << 12  # paths read from an event file at a time
 RECORD_BLOCK = 1 << 10  # POSIX records read back at a time (724 bytes each)
 ALIGNMENT_CACHE = 4096  # folders whose block size is remembered (a statvfs each otherwise)
 

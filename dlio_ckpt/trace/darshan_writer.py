@@ -271,7 +271,7 @@ class ZlibStreams:
     """A region of one or more zlib streams back to back, compressed as it is written into `out`
     (as zlib.compress of each stream's whole bytes, a buffer at a time)."""
 
-    BUFFER = 1 << 20
+    BUFFER = 1 << 18
 
     def __init__(self, out: IO[bytes]) -> None:
         self.out = out
