@@ -76,9 +76,11 @@ class EventSource:
 
     @classmethod
     def of_events(cls, rank: RankEvents) -> "EventSource":
-        """Events already in memory (tests, small runs)."""
-        return cls(rank.rank, rank.hostname, len(rank.events), len(rank.paths),
-                   lambda: iter((rank.events,)), lambda: iter((rank.paths,)))
+        """Events already in memory (tests, small runs), handed on in the same blocks."""
+        events, paths = rank.events, rank.paths
+        return cls(rank.rank, rank.hostname, len(events), len(paths),
+                   lambda: (events[start:start + EVENT_BLOCK] for start in range(0, len(events), EVENT_BLOCK)),
+                   lambda: (paths[start:start + PATH_BLOCK] for start in range(0, len(paths), PATH_BLOCK)))
 
 
 def temporary_file(folder: Path | None) -> IO[bytes]:
