@@ -76,8 +76,8 @@ def varied_ranks(root: Path, nprocs: int, seed: int = 5) -> list[RankEvents]:
             line.add("open", "train", index[path])
         for path in reversed(order):  # first reads in another order than the opens
             for k in range(rng.randint(1, 5)):
-                line.add("read", "train", index[path], rng.choice([0, 4096, 8192 + k]), rng.choice([0, 100, 4096, 65536]),
-                         duration=rng.choice([0.001, 0.0003, 0.02]))
+                line.add("read", "train", index[path], rng.choice([0, 4096, 8192 + k]),
+                         rng.choice([0, 100, 4096, 65536]), duration=rng.choice([0.001, 0.0003, 0.02]))
             line.add("seek", "train", index[path], 0)
             line.add("close", "train", index[path])
         for path in own:
@@ -170,7 +170,8 @@ def test_the_comparison_sees_the_shared_files_and_second_indices(tmp_path, small
     report = darshan.DarshanReport(str(write_darshan_log(tmp_path / "s.darshan", files, job(3, True))), read_all=True)
     counters = report.records["POSIX"].to_df()["counters"]
     shared = counters[counters["rank"] == -1]
-    assert sorted(shared["id"].tolist()) == sorted(darshan_hash(str(tmp_path / "fs" / "data" / f"s{k}.bin")) for k in range(6))
+    data = tmp_path / "fs" / "data"
+    assert sorted(shared["id"].tolist()) == sorted(darshan_hash(str(data / f"s{k}.bin")) for k in range(6))
     pair = counters[counters["id"] == darshan_hash(str(tmp_path / "fs" / "data" / "pair.bin"))]
     assert sorted(pair["rank"].tolist()) == [0, 1]
     assert list(report.name_records.values()).count(str(tmp_path / "fs" / "data" / "pair.bin")) == 1
@@ -233,8 +234,8 @@ def in_memory_writer(path: Path, files: list[Path], job_info: JobInfo) -> None:
 def test_the_writer_holds_no_more_for_3k_files_than_for_300(tmp_path, monkeypatch, write, holds_per_file):
     """tracemalloc's peak while writing the log of 3k files against 300 (numpy's arrays are traced
     too): the streamed writer holds blocks and buckets of a fixed size (made small here, so that
-    300 files fill them), so 10x the files may add a fifth at most (1.05x when written); the in-memory writer's peak grows
-    with the files (this test's check that it can fail)."""
+    300 files fill them), so 10x the files may add a fifth at most (1.05x when written); the
+    in-memory writer's peak grows with the files (this test's check that it can fail)."""
     monkeypatch.setattr(darshan_spill, "BUCKET_BYTES", 8 << 10)
     monkeypatch.setattr(darshan_spill, "BUCKET_MAX_BYTES", 32 << 10)
     monkeypatch.setattr(darshan_spill, "FLUSH_BYTES", 16 << 10)

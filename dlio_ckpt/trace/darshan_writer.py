@@ -382,13 +382,13 @@ def _write_records(passes: Sequence[RankPass], job: JobInfo, names: ZlibStreams,
     reduce = reduces(passes, job.mpi, job.nprocs)
     names.begin()
     if len(passes) <= 1 and not reduce:  # one rank, nothing to reduce: every record names its file
-        for rank_pass in passes:
-            _write_rank(rank_pass, names, posix, None, None)
+        for one in passes:
+            _write_rank(one, names, posix, None, None)
         return
     with CrossRank(passes, reduce, job.nprocs, folder) as across:
         flags = across.flag_blocks()
-        for number, rank_pass in enumerate(passes):
-            _write_rank(rank_pass, names, posix, flags, across.shared.chunks() if number == 0 and reduce else None)
+        for number, one in enumerate(passes):
+            _write_rank(one, names, posix, flags, across.shared.chunks() if number == 0 and reduce else None)
 
 
 def _write_rank(rank_pass: RankPass, names: ZlibStreams, posix: ZlibStreams, flags: Rechunk | None,
