@@ -8,6 +8,7 @@ item 3): run it at two file counts and compare; nothing is asserted.
            N files each had an open, two 4 KiB reads and a close, from that rank's event file
            on disk, as a run leaves it (mpi=False): the trace.darshan output. The event file is
            made by a forked child, so the peak is the writer's alone.
+  With --ranks R, R ranks each read every file (an MPI job: every file reduced to rank -1).
 - darshan-in-memory: the same log made as the writer made it before it streamed: the event file
            loaded whole (RankEvents.load), every record built, the log encoded whole
            (build_log_contents, encode_log), for old against new in one session
@@ -51,9 +52,9 @@ def sizes(n: int) -> str:
     return f"{plan.payload_bytes}:{plan.train[n - 1].sample_bytes}"
 
 
-def darshan_event_file(folder: Path, n: int) -> Path:
-    """The event file (`EventRecorder.save`'s layout) of one rank whose N files each had an open,
-    two 4 KiB reads and a close."""
+def darshan_event_file(folder: Path, n: int, rank: int = 0) -> Path:
+    """The event file (`EventRecorder.save`'s layout) of a rank whose N files each had an open,
+    two 4 KiB reads and a close (every rank the same files)."""
     events = np.zeros(4 * n, EVENT_DTYPE)
     events["file"] = np.repeat(np.arange(n), 4)
     events["op"] = np.tile([OP_CODE["open"], OP_CODE["read"], OP_CODE["read"], OP_CODE["close"]], n)
@@ -62,40 +63,44 @@ def darshan_event_file(folder: Path, n: int) -> Path:
     events["start"] = np.arange(4 * n) * 1e-5
     events["end"] = events["start"] + 5e-6
     paths = [f"/data/train/{i % 100:02d}/img_{i:07d}_of_{n}.bin".encode() for i in range(n)]
-    target = folder / "rank-00000.npz"
+    target = folder / f"rank-{rank:05d}.npz"
     np.savez(target, events=events, path_bytes=np.frombuffer(b"".join(paths), np.uint8),
              path_ends=np.cumsum([len(p) for p in paths]).astype(np.int64),
-             meta=np.array(json.dumps({"rank": 0, "hostname": "h", "job_start_wall": 1.7e9})))
+             meta=np.array(json.dumps({"rank": rank, "hostname": "h", "job_start_wall": 1.7e9})))
     return target
 
 
-DARSHAN_JOB = JobInfo(nprocs=1, jobid=1, uid=0, start_wall=1.7e9, end_wall=1.7e9 + 100, exe="x", mpi=False)
+def darshan_job(ranks: int) -> JobInfo:
+    """One rank: mpi=False (its records kept as rank 0's); more: an MPI job, every file shared by
+    every rank and so reduced to one rank -1 record."""
+    return JobInfo(nprocs=ranks, jobid=1, uid=0, start_wall=1.7e9, end_wall=1.7e9 + 100, exe="x", mpi=ranks > 1)
 
 
-def made_in_child(folder: Path, n: int) -> Path:
-    """The event file, made by a forked child so that its arrays never count in this peak."""
+def made_in_child(folder: Path, n: int, ranks: int) -> list[Path]:
+    """The ranks' event files, made by a forked child so that their arrays never count in this peak."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            darshan_event_file(folder, n)
+            for rank in range(ranks):
+                darshan_event_file(folder, n, rank)
             code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     if status:
-        raise SystemExit("could not make the event file")
-    return folder / "rank-00000.npz"
+        raise SystemExit("could not make the event files")
+    return [folder / f"rank-{rank:05d}.npz" for rank in range(ranks)]
 
 
-def darshan(event_file: Path) -> str:
-    log = write_darshan_log(event_file.parent / "run.darshan", [event_file], DARSHAN_JOB)
+def darshan(event_files: list[Path]) -> str:
+    log = write_darshan_log(event_files[0].parent / "run.darshan", event_files, darshan_job(len(event_files)))
     return _digest(log)
 
 
-def darshan_in_memory(event_file: Path) -> str:
-    log = event_file.parent / "run.darshan"
-    log.write_bytes(encode_log(build_log_contents([RankEvents.load(event_file)], DARSHAN_JOB), DARSHAN_JOB))
+def darshan_in_memory(event_files: list[Path]) -> str:
+    log, job = event_files[0].parent / "run.darshan", darshan_job(len(event_files))
+    log.write_bytes(encode_log(build_log_contents([RankEvents.load(f) for f in event_files], job), job))
     return _digest(log)
 
 
@@ -111,18 +116,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", choices=("sizes", "darshan", "darshan-in-memory"), required=True)
     parser.add_argument("--files", type=int, required=True)
+    parser.add_argument("--ranks", type=int, default=1, help="darshan cases: ranks that each read every file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         if args.case == "sizes":
             step, argument = sizes, args.files
         else:  # the event file is the input, made before the step
             step = darshan if args.case == "darshan" else darshan_in_memory
-            argument = made_in_child(Path(folder), args.files)
+            argument = made_in_child(Path(folder), args.files, args.ranks)
         before = peak_mib()
         started = time.perf_counter()
         made = step(argument)
         seconds = time.perf_counter() - started
-    print(json.dumps({"case": args.case, "files": args.files, "peak_before_mib": round(before, 1),
+    print(json.dumps({"case": args.case, "files": args.files, "ranks": args.ranks, "peak_before_mib": round(before, 1),
                       "peak_mib": round(peak_mib(), 1), "seconds": round(seconds, 2), "made": made}))
 
 
