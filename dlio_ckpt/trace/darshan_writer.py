@@ -6,6 +6,11 @@ is not needed: the POSIX counters, DXT traces and heat map are computed from the
 runtime's own rules (darshan_posix, darshan_dxt), and laid out as the 3.41 format asks
 (shared/docs/darshan-log-format.md): an uncompressed header, then zlib regions for the job, the
 names and each module, with one zlib stream per rank in module regions as the runtime writes them.
+
+`write_darshan_log` makes the records from the ranks' events a block at a time and compresses the
+regions as it writes them (darshan_stream.py, darshan_shared.py), so a run of millions of files
+is written in the memory of a few blocks; `build_log_contents` and `encode_log` make the same log
+in memory, every record at once: the reference the streamed log is compared with in the tests.
 """
 
 from __future__ import annotations
