@@ -16,6 +16,7 @@ to is taken as created with 0644, which is what PosixStorage.open_write does).
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -53,6 +54,9 @@ POSIX_FCOUNTERS = (
 )
 C = {name: index for index, name in enumerate(POSIX_COUNTERS)}
 F = {name: index for index, name in enumerate(POSIX_FCOUNTERS)}
+
+# A record as the log stores it: record id, rank, counters, fcounters (darshan-log-format.md).
+POSIX_RECORD = struct.Struct(f"<Qq{len(POSIX_COUNTERS)}q{len(POSIX_FCOUNTERS)}d")
 
 MEM_ALIGNMENT = 8  # darshan-runtime's default memory alignment setting
 CREATE_MODE = 0o644  # PosixStorage creates files with this mode
@@ -133,6 +137,16 @@ class PosixRecord:
         counters[C["POSIX_MEM_ALIGNMENT"]] = MEM_ALIGNMENT
         counters[C["POSIX_FILE_ALIGNMENT"]] = alignment
         return cls(name=name, rank=rank, counters=counters, fcounters=[0.0] * len(POSIX_FCOUNTERS))
+
+    def pack(self, record_id: int) -> bytes:
+        """The record's bytes in the log, under its id (darshan_hash of its name)."""
+        return POSIX_RECORD.pack(record_id, self.rank, *self.counters, *self.fcounters)
+
+    @classmethod
+    def unpack(cls, name: str, data: bytes) -> "PosixRecord":
+        values = POSIX_RECORD.unpack(data)
+        split = 2 + len(POSIX_COUNTERS)
+        return cls(name=name, rank=values[1], counters=list(values[2:split]), fcounters=list(values[split:]))
 
     def io_time(self) -> float:
         f = self.fcounters
@@ -297,9 +311,34 @@ def rank_records(rank: RankEvents, cwd: str | None = None) -> list[PosixRecord]:
             continue
         _apply(state, op, offset, length, t1, t2)
     for state in states.values():
-        if state.record.counters[C["POSIX_WRITES"]] > 0:
-            state.record.counters[C["POSIX_MODE"]] = CREATE_MODE
+        _set_mode(state.record)
     return [s.record for s in states.values()]
+
+
+def _set_mode(record: PosixRecord) -> None:
+    if record.counters[C["POSIX_WRITES"]] > 0:
+        record.counters[C["POSIX_MODE"]] = CREATE_MODE
+
+
+def file_record(name: str, rank: int, alignment: int, ops: Sequence[int], offsets: Sequence[int],
+                lengths: Sequence[int], starts: Sequence[float], ends: Sequence[float]) -> PosixRecord | None:
+    """The record of one file of one rank from its events alone, in the order they completed: what
+    `rank_records` makes for it (files do not affect each other's counters), for a writer that
+    groups events by file (trace/darshan_stream.py). None where the runtime would keep no record
+    (only unlinks and renames before any other call)."""
+    state: _FileState | None = None
+    for op, offset, length, t1, t2 in zip(ops, offsets, lengths, starts, ends):
+        if state is None:
+            if op == OP_CODE["unlink"] or op == _RENAME:
+                continue
+            state = _FileState(PosixRecord.empty(name, rank, alignment))
+        elif op == OP_CODE["unlink"]:
+            continue
+        _apply(state, op, offset, length, t1, t2)
+    if state is None:
+        return None
+    _set_mode(state.record)
+    return state.record
 
 
 def _merge_common(out: PosixRecord, inp: list[int], inout: list[int], first: str) -> None:
@@ -392,20 +431,24 @@ def reduce_shared(per_rank: Sequence[Sequence[PosixRecord]], nprocs: int) -> tup
     shared_names = set(by_rank[0])
     for rank in ranks[1:]:
         shared_names &= set(by_rank[rank])
-    shared: list[PosixRecord] = []
-    for name in (r.name for r in per_rank_order(per_rank) if r.name in shared_names):
-        inputs = [_seed_rank_extremes(by_rank[rank][name]) for rank in ranks]
-        result = inputs[0]
-        for record in inputs[1:]:
-            result = _reduce_pair(record, result)
-        result.rank = -1
-        times = np.array([r.io_time() for r in inputs])
-        moved = np.array([float(r.bytes_moved()) for r in inputs])
-        result.fcounters[F["POSIX_F_VARIANCE_RANK_TIME"]] = float(times.var())
-        result.fcounters[F["POSIX_F_VARIANCE_RANK_BYTES"]] = float(moved.var())
-        shared.append(result)
+    shared = [reduce_file([by_rank[rank][r.name] for rank in ranks])
+              for r in per_rank_order(per_rank) if r.name in shared_names]
     kept = [[r for r in records if r.name not in shared_names] for records in per_rank]
     return kept, shared
+
+
+def reduce_file(records: Sequence[PosixRecord]) -> PosixRecord:
+    """The rank -1 record of one file from every rank's record of it, given in rank order."""
+    inputs = [_seed_rank_extremes(record) for record in records]
+    result = inputs[0]
+    for record in inputs[1:]:
+        result = _reduce_pair(record, result)
+    result.rank = -1
+    times = np.array([r.io_time() for r in inputs])
+    moved = np.array([float(r.bytes_moved()) for r in inputs])
+    result.fcounters[F["POSIX_F_VARIANCE_RANK_TIME"]] = float(times.var())
+    result.fcounters[F["POSIX_F_VARIANCE_RANK_BYTES"]] = float(moved.var())
+    return result
 
 
 def per_rank_order(per_rank: Iterable[Sequence[PosixRecord]]) -> list[PosixRecord]:

@@ -6,6 +6,11 @@ is not needed: the POSIX counters, DXT traces and heat map are computed from the
 runtime's own rules (darshan_posix, darshan_dxt), and laid out as the 3.41 format asks
 (shared/docs/darshan-log-format.md): an uncompressed header, then zlib regions for the job, the
 names and each module, with one zlib stream per rank in module regions as the runtime writes them.
+
+`write_darshan_log` makes the records from the ranks' events a block at a time and compresses the
+regions as it writes them (darshan_stream.py, darshan_shared.py), so a run of millions of files
+is written in the memory of a few blocks; `build_log_contents` and `encode_log` make the same log
+in memory, every record at once: the reference the streamed log is compared with in the tests.
 """
 
 from __future__ import annotations
@@ -19,12 +24,17 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+import shutil
+from typing import IO, Iterator, Mapping, Sequence
+
+import numpy as np
 
 from dlio_ckpt.storage.events import RankEvents
-from dlio_ckpt.trace.darshan_dxt import HEATMAP_POSIX_NAME, DxtRecord, HeatmapRecord, dxt_records, heatmap_record
+from dlio_ckpt.trace.darshan_dxt import HEATMAP_POSIX_NAME, DxtRecord, HeatmapRecord, dxt_bytes, dxt_records, heatmap_record
 from dlio_ckpt.trace.darshan_hash import darshan_hash
 from dlio_ckpt.trace.darshan_posix import PosixRecord, rank_records, reduce_shared
+from dlio_ckpt.trace.darshan_shared import NAMED, SHARED, CrossRank, Rechunk, reduces
+from dlio_ckpt.trace.darshan_stream import EventSource, RankPass, rank_pass, temporary_file
 
 LOG_VERSION = b"3.41"
 MAGIC = 6567223
@@ -43,8 +53,6 @@ _SKIPPED_FS = frozenset(("tmpfs", "proc", "sysfs", "devpts", "binfmt_misc", "fus
 # Scheduler variables darshan-runtime is commonly configured to take the job id from.
 JOBID_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "COBALT_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
 
-_POSIX_RECORD = struct.Struct("<Qq69q17d")
-_DXT_HEADER = struct.Struct("<Qqq64sqq")
 _HEATMAP_HEADER = struct.Struct("<QqdqQQ")
 _JOB_STRUCT = struct.Struct("<7q")
 
@@ -163,13 +171,11 @@ def _split_time(wall: float) -> tuple[int, int]:
 
 
 def _posix_bytes(record: PosixRecord) -> bytes:
-    return _POSIX_RECORD.pack(darshan_hash(record.name), record.rank, *record.counters, *record.fcounters)
+    return record.pack(darshan_hash(record.name))
 
 
 def _dxt_bytes(record: DxtRecord) -> bytes:
-    host = record.hostname.encode("utf-8")[:63]
-    header = _DXT_HEADER.pack(darshan_hash(record.name), record.rank, 0, host, len(record.writes), len(record.reads))
-    return header + record.writes.tobytes() + record.reads.tobytes()
+    return dxt_bytes(darshan_hash(record.name), record.rank, record.hostname, record.writes, record.reads)
 
 
 def _heatmap_bytes(record: HeatmapRecord) -> bytes:
@@ -245,37 +251,165 @@ def encode_log(contents: LogContents, job: JobInfo) -> bytes:
         HEATMAP_MOD: _streams([_heatmap_bytes(h) for h in contents.heatmaps]),
     }
     mod_map = [(0, 0)] * MODULE_SLOTS
-    versions = [0] * MODULE_SLOTS
     for module_id in sorted(modules):
         region = modules[module_id]
         if not region:
             continue
         mod_map[module_id] = (offset + len(body), len(region))
-        versions[module_id] = MODULE_VERSIONS[module_id]
         body += region
+    return _header(name_map, mod_map) + bytes(body)
 
+
+def _header(name_map: tuple[int, int], mod_map: Sequence[tuple[int, int]]) -> bytes:
+    """The log's first HEADER_SIZE bytes: version, magic, the name region's and each module
+    region's (offset, length), and the version of each module present."""
+    versions = [MODULE_VERSIONS[module] if length else 0 for module, (_, length) in enumerate(mod_map)]
     header = struct.pack("<8sqB7xQ", LOG_VERSION.ljust(8, b"\0"), MAGIC, 0, 0)
     header += struct.pack("<QQ", *name_map)
     header += b"".join(struct.pack("<QQ", off, length) for off, length in mod_map)
     header += struct.pack(f"<{MODULE_SLOTS}I", *versions)
     assert len(header) == HEADER_SIZE
-    return header + bytes(body)
+    return header
 
 
-def write_darshan_log(path: Path | str, ranks: list[RankEvents], job: JobInfo) -> Path:
-    """Write the log of `ranks` to `path` (a file, or a folder to name it in) and return its path.
+class ZlibStreams:
+    """A region of one or more zlib streams back to back, compressed as it is written into `out`
+    (as zlib.compress of each stream's whole bytes, a buffer at a time)."""
 
-    The bytes go to `<name>.darshan_partial` first and are renamed when complete, as the runtime
-    does, so a reader never sees half a log.
+    BUFFER = 1 << 18
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.size = 0
+        self._compressor = None
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+
+    def begin(self) -> None:
+        self._compressor = None
+
+    def write(self, data: bytes) -> None:
+        if self._compressor is None:
+            self._compressor = zlib.compressobj()
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if self._pending_bytes >= self.BUFFER:
+            self._emit(self._compressor.compress(b"".join(self._pending)))
+
+    def end(self) -> None:
+        """Close the stream begun; a stream given no bytes leaves none (as `_streams` does)."""
+        if self._compressor is not None:
+            self._emit(self._compressor.compress(b"".join(self._pending)) + self._compressor.flush())
+            self._compressor = None
+
+    def _emit(self, data: bytes) -> None:
+        self._pending, self._pending_bytes = [], 0
+        self.out.write(data)
+        self.size += len(data)
+
+
+def write_darshan_log(path: Path | str, ranks: Sequence[RankEvents | Path | str], job: JobInfo,
+                      cwd: str | None = None) -> Path:
+    """Write the log of `ranks` (events in memory, or the ranks' event files, read a block at a
+    time) to `path` (a file, or a folder to name it in) and return its path.
+
+    The log holds what `encode_log(build_log_contents(ranks, job), job)` holds, made in memory that
+    does not grow with the files or events (darshan_stream.py, darshan_shared.py): the regions are
+    compressed as they are made, the name region into the log itself, the POSIX and DXT_POSIX
+    regions into temporary files appended after it, and the header, which gives their offsets,
+    written last. The bytes go to `<name>.darshan_partial` first and are renamed when complete, as
+    the runtime does, so a reader never sees half a log; on an error the partial file and every
+    temporary file are removed.
     """
     target = Path(path)
     if target.is_dir():
         target = target / darshan_log_name(job)
-    data = encode_log(build_log_contents(ranks, job), job)
     partial = target.with_name(target.name + "_partial") if target.suffix == ".darshan" else target.with_name(target.name + ".darshan_partial")
-    with open(partial, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, target)
+    sources = sorted((EventSource.of_events(r) if isinstance(r, RankEvents) else EventSource.of_file(Path(r))
+                      for r in ranks), key=lambda source: source.rank)
+    passes: list[RankPass] = []
+    try:
+        with open(partial, "wb") as out, temporary_file(partial.parent) as posix_file, \
+                temporary_file(partial.parent) as dxt_file:
+            dxt = ZlibStreams(dxt_file)
+            for source in sources:
+                host = job.hostnames[source.rank] if source.rank < len(job.hostnames) else source.hostname
+                dxt.begin()
+                passes.append(rank_pass(source, host, partial.parent, cwd, dxt.write))
+                dxt.end()
+            _write_body(out, posix_file, dxt_file, dxt.size, passes, job, partial.parent)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        for rank_pass_done in passes:
+            rank_pass_done.close()
     return target
+
+
+def _write_body(out: IO[bytes], posix_file: IO[bytes], dxt_file: IO[bytes], dxt_size: int,
+                passes: Sequence[RankPass], job: JobInfo, folder: Path) -> None:
+    """Header (a placeholder until the end), job region, names, POSIX, DXT_POSIX and HEATMAP."""
+    last_io = max((p.last_io for p in passes if p.event_count), default=0.0)
+    end_rel = last_io if last_io > 0 else max(job.end_wall - job.start_wall, 0.0)
+    out.write(bytes(HEADER_SIZE))
+    out.write(zlib.compress(_job_region(job, job.start_wall, job.start_wall + end_rel)))
+    names_at = out.tell()
+    names, posix = ZlibStreams(out), ZlibStreams(posix_file)
+    heatmaps = [h for h in (p.heatmap.finish(end_rel) for p in passes) if h is not None]
+    _write_records(passes, job, names, posix, folder)
+    if heatmaps:
+        names.write(struct.pack("<Q", darshan_hash(HEATMAP_POSIX_NAME)) + HEATMAP_POSIX_NAME.encode("utf-8") + b"\0")
+    names.end()
+    name_map = (names_at, names.size) if names.size else (0, 0)
+    mod_map = [(0, 0)] * MODULE_SLOTS
+    for module, region, size in ((POSIX_MOD, posix_file, posix.size), (DXT_POSIX_MOD, dxt_file, dxt_size)):
+        if size:
+            mod_map[module] = (out.tell(), size)
+            region.seek(0)
+            shutil.copyfileobj(region, out, ZlibStreams.BUFFER)
+    heatmap_region = _streams([_heatmap_bytes(h) for h in heatmaps])
+    if heatmap_region:
+        mod_map[HEATMAP_MOD] = (out.tell(), len(heatmap_region))
+        out.write(heatmap_region)
+    out.seek(0)
+    out.write(_header(name_map, mod_map))
+    out.seek(0, os.SEEK_END)
+
+
+def _write_records(passes: Sequence[RankPass], job: JobInfo, names: ZlibStreams, posix: ZlibStreams,
+                   folder: Path) -> None:
+    """Each rank's POSIX stream (rank 0's ending with the reduced records) and, beside it, the
+    name of each record id where it first occurs."""
+    reduce = reduces(passes, job.mpi, job.nprocs)
+    names.begin()
+    if len(passes) <= 1 and not reduce:  # one rank, nothing to reduce: every record names its file
+        for one in passes:
+            _write_rank(one, names, posix, None, None)
+        return
+    with CrossRank(passes, reduce, job.nprocs, folder) as across:
+        flags = across.flag_blocks()
+        for number, one in enumerate(passes):
+            _write_rank(one, names, posix, flags, across.shared.chunks() if number == 0 and reduce else None)
+
+
+def _write_rank(rank_pass: RankPass, names: ZlibStreams, posix: ZlibStreams, flags: Rechunk | None,
+                shared: Iterator[np.ndarray] | None) -> None:
+    posix.begin()
+    table = rank_pass.names
+    for block in rank_pass.record_blocks():
+        marks = flags.take(len(block)) if flags is not None else np.full(len(block), NAMED, np.uint8)
+        for rid, index, body, mark in zip(block["rid"].tolist(), block["file"].tolist(), block["body"], marks.tolist()):
+            if mark == SHARED:
+                continue
+            posix.write(bytes(body))
+            if mark == NAMED:
+                names.write(struct.pack("<Q", rid) + table.name(index) + b"\0")
+    for block in shared or ():
+        for rid, index, body in zip(block["rid"].tolist(), block["file"].tolist(), block["body"]):
+            posix.write(bytes(body))
+            names.write(struct.pack("<Q", rid) + table.name(index) + b"\0")
+    posix.end()
