@@ -28,7 +28,7 @@ from dlio_ckpt.metrics import latency, mlperf
 from dlio_ckpt.metrics import summary as summaries
 from dlio_ckpt.metrics.report import log_report, print_report
 from dlio_ckpt.storage import backend_class, make_backend
-from dlio_ckpt.storage.events import EventRecorder, JobClock, load_run_events
+from dlio_ckpt.storage.events import EventRecorder, JobClock, event_files
 from dlio_ckpt.storage.traced import TracedStorage
 from dlio_ckpt.trace.darshan_writer import JobInfo
 from dlio_ckpt.trace.outputs import write_trace_outputs
@@ -148,7 +148,7 @@ def _write_traces(ctx: RunContext, everyone: list[dict[str, Any]], darshan_runti
     if not (config.trace.darshan or config.trace.chrome or darshan_runtime is not None):
         return traces
 
-    ranks = load_run_events(ctx.run_dir)
+    ranks = event_files(ctx.run_dir)  # read a block at a time by the writers, never loaded whole
     job = JobInfo.for_run(ctx.world.size, ctx.clock.job_start_wall, time.time(), [r["hostname"] for r in everyone],
                           metadata={"run_id": ctx.run_id, "workload": config.workload}, mpi=ctx.world.parallel)
     traces.update(write_trace_outputs(ctx.run_dir, ranks, job, darshan=config.trace.darshan, chrome=config.trace.chrome,

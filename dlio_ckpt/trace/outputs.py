@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlio_ckpt.storage.events import RankEvents, event_files
+from dlio_ckpt.storage.events import RankEvents
 from dlio_ckpt.trace.chrome import write_chrome_trace
 from dlio_ckpt.trace.darshan_writer import JobInfo, darshan_log_name, write_darshan_log
 from dlio_ckpt.trace.runtime import RuntimeInfo
@@ -16,9 +16,13 @@ from dlio_ckpt.trace.runtime import RuntimeInfo
 CHROME_TRACE_NAME = "trace.chrome.json"
 
 
-def write_trace_outputs(run_dir: Path, ranks: list[RankEvents], job: JobInfo, darshan: bool, chrome: bool,
+def write_trace_outputs(run_dir: Path, ranks: list[RankEvents] | list[Path], job: JobInfo, darshan: bool, chrome: bool,
                         runtime: RuntimeInfo | None = None) -> dict[str, str]:
     """Write the requested traces into `run_dir`; return {kind: path relative to run_dir}.
+
+    `ranks`: every rank's event file, in rank order (a run's end: both writers read them a block
+    at a time, so a run of millions of files is traced in memory that does not grow with them), or
+    events already loaded.
 
     Kinds: "darshan" (our log, named as darshan-runtime names its logs), "chrome", and
     "darshan_runtime" (where the real runtime's log will appear) when `runtime` captures the run;
@@ -32,8 +36,7 @@ def write_trace_outputs(run_dir: Path, ranks: list[RankEvents], job: JobInfo, da
         path = write_darshan_log(run_dir / darshan_log_name(job), ranks, job)
         written["darshan"] = _relative(path, run_dir)
     if chrome:
-        # the run folder's event files, read a block at a time; the events given where it has none
-        path = write_chrome_trace(run_dir / CHROME_TRACE_NAME, event_files(run_dir) or ranks,
+        path = write_chrome_trace(run_dir / CHROME_TRACE_NAME, ranks,
                                   metadata={"jobid": job.jobid, "nprocs": job.nprocs, "start_wall": job.start_wall,
                                             **dict(job.metadata)})
         written["chrome"] = _relative(path, run_dir)
