@@ -78,17 +78,21 @@ def setups(shm: Path) -> dict[str, list[str]]:
     return out
 
 
-def make_runs(folder: Path, named: dict[str, list[str]] | None = None) -> list[Path]:
+def make_runs(folder: Path, named: dict[str, list[str]] | None = None, overrides: tuple[str, ...] = ()) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     runs = []
     store = Path(tempfile.mkdtemp(prefix="advisor-vs-measured-"))
     try:
         for name, extra in (named or setups(Path("/dev/shm") / f"{store.name}-local")).items():
             run_dir = folder / name
-            done = subprocess.run([tool("dlio_ckpt"), *BASE, *extra, f"storage.root={store}", f"hydra.run.dir={run_dir}"],
+            done = subprocess.run([tool("dlio_ckpt"), *BASE, *overrides, *extra, f"storage.root={store}",
+                                   f"hydra.run.dir={run_dir}"],
                                   capture_output=True, text=True, cwd=store)
             if done.returncode != 0:
                 sys.exit(f"{name}: dlio_ckpt failed: {done.stderr.strip().splitlines()[-1:]}")
+            # each run keeps all its checkpoints (keep_last 0); dropped once measured, or a sweep's
+            # runs fill the store (82 runs: ~30 GB, more than a tmpfs store holds)
+            shutil.rmtree(store / "checkpoints", ignore_errors=True)
             runs.append(run_dir)
             print(f"ran {name}", file=sys.stderr)
     finally:
@@ -141,7 +145,7 @@ SWEEP_SEEDS = (1, 2, 3, 4)
 
 
 def sweep_runs(folder: Path, mtbf_s: float = SWEEP_MTBF_S, intervals=SWEEP_INTERVALS, seeds=SWEEP_SEEDS,
-               skip=lambda k, seed: False) -> list[Path]:
+               skip=lambda k, seed: False, overrides: tuple[str, ...] = ()) -> list[Path]:
     """The sweep's runs in a shuffled (seeded) order: on a machine shared with other jobs the load
     drifts, and run interval by interval, each interval would meet its own load (costs that the
     calibration, made from a few runs, cannot know); shuffled, the drift spreads over all of them."""
@@ -149,7 +153,7 @@ def sweep_runs(folder: Path, mtbf_s: float = SWEEP_MTBF_S, intervals=SWEEP_INTER
     random.Random(0).shuffle(combos)
     return make_runs(folder, {f"k{k}-seed{seed}": [f"checkpoint.steps_between_checkpoints={k}", f"failures.mtbf_s={mtbf_s}",
                                                    f"failures.seed={seed}", "failures.kind=node"]
-                              for k, seed in combos})
+                              for k, seed in combos}, overrides)
 
 
 @functools.lru_cache(maxsize=None)
@@ -346,13 +350,15 @@ def main() -> None:
     p.add_argument("--fit-seeds", default="1,2")
     p.add_argument("--fit-intervals", default="2,8")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="--sweep: a dlio_ckpt override for every run, after the base ones (model.model_size_bytes=64MiB)")
     args = p.parse_args()
     if args.sweep:
         if not args.sweep.exists():
             fit_seeds, fit_intervals = {int(s) for s in args.fit_seeds.split(",")}, {int(k) for k in args.fit_intervals.split(",")}
             unused = (lambda k, seed: seed in fit_seeds and k not in fit_intervals) if args.held_out else (lambda k, seed: False)
             sweep_runs(args.sweep, args.mtbf, [int(k) for k in args.intervals.split(",")],
-                       [int(s) for s in args.seeds.split(",")], unused)
+                       [int(s) for s in args.seeds.split(",")], unused, tuple(args.set))
         if args.held_out:
             result = predict_sweep(args.sweep, args.mtbf, {int(s) for s in args.fit_seeds.split(",")},
                                    {int(k) for k in args.fit_intervals.split(",")})
