@@ -15,6 +15,11 @@ import rank_fork
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+SHM = Path("/dev/shm")
+
+
+def _mpich_segments() -> set[Path]:
+    return set(SHM.glob("mpich_shm_*")) if SHM.is_dir() else set()
 
 
 def pytest_sessionstart(session) -> None:
@@ -28,6 +33,7 @@ def pytest_sessionstart(session) -> None:
     import dlio_ckpt
 
     compileall.compile_dir(Path(dlio_ckpt.__file__).parent, quiet=1)
+    session.config.stash[_SEGMENTS] = _mpich_segments()
 
 
 def pytest_sessionfinish(session) -> None:
@@ -35,6 +41,22 @@ def pytest_sessionfinish(session) -> None:
     (cli_fork.stop_servers, rank_fork.stop_server)."""
     stop_servers()
     rank_fork.stop_server()
+    _remove_left_segments(session)
+
+
+_SEGMENTS = pytest.StashKey[set]()
+
+
+def _remove_left_segments(session) -> None:
+    """mpich keeps a node's ranks' shared memory in /dev/shm/mpich_shm_*, unlinked once every rank
+    has attached: a rank the suite kills on purpose (injected failures, cancelled jobs) leaves its
+    segment behind, ~21 a suite run (2 MB each; 1,152 had piled up here). The ones that appeared
+    during the session go with it, once every test is done: only in the controller (pytest-xdist's
+    workers finish while others still run MPI jobs)."""
+    if hasattr(session.config, "workerinput") or _SEGMENTS not in session.config.stash:
+        return
+    for segment in _mpich_segments() - session.config.stash[_SEGMENTS]:
+        segment.unlink(missing_ok=True)
 
 
 def cli_env() -> dict[str, str]:
