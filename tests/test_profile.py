@@ -57,9 +57,11 @@ NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
     # keras_tfdata's compute per step (its first step's tracing as train.first_step_time, over its
     # steps). Each save's setup before its first write (CheckpointManager's object-graph walk, 11-17
     # ms, ~50 in the first) is now measured on the checkpoint and left out (framework_setup.py):
-    # quiet, 1.022, 1.084, 1.032, 1.039 and once 1.557 (2026-12-02; 1.08-1.10 and once 1.86 before).
-    # The outliers' extra second lies in the first epoch, beyond the program's timed steps, and was
-    # not found (a cold first save took 1.15 s once, with the page cache full of another job's files)
+    # quiet, 1.022, 1.084, 1.032, 1.039, 1.056, 1.026, 1.033 and twice 1.56-1.74 (2026-12-02; 1.08-1.10
+    # and once 1.86 before). The outliers' extra second is an epoch's last next() on the tf.data
+    # iterator (the one that raises StopIteration), which the program's clock counts nowhere: in the
+    # 1.74x run its wall less its compute, waits and saves was 1.16 s. The log cannot tell it from the
+    # loop's compute: nothing is read then
     ("keras_tfdata", "compute"): (0.9, 2.0),
 }
 # keras_tfdata's checkpoint bytes per save are exact now (but for the times its state file records):
