@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,11 @@ BIN = Path(sys.executable).parent
 SHM = Path("/dev/shm")
 
 
-def _mpich_segments() -> set[Path]:
-    return set(SHM.glob("mpich_shm_*")) if SHM.is_dir() else set()
+def _mpich_leftovers() -> set[Path]:
+    """mpich's leftovers: its ranks' shared memory, and the hwloc topology file mpiexec (hydra)
+    writes in the temporary folder for its proxies."""
+    segments = set(SHM.glob("mpich_shm_*")) if SHM.is_dir() else set()
+    return segments | set(Path(tempfile.gettempdir()).glob("hydra_hwloc_xmlfile_*"))
 
 
 def pytest_sessionstart(session) -> None:
@@ -33,7 +37,7 @@ def pytest_sessionstart(session) -> None:
     import dlio_ckpt
 
     compileall.compile_dir(Path(dlio_ckpt.__file__).parent, quiet=1)
-    session.config.stash[_SEGMENTS] = _mpich_segments()
+    session.config.stash[_SEGMENTS] = _mpich_leftovers()
 
 
 def pytest_sessionfinish(session) -> None:
@@ -49,13 +53,14 @@ _SEGMENTS = pytest.StashKey[set]()
 
 def _remove_left_segments(session) -> None:
     """mpich keeps a node's ranks' shared memory in /dev/shm/mpich_shm_*, unlinked once every rank
-    has attached: a rank the suite kills on purpose (injected failures, cancelled jobs) leaves its
-    segment behind, ~21 a suite run (2 MB each; 1,152 had piled up here). The ones that appeared
-    during the session go with it, once every test is done: only in the controller (pytest-xdist's
-    workers finish while others still run MPI jobs)."""
+    has attached, and mpiexec its hwloc topology in /tmp/hydra_hwloc_xmlfile_*, removed as it exits:
+    a rank or an mpiexec the suite kills on purpose (injected failures, cancelled jobs) leaves them
+    behind, ~21 segments (2 MB each; 1,152 had piled up here) and ~20 topology files a suite run.
+    The ones that appeared during the session go with it, once every test is done: only in the
+    controller (pytest-xdist's workers finish while others still run MPI jobs)."""
     if hasattr(session.config, "workerinput") or _SEGMENTS not in session.config.stash:
         return
-    for segment in _mpich_segments() - session.config.stash[_SEGMENTS]:
+    for segment in _mpich_leftovers() - session.config.stash[_SEGMENTS]:
         segment.unlink(missing_ok=True)
 
 
