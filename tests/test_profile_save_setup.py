@@ -61,9 +61,11 @@ def test_the_setup_is_the_stand_ins_save_less_its_byte_work(tmp_path):
     prefix = _program_checkpoint(tmp_path / "program")
     setup = tensorflow_save_setup(prefix)
     assert setup.nodes == len(_graph(prefix).nodes) and setup.variables == 5
-    assert setup.cpu_s == pytest.approx(max(0.0, setup.save_cpu_s - setup.bytes_cpu_s))
-    assert setup.first_extra_s == pytest.approx(max(0.0, setup.first_cpu_s - setup.save_cpu_s))
-    assert setup.save_cpu_s > 0 and setup.bytes_cpu_s > 0
+    # the save's walk of its object graph costs CPU beyond SaveV2 + MergeV2Checkpoints of the same
+    # tensors (CPU, not wall: medians of 5 on the saving thread: 5-6 ms against 1.2-2.0 ms here). A
+    # first save costs more only in a process that has not saved before (this test's program saved)
+    assert setup.bytes_cpu_s > 0 and setup.save_cpu_s > setup.bytes_cpu_s
+    assert setup.cpu_s == setup.save_cpu_s - setup.bytes_cpu_s > 0
     # it writes only in its own temporary folder: the program's checkpoint folder is as it was
     assert sorted(os.listdir(tmp_path / "program")) == ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index",
                                                         "ckpt-2.data-00000-of-00001", "ckpt-2.index"]

@@ -39,13 +39,21 @@ TIMED_SAVES = 5
 class SaveSetup:
     """Seconds of CPU a save spends outside its byte work, and what the stand-in held."""
 
-    cpu_s: float  # every save's: the stand-in's save less its byte work
-    first_extra_s: float  # the first save's more: its first save less a later one
     nodes: int
     variables: int
     save_cpu_s: float  # the stand-in's whole save, median
     bytes_cpu_s: float  # SaveV2 + MergeV2Checkpoints of the same tensors, median
     first_cpu_s: float  # the stand-in's first save in this process
+
+    @property
+    def cpu_s(self) -> float:
+        """Every save's: the stand-in's save less its byte work."""
+        return max(0.0, self.save_cpu_s - self.bytes_cpu_s)
+
+    @property
+    def first_extra_s(self) -> float:
+        """The first save's more: its first save less a later one."""
+        return max(0.0, self.first_cpu_s - self.save_cpu_s)
 
 
 def setup_values(fmt: str, on_disk: str | None) -> tuple[list[Value], tuple[float, float]]:
@@ -103,8 +111,7 @@ def tensorflow_save_setup(prefix: str) -> SaveSetup | None:
 
         _, bytes_cpu = _cpu(byte_work)
         first_cpu, save_cpu = _cpu(whole)
-    return SaveSetup(max(0.0, save_cpu - bytes_cpu), max(0.0, first_cpu - save_cpu), len(graph.nodes), variables,
-                     save_cpu, bytes_cpu, first_cpu)
+    return SaveSetup(len(graph.nodes), variables, save_cpu, bytes_cpu, first_cpu)
 
 
 def _cpu(save) -> tuple[float, float]:
