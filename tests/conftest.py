@@ -57,11 +57,27 @@ def _remove_left_segments(session) -> None:
     a rank or an mpiexec the suite kills on purpose (injected failures, cancelled jobs) leaves them
     behind, ~21 segments (2 MB each; 1,152 had piled up here) and ~20 topology files a suite run.
     The ones that appeared during the session go with it, once every test is done: only in the
-    controller (pytest-xdist's workers finish while others still run MPI jobs)."""
+    controller (pytest-xdist's workers finish while others still run MPI jobs), and only while no
+    MPI launcher runs on the machine: another MPI job started beside the suite has files of its own
+    among the new ones, and a rank that has yet to attach to a removed segment hangs."""
     if hasattr(session.config, "workerinput") or _SEGMENTS not in session.config.stash:
+        return
+    if _launcher_running():
         return
     for segment in _mpich_leftovers() - session.config.stash[_SEGMENTS]:
         segment.unlink(missing_ok=True)
+
+
+def _launcher_running() -> bool:
+    """Whether an MPI launcher (mpiexec, its hydra proxies) runs on the machine: /proc's command names."""
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            name = comm.read_text().strip()
+        except OSError:
+            continue
+        if name.startswith(("mpiexec", "mpirun", "hydra_pmi_prox")):
+            return True
+    return False
 
 
 def cli_env() -> dict[str, str]:
