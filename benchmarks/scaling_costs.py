@@ -70,8 +70,9 @@ def measured(command: list[str], cwd: str) -> tuple[float, int]:
     return float(wall), int(rss_kib) * 1024
 
 
-def case_command(kind: str, n: int, root: Path) -> tuple[list[str], list[str]]:
-    """(launcher prefix, dlio_ckpt arguments) for one case of size n."""
+def case_command(kind: str, n: int, root: Path, file_size: str = "4KiB") -> tuple[list[str], list[str]]:
+    """(launcher prefix, dlio_ckpt arguments) for one case of size n; `file_size`: the gen-4k, read-4k
+    and apart-4k cases' file size (4 KiB unless --file-size says otherwise)."""
     common = [f"storage.root={root}/store", f"hydra.run.dir={root}/run", "progress=false"]
     if kind == "plan-ckpt":
         return [], ["workload=llama3_70b", "mode=plan", f"world.size={n}", "model.parallelism.data=0", *common]
@@ -85,7 +86,7 @@ def case_command(kind: str, n: int, root: Path) -> tuple[list[str], list[str]]:
     if kind == "generate-nosync":  # the emulator's own cost per file, without the file system's fsync
         return [], ["workload=unet3d", "mode=generate", "storage.fsync=false", *tiny, *common]
     if kind in ("gen-4k", "read-4k", "apart-4k"):
-        four_k = ["dataset.format=raw", f"dataset.num_files_train={n}", "dataset.record_length_bytes=4KiB",
+        four_k = ["dataset.format=raw", f"dataset.num_files_train={n}", f"dataset.record_length_bytes={file_size}",
                   "dataset.record_length_bytes_stdev=0", "dataset.record_length_bytes_min=1",
                   "dataset.num_subfolders_train=100", "checkpoint.enabled=false", "storage.fsync=false", *common]
         if kind == "gen-4k":
@@ -115,7 +116,7 @@ def fio_command(kind: str, n: int, root: Path) -> list[str]:
             "--output-format=terse"]
 
 
-def run_case(kind: str, n: int, root: Path) -> tuple[float, int, float | None, tuple[float, int] | None]:
+def run_case(kind: str, n: int, root: Path, file_size: str = "4KiB") -> tuple[float, int, float | None, tuple[float, int] | None]:
     """(wall s, peak RSS bytes, the read epoch's s where the case reads after generating, the
     generating process's (wall s, peak RSS bytes) where that is a process of its own) of one run."""
     if kind.startswith("fio-"):
@@ -125,8 +126,8 @@ def run_case(kind: str, n: int, root: Path) -> tuple[float, int, float | None, t
         return wall, peak, None, None
     generated = None
     if kind == "apart-4k":  # the dataset first, by a process of its own
-        generated = measured([tool("dlio_ckpt"), *case_command("gen-4k", n, root)[1]], str(root))
-    prefix, arguments = case_command(kind, n, root)
+        generated = measured([tool("dlio_ckpt"), *case_command("gen-4k", n, root, file_size)[1]], str(root))
+    prefix, arguments = case_command(kind, n, root, file_size)
     wall, peak = measured([*prefix, tool("dlio_ckpt"), *arguments], str(root))
     epoch = None
     if kind in ("read-4k", "apart-4k"):
@@ -153,6 +154,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each case (median reported)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the files go (a disk's folder, "
                         "or /dev/shm to see the programs' own cost without the file system's)")
+    parser.add_argument("--file-size", default="4KiB", help="the file size of gen-4k, read-4k and apart-4k "
+                        "(e.g. 128 for 10M files that an ext4 with inline_data keeps in its inodes; the fio cases stay 4 KiB)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scaling_costs.json"))
     args = parser.parse_args()
     cases = [("plan-ckpt", n) for n in sizes(args.plan_ranks)] + [("plan-data", n) for n in sizes(args.plan_files)]
@@ -171,7 +174,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 root = Path(tempfile.mkdtemp(dir=base))
                 os.sync()  # the last case's files and their removal written back first, not during this one
-                wall, peak, epoch, generated = run_case(kind, n, root)
+                wall, peak, epoch, generated = run_case(kind, n, root, args.file_size)
                 generations.append(generated)
                 walls.append(wall)
                 peaks.append(peak)
@@ -200,7 +203,7 @@ def main() -> None:
         print(table([[kind, f"{a:,} -> {b:,}", f"{us:.1f}"] for kind, a, b, us in marginal],
                     ["case", "n", "marginal us a file"]))
     write_json(Path(args.out), {"environment": env, "loadavg_at_end": os.getloadavg(),
-                                "rounds": args.rounds, "results": results,
+                                "rounds": args.rounds, "file_size": args.file_size, "results": results,
                                 "marginal_us_per_file": [dict(zip(("case", "n1", "n2", "us"), m)) for m in marginal]})
 
 
