@@ -5,11 +5,12 @@ that moved the most bytes, over every rank's path table (a path can be in severa
 and twice in one: EventRecorder gives a path a second index once it left its cache). A dict keyed
 by path held 10 million entries at 10 million files. Instead every (rank, path index) named, with
 the bytes a block of events moved to it, becomes a fixed-size record keyed by the path's 64-bit
-hash, appended to one of several unlinked temporary files by that hash (`tempfile.TemporaryFile`:
-nothing is left behind however the analysis ends), each PARTITION_PATHS paths or so, at most
-MAX_PARTITIONS files (open at once: past 2^22 paths, summed over the ranks' tables, a partition
-grows instead, ~70 bytes held a path of one partition). Each file is then grouped on its own with
-numpy, so what is held is one partition's records.
+hash, and the records go through the external bucket sort the Darshan writer uses
+(trace/darshan_spill.BucketSpill: one unlinked temporary file, nothing left behind however the
+analysis ends). It hands them back a bucket at a time, a path's records never split, and a bucket
+that grew past its bound is split again; so what is held is one bucket's records (about half a
+MiB), at any number of paths. (A fixed 256 partitions, before, held 1/256 of all records at
+once: 22 MiB more at 10M files than at 10k, benchmarks/README.md.)
 
 A path is known by its hash alone: two different paths with the same 64-bit hash (Python's
 SipHash of the text, random per process) would count as one file. With n paths the odds are about
@@ -18,16 +19,16 @@ n^2 / 2^65: 3e-12 at 10 thousand, 3e-6 at 10 million.
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-PARTITION_PATHS = 1 << 14  # paths (and about as many records again from events) a partition holds
-MAX_PARTITIONS = 256
+from dlio_ckpt.trace.darshan_spill import BucketSpill
+
 TOP_FILES = 50
 
-RECORD = np.dtype([("hash", "i8"), ("rank", "i4"), ("index", "i8"), ("read", "i8"), ("written", "i8"),
+# the hash as unsigned: BucketSpill's keys (its buckets are ranges of them)
+RECORD = np.dtype([("hash", "u8"), ("rank", "i4"), ("index", "i8"), ("read", "i8"), ("written", "i8"),
                    ("named", "u1")])
 
 
@@ -36,19 +37,18 @@ class FileTotals:
     then read once (`result`). `rank` is the rank's position in the run (its order in the report)."""
 
     def __init__(self, total_paths: int) -> None:
-        count = min(MAX_PARTITIONS, max(1, -(-total_paths // PARTITION_PATHS)))
-        self._parts = [tempfile.TemporaryFile() for _ in range(count)]
+        # about a record per path from the tables and one per path from the events
+        self._spill = BucketSpill(RECORD, "hash", 1 << 64, 2 * max(total_paths, 1), prefix=".dlio_ckpt-file-totals-")
 
     def close(self) -> None:
-        for part in self._parts:
-            part.close()
+        self._spill.close()
 
     def add_paths(self, rank: int, first: int, paths: Iterable[str]) -> None:
         """Paths `first`, `first` + 1, ... of a rank's table: each is a file of the run, events or not."""
         hashes = np.fromiter((hash(path) for path in paths), np.int64)
         records = np.zeros(len(hashes), RECORD)
-        records["hash"], records["rank"], records["index"] = hashes, rank, np.arange(first, first + len(hashes))
-        self._write(records)
+        records["hash"], records["rank"], records["index"] = hashes.view(np.uint64), rank, np.arange(first, first + len(hashes))
+        self._spill.add(records)
 
     def add_events(self, rank: int, ops_read: np.ndarray, ops_written: np.ndarray, files: np.ndarray,
                    lengths: np.ndarray, names: dict[int, str]) -> None:
@@ -56,19 +56,11 @@ class FileTotals:
         the reads and the writes; `names` the paths they name."""
         indices, inverse = np.unique(files, return_inverse=True)
         records = np.zeros(len(indices), RECORD)
-        records["hash"] = np.fromiter((hash(names[index]) for index in indices.tolist()), np.int64, len(indices))
+        records["hash"] = np.fromiter((hash(names[index]) for index in indices.tolist()), np.int64, len(indices)).view(np.uint64)
         records["rank"], records["index"], records["named"] = rank, indices, 1
         records["read"] = np.bincount(inverse, weights=np.where(ops_read, lengths, 0), minlength=len(indices))
         records["written"] = np.bincount(inverse, weights=np.where(ops_written, lengths, 0), minlength=len(indices))
-        self._write(records)
-
-    def _write(self, records: np.ndarray) -> None:
-        part = (records["hash"].view(np.uint64) % np.uint64(len(self._parts))).astype(np.int64)
-        order = np.argsort(part, kind="stable")
-        records, bounds = records[order], np.searchsorted(part[order], np.arange(len(self._parts) + 1))
-        for number, handle in enumerate(self._parts):
-            if bounds[number + 1] > bounds[number]:
-                handle.write(records[bounds[number]:bounds[number + 1]].tobytes())
+        self._spill.add(records)
 
     def result(self, name_of: Callable[[int, int], str]) -> dict[str, Any]:
         """The analysis's `files` figures: the count of files, by class, and the TOP_FILES that
@@ -77,11 +69,7 @@ class FileTotals:
         counts = {"count": 0, "read_only": 0, "write_only": 0, "read_write": 0, "metadata_only": 0}
         top = np.zeros(0, [("total", "i8"), ("rank", "i4"), ("index", "i8"), ("read", "i8"), ("written", "i8"),
                            ("ranks", "i8")])
-        for handle in self._parts:
-            handle.seek(0)
-            records = np.frombuffer(handle.read(), RECORD)
-            if not len(records):
-                continue
+        for records in self._spill.chunks():
             files = _grouped(records)
             read, written = files["read"] > 0, files["written"] > 0
             counts["count"] += len(files)
@@ -98,12 +86,16 @@ class FileTotals:
 def _grouped(records: np.ndarray) -> np.ndarray:
     """One row per path (hash): its bytes, the distinct ranks whose events name it, and where it
     first appears (the least rank, then the least index there)."""
-    order = np.lexsort((records["index"], records["rank"], records["hash"]))
+    # the hash read as signed throughout: it stacks with the ranks below, and searchsorted needs the
+    # order the sort made
+    order = np.lexsort((records["index"], records["rank"], records["hash"].view(np.int64)))
     records = records[order]
-    starts = np.flatnonzero(np.concatenate([[True], records["hash"][1:] != records["hash"][:-1]]))
-    named = records[records["named"] == 1]
-    pairs = np.unique(np.stack([named["hash"], named["rank"].astype(np.int64)]), axis=1) if len(named) else np.zeros((2, 0), np.int64)
-    hashes = records["hash"][starts]
+    keys = records["hash"].view(np.int64)
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    named = records["named"] == 1
+    pairs = np.unique(np.stack([keys[named], records["rank"][named].astype(np.int64)]), axis=1) if named.any() \
+        else np.zeros((2, 0), np.int64)
+    hashes = keys[starts]
     ranks = np.bincount(np.searchsorted(hashes, pairs[0]), minlength=len(hashes)) if pairs.shape[1] else np.zeros(len(hashes), np.int64)
     files = np.zeros(len(starts), [("total", "i8"), ("rank", "i4"), ("index", "i8"), ("read", "i8"),
                                    ("written", "i8"), ("ranks", "i8")])

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from analysis_reference import old_figures
-from dlio_ckpt.analysis import file_totals, order_statistics
+from dlio_ckpt.analysis import order_statistics
 from dlio_ckpt.analysis.order_statistics import OrderStatistics, order_index
 from dlio_ckpt.analysis.run_folders import analyse_run
 from dlio_ckpt.storage import events as events_module
 from dlio_ckpt.storage.events import EventRecorder, JobClock, RankEvents, event_files
+from dlio_ckpt.trace import darshan_spill
 from varied_events import write_varied_run
 
 EXACT_KEYS = {"count", "min_s", "max_s", "p50_s", "p90_s", "p99_s", "p99_9_s"}
@@ -55,7 +56,10 @@ def test_the_streamed_figures_are_the_old_ones(tmp_path, monkeypatch, small):
     old = old_figures([RankEvents.load(path) for path in event_files(run)])
     if small:  # many blocks, partitions and passes on a tiny run: every seam is crossed
         monkeypatch.setattr(events_module, "EVENT_BLOCK_ROWS", 7)
-        monkeypatch.setattr(file_totals, "PARTITION_PATHS", 5)
+        monkeypatch.setattr(darshan_spill, "BUCKET_BYTES", 64)  # the per-file totals' spill: many buckets,
+        monkeypatch.setattr(darshan_spill, "BUCKET_MAX_BYTES", 128)  # each split again, many flushes
+        monkeypatch.setattr(darshan_spill, "FLUSH_BYTES", 300)
+        monkeypatch.setattr(darshan_spill, "MAX_BUCKETS", 4)
         monkeypatch.setattr(order_statistics, "COLLECT", 2)
     new = analyse_run(run)
     for key in ("count", "read_only", "write_only", "read_write", "metadata_only"):
@@ -130,8 +134,14 @@ def _peak_bytes(run: Path) -> tuple[int, object]:
 
 
 def test_the_analysis_memory_does_not_grow_with_the_files(tmp_path, monkeypatch):
+    """The spill's bounds made small (its buckets capped at 8, as they are at 256), so that 10,000
+    files are past the cap as 10 million are at the real sizes: a fixed number of partitions, as
+    the per-file totals had, then holds 10x more at 10x the files (1.3x allowed)."""
     monkeypatch.setattr(events_module, "EVENT_BLOCK_ROWS", 512)
-    monkeypatch.setattr(file_totals, "PARTITION_PATHS", 512)
+    monkeypatch.setattr(darshan_spill, "BUCKET_BYTES", 8 << 10)
+    monkeypatch.setattr(darshan_spill, "BUCKET_MAX_BYTES", 32 << 10)
+    monkeypatch.setattr(darshan_spill, "FLUSH_BYTES", 16 << 10)
+    monkeypatch.setattr(darshan_spill, "MAX_BUCKETS", 8)
     analyse_run(_run_folder(tmp_path / "small", 1_000))  # what the first call allocates once is not the analysis's
     small_peak, small = _peak_bytes(tmp_path / "small")
     large_peak, large = _peak_bytes(_run_folder(tmp_path / "large", 10_000))

@@ -1,5 +1,6 @@
 """An external bucket sort of numpy rows by an integer key: what lets the Darshan writer group a
-run's events by file, and put records in first-touch order, without holding them all.
+run's events by file, and put records in first-touch order, without holding them all (and the
+offline analysis sum each file's bytes over ranks: analysis/file_totals.py).
 
 A Darshan log is made per file (a record per rank and file), but events come in time order, and
 a dataset of millions of files made the writer hold every file's record at once (3.7 KiB a file,
@@ -38,9 +39,9 @@ class BucketSpill:
     """
 
     def __init__(self, dtype: np.dtype, key: str, span: int, expected_rows: int, folder: Path | None = None,
-                 then: str | None = None, low: int = 0) -> None:
+                 then: str | None = None, low: int = 0, prefix: str = ".dlio_ckpt-darshan-") -> None:
         self.dtype, self.key, self.then, self.low = np.dtype(dtype), key, then, low
-        self.folder = folder
+        self.folder, self.prefix = folder, prefix
         self._max_rows = max(1, BUCKET_MAX_BYTES // self.dtype.itemsize)
         buckets = min(MAX_BUCKETS, max(1, expected_rows * self.dtype.itemsize // BUCKET_BYTES))
         width = max(1, -(-span // buckets))
@@ -91,7 +92,7 @@ class BucketSpill:
         firsts = np.zeros(self.buckets + 1, np.int32)  # a flush holds far fewer than 2^31 rows
         np.cumsum(np.bincount(buckets, minlength=self.buckets), out=firsts[1:])
         if self._file is None:
-            self._file = tempfile.TemporaryFile(dir=self.folder, prefix=".dlio_ckpt-darshan-", buffering=0)
+            self._file = tempfile.TemporaryFile(dir=self.folder, prefix=self.prefix, buffering=0)
         self._file.seek(self._size)
         self._file.write(memoryview(np.ascontiguousarray(rows[order])).cast("B"))
         self._flushes.append((self._size, firsts))
@@ -131,7 +132,7 @@ class BucketSpill:
         if low == high:  # one key: its rows cannot be split
             yield self._sorted(np.concatenate(list(self._pieces(bucket))))
             return
-        with BucketSpill(self.dtype, self.key, high - low + 1, count, self.folder, self.then, low) as inner:
+        with BucketSpill(self.dtype, self.key, high - low + 1, count, self.folder, self.then, low, self.prefix) as inner:
             for piece in self._pieces(bucket):
                 inner.add(piece)
             yield from inner.chunks()
