@@ -33,8 +33,19 @@ through a scratch file, the read order is computed a block at a time from keyed 
 (plan/permutation.py), and reader worker processes send each message's paths with it instead of
 a table per worker (engine/workers.py). What fills with N up to a bound: the recorder's path cache
 (2^14 to 2^15 paths) and each worker's last 2^15 + 4096 names, reached near 36k files.
-benchmarks/README.md, "Constant memory", has the measurements; 10M real files take hours here,
-so apart-4k was measured to the largest count the session allowed and plan-data at 10M.
+benchmarks/README.md, "Constant memory", has the measurements.
+
+10M files of 4 KiB are 40 GB: more than this machine's tmpfs holds, and on its disk the reading
+process's first stat of each cold inode took hours. Files of 128 bytes or less fit in an ext4
+inode with the inline_data feature, so a file system of 10M such files is its inode table (2.6 GB)
+and folders, and can live in memory (as root; `--direct-io` keeps the loop device from caching
+the image a second time):
+
+    truncate -s 20G /dev/shm/m10.img
+    mkfs.ext4 -q -O inline_data,^has_journal -I 256 -N 10500000 /dev/shm/m10.img
+    mount "$(losetup -f --show --direct-io=on /dev/shm/m10.img)" /mnt/m10
+    .venv/bin/python benchmarks/scaling_costs.py --kinds apart-4k --apart-4k 10000,10000000 \
+        --file-size 128 --dir /mnt/m10
 
     .venv/bin/python benchmarks/scaling_costs.py                  # the default sizes
     .venv/bin/python benchmarks/scaling_costs.py --generate 10000,100000,1000000 --rounds 1

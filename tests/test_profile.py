@@ -61,7 +61,9 @@ NOT_YET: dict[tuple[str, str], tuple[float, float]] = {
     # and once 1.86 before). The outliers' extra second is an epoch's last next() on the tf.data
     # iterator (the one that raises StopIteration), which the program's clock counts nowhere: in the
     # 1.74x run its wall less its compute, waits and saves was 1.16 s. The log cannot tell it from the
-    # loop's compute: nothing is read then
+    # loop's compute: nothing is read then. It is tf.data's autotuner stopping with the iterator, in
+    # about 1 run of 8 (benchmarks/realapps/tfdata_teardown.py: 1.23 s once in 16 epochs with
+    # AUTOTUNE, at most 6.7 ms in 16 with autotuning off; docs/profile.md)
     ("keras_tfdata", "compute"): (0.9, 2.0),
 }
 # keras_tfdata's checkpoint bytes per save are exact now (but for the times its state file records):
