@@ -358,6 +358,7 @@ class CheckpointConfig:
     drop_caches: bool
     framework_cpu_s: float  # CPU seconds per save of the framework's walk of the program's objects (checkpoint/framework_work.py)
     framework_first_cpu_s: float  # CPU seconds more in the process's first save (the framework's first-time work)
+    flat_numbers: Literal["counter", "step"]  # a flat layout's checkpoint numbers: the save counter from 1, or the global step
     update: Literal["random", "sparse", "sgd", "trace", "files"]  # how the state evolves per training step (dlio_ckpt/state)
     update_fraction: float  # sparse: fraction of update chunks that change per training step
     update_moves: float  # sparse: fraction of update chunks that move to another offset per training step

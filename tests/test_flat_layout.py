@@ -67,6 +67,22 @@ def test_torch_saves_land_in_the_run_folder_without_a_mkdir(tmp_path, monkeypatc
     assert counts["open"] == 2 and "fsync" not in counts and "rename" not in counts and "read" not in counts
 
 
+def test_flat_numbers_step_names_each_save_by_its_step(tmp_path):
+    """A loop that saves torch.save(state, f"checkpoint_{step}.pt"): the names carry the step; numpy
+    reads both files back whole."""
+    import numpy as np
+
+    ctx = make_ctx(tmp_path, [*FLAT, "checkpoint.format=npy", "checkpoint.flat_numbers=step"])
+    engine = make_checkpoint_engine(ctx)
+    engine.save(4, 1)
+    engine.save(8, 2)
+    engine.finish()
+    root = Path(engine.root)
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_4.npy", "checkpoint_8.npy"]
+    (pf,) = engine.plan.files_by_rank[0]
+    assert all(np.load(root / name).nbytes == sum(t.nbytes for t in pf.tensors) for name in ("checkpoint_4.npy", "checkpoint_8.npy"))
+
+
 @pytest.mark.parametrize("overrides, says", [
     (["checkpoint.keep_last=2"], "keeps every file"),
     (["checkpoint.durability=commit"], "checkpoint.durability=commit"),

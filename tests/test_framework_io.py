@@ -454,6 +454,26 @@ def test_tensorflow_state_file_lists_the_kept_checkpoints_as_checkpoint_manager_
     assert '"ckpt-1"' not in written[5]
 
 
+def test_tensorflow_checkpoints_numbered_by_the_step_as_save_checkpoint_number_step(tmp_path):
+    """checkpoint.flat_numbers=step: `manager.save(checkpoint_number=step)`, the other way TF programs
+    number their checkpoints; the kept ones are found by TF's reader under those names, the older
+    one deleted (the default numbers them 1, 2, 3: the test above)."""
+    tf = pytest.importorskip("tensorflow")
+    ctx = make_ctx(tmp_path, [*FRAMEWORK, "checkpoint.format=tensorflow", "checkpoint.layout=tensorflow",
+                              "checkpoint.keep_last=2", "checkpoint.flat_numbers=step"])
+    engine = make_checkpoint_engine(ctx)
+    for step in (32, 64, 96):
+        engine.save(step, step // 32)
+    engine.finish()
+    root = Path(engine.root)
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".dlio_ckpt")) == \
+        ["checkpoint", "ckpt-64.data-00000-of-00001", "ckpt-64.index", "ckpt-96.data-00000-of-00001", "ckpt-96.index"]
+    assert ops_on(ctx.storage, str(root / "ckpt-32.index"))[-1] == "unlink"
+    state = tf.train.get_checkpoint_state(str(root))
+    assert list(state.all_model_checkpoint_paths) == [str(root / "ckpt-64"), str(root / "ckpt-96")]
+    assert [record.folder for record in engine.records] == ["ckpt-32", "ckpt-64", "ckpt-96"]
+
+
 def test_tensorflow_files_are_recorded_call_by_call_as_darshan_runtime_counts_tfs_fwrites(tmp_path):
     """One write event per fwrite TF makes (tests/test_tf_bundle_writes.py checks those against
     darshan-runtime): the data file in 8 MiB buffers sharing the SaveV2 call's span one after the

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dlio_ckpt.profile.infer_checkpoint import _saves
+from dlio_ckpt.profile.infer_checkpoint import Save, _numbering, _saves
 from dlio_ckpt.profile.infer_sync import gradient_sync_value
 from dlio_ckpt.profile.infer_timing import _solve, compute_per_step
 from dlio_ckpt.profile.records import FileUse
@@ -478,6 +478,21 @@ def test_saves_are_told_apart_by_the_reads_between_them():
     assert [len(s.files) for s in one] == [2] and one[0].bytes == 12
     two = _saves([_use("/c/checkpoint_1.pt", 5.0, 5.03, 7), _use("/c/checkpoint_2.pt", 5.2, 5.23, 7)], [5.1])
     assert [s.bytes for s in two] == [7, 7]
+
+
+def test_checkpoint_numbers_in_the_names_tell_a_save_counter_from_the_step():
+    """CheckpointManager.save() names ckpt-1, ckpt-2; save(checkpoint_number=step) ckpt-32, ckpt-64
+    (checkpoint.flat_numbers: counter or step); a name with no number leaves the key at its default."""
+    def saves(*names):
+        return [Save(float(k), [(name, 0, 10)]) for k, name in enumerate(names)]
+
+    counter = _numbering(saves("/c/ckpt-1.index", "/c/ckpt-2.index"), "tensorflow")
+    by_step = _numbering(saves("/c/ckpt-32.index", "/c/ckpt-64.index"), "tensorflow")
+    flat = _numbering(saves("/c/checkpoint_5.pt", "/c/checkpoint_10.pt"), "flat")
+    assert (counter.key, counter.value, by_step.value, flat.value) == ("checkpoint.flat_numbers", "counter", "step", "step")
+    assert "32, 64" in by_step.why
+    assert _numbering(saves("/c/model.pt", "/c/model.pt"), "flat") is None
+    assert _numbering(saves("/c/ckpt-1.index", "/c/ckpt-2.index"), "raw") is None  # a folder per save: named by the step
 
 
 def test_a_save_whose_files_are_far_apart_under_load_stays_one_save():

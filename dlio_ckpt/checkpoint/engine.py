@@ -175,8 +175,8 @@ class CheckpointEngineImpl:
             self._resume[step] = dict(resume)
         index = len(self.records)
         self._steps[index] = step
-        if self.folders.flat:  # CheckpointManager.save(): checkpoint_number = its save counter, from 1
-            self._numbers[step] = index + 1
+        if self.folders.flat and self.cfg.flat_numbers == "counter":  # CheckpointManager.save(): its save
+            self._numbers[step] = index + 1  # counter, from 1 (`step`: save(checkpoint_number=step), the default name)
         self.state.advance(step)
         record = self.strategy.save(index, step, epoch)
         self._last_time = time.monotonic()

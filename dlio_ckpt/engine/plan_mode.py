@@ -41,8 +41,8 @@ def build_plan_report(config: RunConfig) -> dict:
     split = [layout.rank_bytes(model, r) for r in range(model.world_size)]
     step = max(config.checkpoint.steps_between_checkpoints, 1)
     commit = resolve_durability(config).commit
-    flat = layout.flat(commit)  # straight in the checkpoint folder, numbered by the save
-    number = 1 if flat else step
+    flat = layout.flat(commit)  # straight in the checkpoint folder, numbered by the save (or the step)
+    number = 1 if flat and config.checkpoint.flat_numbers == "counter" else step
     data_files, data_file_count, encoded_bytes = plan.files_summary(number, flat=flat)  # one walk over the ranks
     names = plan.names_with_metadata(number, data_files, manifest=commit)
     ck = config.checkpoint

@@ -82,6 +82,9 @@ def checkpoint_values(job: Job, roles: Roles, epochs: int, framework: str,
         layout, why = "flat", why + "; every save's files in one folder, none made for a save"
     add(Value("checkpoint.layout", layout, INFERRED, why))
     add(Value("checkpoint.format", fmt, INFERRED, why))
+    numbering = _numbering(saves, layout)
+    if numbering is not None:
+        add(numbering)
     if fmt == "torch" and layout == "raw" and saves:  # flat: the emulated files have the program's names  # torch.save(obj, path) records the file's name in its zip
         first = saves[0].files[0][0]
         add(Value("checkpoint.archive_name", archive_stem(first), MEASURED,
@@ -161,6 +164,28 @@ def _layout(names: str, framework: str, writers: int) -> tuple[str, str, str]:
     if re.search(r"\.(pt|pth|bin)\b", names) and framework in ("torch", "unknown"):
         return "raw", "torch", "torch.save files (.pt/.pth/.bin)" + ("" if framework == "torch" else ", no framework seen")
     return "raw", "raw", "no framework's file names"
+
+
+def _numbering(saves: list[Save], layout: str) -> Value | None:
+    """checkpoint.flat_numbers from the numbers in the saves' names (TensorFlow's ckpt-N, a flat
+    file's last number): 1, 2, 3 ... is a save counter (CheckpointManager.save(), an epoch loop);
+    any other is the program's own numbering, which the emulation can give only as its global step."""
+    if layout not in ("tensorflow", "flat") or not saves:
+        return None
+    pattern = r"ckpt-(\d+)\." if layout == "tensorflow" else r"(\d+)\.[^.]+$"
+    numbers = []
+    for save in saves:
+        found = [int(match.group(1)) for path, _, _ in save.files if (match := re.search(pattern, os.path.basename(path)))]
+        if not found:
+            return None
+        numbers.append(min(found))
+    shown = ", ".join(map(str, numbers[:6])) + (", ..." if len(numbers) > 6 else "")
+    if numbers == list(range(1, len(numbers) + 1)):
+        return Value("checkpoint.flat_numbers", "counter", INFERRED, f"the saves' names number them {shown}: a save counter from 1")
+    return Value("checkpoint.flat_numbers", "step", INFERRED,
+                 f"the saves' names number them {shown}, not 1 to {len(numbers)}: the program numbers them itself "
+                 "(manager.save(checkpoint_number=step)); the emulation names them by its global step, the same "
+                 "names where the program passes its step")
 
 
 def _describable(paths: list[str], layout: str) -> str | None:
