@@ -175,8 +175,10 @@ class CheckpointEngineImpl:
             self._resume[step] = dict(resume)
         index = len(self.records)
         self._steps[index] = step
-        if self.folders.flat and self.cfg.flat_numbers == "counter":  # CheckpointManager.save(): its save
-            self._numbers[step] = index + 1  # counter, from 1 (`step`: save(checkpoint_number=step), the default name)
+        # CheckpointManager.save(): its save counter, from 1; flat_numbers=step (save(checkpoint_number=step))
+        # and a folder per checkpoint keep no entry: number() gives the step
+        if self.folders.flat and self.cfg.flat_numbers == "counter":
+            self._numbers[step] = index + 1
         self.state.advance(step)
         record = self.strategy.save(index, step, epoch)
         self._last_time = time.monotonic()
