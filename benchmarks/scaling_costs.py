@@ -20,6 +20,11 @@ give time only):
                the C baseline of gen-4k (`directory=a:b:...` spreads fio's files over them)
 - fio-read-4k: fio reading those files (psync, one open file at a time): the baseline of read-4k's epoch
 
+read-4k's reader is unet3d's (4 worker processes, a batch of 8 files handed to the training
+process through shared memory, as torch's DataLoader does); `--read-threads 0` reads in the
+training process itself, one file after another as fio's one job does: the like-for-like of the
+emulator's own cost per file against fio's.
+
 Per-file costs are compared as marginal costs, (time at n2 - time at n1) / (n2 - n1), so that the
 start-up of each (the interpreter and imports, fio's set-up) drops out.
 
@@ -81,9 +86,10 @@ def measured(command: list[str], cwd: str) -> tuple[float, int]:
     return float(wall), int(rss_kib) * 1024
 
 
-def case_command(kind: str, n: int, root: Path, file_size: str = "4KiB") -> tuple[list[str], list[str]]:
+def case_command(kind: str, n: int, root: Path, file_size: str = "4KiB", read_threads: int | None = None) -> tuple[list[str], list[str]]:
     """(launcher prefix, dlio_ckpt arguments) for one case of size n; `file_size`: the gen-4k, read-4k
-    and apart-4k cases' file size (4 KiB unless --file-size says otherwise)."""
+    and apart-4k cases' file size (4 KiB unless --file-size says otherwise); `read_threads`: their
+    reader's (None: unet3d's 4 worker processes; 0: the training process reads, as fio's one job)."""
     common = [f"storage.root={root}/store", f"hydra.run.dir={root}/run", "progress=false"]
     if kind == "plan-ckpt":
         return [], ["workload=llama3_70b", "mode=plan", f"world.size={n}", "model.parallelism.data=0", *common]
@@ -104,8 +110,9 @@ def case_command(kind: str, n: int, root: Path, file_size: str = "4KiB") -> tupl
             return [], ["workload=unet3d", "mode=generate", *four_k]
         if kind == "apart-4k":  # the reading process's command; run_case generates first
             four_k = [f"hydra.run.dir={root}/run-read" if a.startswith("hydra.run.dir=") else a for a in four_k]
+        threads = [] if read_threads is None else [f"reader.read_threads={read_threads}"]
         return [], ["workload=unet3d", "mode=train", "train.epochs=1", "train.computation_time=0",
-                    "reader.batch_size=8", *four_k]
+                    "reader.batch_size=8", *threads, *four_k]
     if kind == "small-np8":
         return [tool("mpirun"), "-np", "8"], [
             "workload=unet3d", "dataset.format=raw", f"dataset.num_files_train={n}", "dataset.record_length_bytes=4KiB",
@@ -127,7 +134,8 @@ def fio_command(kind: str, n: int, root: Path) -> list[str]:
             "--output-format=terse"]
 
 
-def run_case(kind: str, n: int, root: Path, file_size: str = "4KiB") -> tuple[float, int, float | None, tuple[float, int] | None]:
+def run_case(kind: str, n: int, root: Path, file_size: str = "4KiB",
+             read_threads: int | None = None) -> tuple[float, int, float | None, tuple[float, int] | None]:
     """(wall s, peak RSS bytes, the read epoch's s where the case reads after generating, the
     generating process's (wall s, peak RSS bytes) where that is a process of its own) of one run."""
     if kind.startswith("fio-"):
@@ -138,7 +146,7 @@ def run_case(kind: str, n: int, root: Path, file_size: str = "4KiB") -> tuple[fl
     generated = None
     if kind == "apart-4k":  # the dataset first, by a process of its own
         generated = measured([tool("dlio_ckpt"), *case_command("gen-4k", n, root, file_size)[1]], str(root))
-    prefix, arguments = case_command(kind, n, root, file_size)
+    prefix, arguments = case_command(kind, n, root, file_size, read_threads)
     wall, peak = measured([*prefix, tool("dlio_ckpt"), *arguments], str(root))
     epoch = None
     if kind in ("read-4k", "apart-4k"):
@@ -167,6 +175,8 @@ def main() -> None:
                         "or /dev/shm to see the programs' own cost without the file system's)")
     parser.add_argument("--file-size", default="4KiB", help="the file size of gen-4k, read-4k and apart-4k "
                         "(e.g. 128 for 10M files that an ext4 with inline_data keeps in its inodes; the fio cases stay 4 KiB)")
+    parser.add_argument("--read-threads", type=int, default=None, help="read-4k and apart-4k: reader.read_threads "
+                        "(default: unet3d's 4 worker processes; 0: the training process reads each file itself, as fio's one job does)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scaling_costs.json"))
     args = parser.parse_args()
     cases = [("plan-ckpt", n) for n in sizes(args.plan_ranks)] + [("plan-data", n) for n in sizes(args.plan_files)]
@@ -185,7 +195,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 root = Path(tempfile.mkdtemp(dir=base))
                 os.sync()  # the last case's files and their removal written back first, not during this one
-                wall, peak, epoch, generated = run_case(kind, n, root, args.file_size)
+                wall, peak, epoch, generated = run_case(kind, n, root, args.file_size, args.read_threads)
                 generations.append(generated)
                 walls.append(wall)
                 peaks.append(peak)
@@ -214,7 +224,8 @@ def main() -> None:
         print(table([[kind, f"{a:,} -> {b:,}", f"{us:.1f}"] for kind, a, b, us in marginal],
                     ["case", "n", "marginal us a file"]))
     write_json(Path(args.out), {"environment": env, "loadavg_at_end": os.getloadavg(),
-                                "rounds": args.rounds, "file_size": args.file_size, "results": results,
+                                "rounds": args.rounds, "file_size": args.file_size, "read_threads": args.read_threads,
+                                "results": results,
                                 "marginal_us_per_file": [dict(zip(("case", "n1", "n2", "us"), m)) for m in marginal]})
 
 

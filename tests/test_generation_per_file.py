@@ -13,7 +13,7 @@ import pytest
 
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.formats.base import FileSpec, FormatOptions
-from dlio_ckpt.formats.streams import buffered, write_in_one, write_samples
+from dlio_ckpt.formats.streams import buffered, write_in_one, write_samples, write_straight
 
 
 class CallLog(io.RawIOBase):
@@ -31,6 +31,17 @@ class CallLog(io.RawIOBase):
     def write(self, data) -> int:
         self.calls.append(bytes(data))
         return len(self.calls[-1])
+
+
+def _through_the_writer(num_samples: int, sample_bytes: int, chunk: int, pool: int, zeros: bool):
+    """(spec, options, source, the calls `buffered` and `write_samples` issue for the file)."""
+    spec = FileSpec(index=7, path="x", num_samples=num_samples, sample_bytes=sample_bytes)
+    options = FormatOptions(write_chunk_bytes=chunk)
+    source = ByteSource(seed=3, pool_bytes=pool, zeros=zeros)
+    calls = CallLog()
+    with buffered(calls, options) as out:
+        write_samples(out, spec, source, options)
+    return spec, options, source, calls
 
 
 @pytest.mark.parametrize("zeros", [False, True])
@@ -57,12 +68,7 @@ def test_a_piece_is_the_one_chunk_the_source_yields_for_an_item_within_its_windo
 @pytest.mark.parametrize("zeros", [False, True])
 def test_a_file_written_in_one_gets_the_write_calls_the_buffered_writer_issues(num_samples, sample_bytes, chunk, pool,
                                                                                 zeros):
-    spec = FileSpec(index=7, path="x", num_samples=num_samples, sample_bytes=sample_bytes)
-    options = FormatOptions(write_chunk_bytes=chunk)
-    source = ByteSource(seed=3, pool_bytes=pool, zeros=zeros)
-    before = CallLog()
-    with buffered(before, options) as out:
-        write_samples(out, spec, source, options)
+    spec, options, source, before = _through_the_writer(num_samples, sample_bytes, chunk, pool, zeros)
     after = CallLog()
     fits = write_in_one(after, spec, source, options)
     assert fits == (spec.payload_bytes <= max(chunk, io.DEFAULT_BUFFER_SIZE))
@@ -70,6 +76,33 @@ def test_a_file_written_in_one_gets_the_write_calls_the_buffered_writer_issues(n
         assert after.calls == before.calls and len(after.calls) == (1 if spec.payload_bytes else 0)
     else:
         assert after.calls == [] and len(before.calls) >= 1
+
+
+@pytest.mark.parametrize("sample_bytes,chunk,pool", [
+    (32 << 20, 4 << 20, 64 << 20),   # generate_vs_fio's file: 8 chunks of exactly the buffer
+    (10 << 20, 4 << 20, 64 << 20),   # 2 chunks and a rest of 2 MiB
+    (70000, 65536, 1 << 20),         # one chunk and a rest
+    (100000, 8192, 1 << 20),         # the buffer's default size as the chunk
+])
+@pytest.mark.parametrize("zeros", [False, True])
+def test_one_large_sample_written_straight_gets_the_buffered_writers_calls(sample_bytes, chunk, pool, zeros):
+    """Each call's bytes and their order, the BufferedWriter's against the pool's own chunks; files it
+    does not take (several samples, a chunk below the buffer's default, a sample over the pool) are
+    left to the writer, with nothing written."""
+    spec, options, source, before = _through_the_writer(1, sample_bytes, chunk, pool, zeros)
+    after = CallLog()
+    if sample_bytes > source.window:  # zeros: a 4 MiB pool, so a longer sample is left to the writer
+        assert not write_straight(after, spec, source, options) and after.calls == []
+        return
+    assert write_straight(after, spec, source, options)
+    assert [len(c) for c in after.calls] == [len(c) for c in before.calls] and after.calls == before.calls
+    assert len(after.calls) == -(-sample_bytes // chunk)
+    pool_1m = ByteSource(seed=4, pool_bytes=1 << 20)
+    for other, other_options in [(FileSpec(index=3, path="x", num_samples=2, sample_bytes=70000), FormatOptions(write_chunk_bytes=65536)),
+                                 (spec, FormatOptions(write_chunk_bytes=4096)),
+                                 (FileSpec(index=3, path="x", num_samples=1, sample_bytes=3 << 20), FormatOptions(write_chunk_bytes=65536))]:
+        untouched = CallLog()
+        assert not write_straight(untouched, other, pool_1m, other_options) and untouched.calls == []
 
 
 def _generate(tmp_path, fmt_name: str, *overrides: str):

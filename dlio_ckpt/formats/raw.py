@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dlio_ckpt.content import ByteSource
 from dlio_ckpt.formats.base import FileSpec, FormatOptions, Opener, Scratch
-from dlio_ckpt.formats.streams import OffsetReader, buffered, write_in_one, write_samples
+from dlio_ckpt.formats.streams import OffsetReader, buffered, write_in_one, write_samples, write_straight
 
 
 class RawFormat:
@@ -17,7 +17,8 @@ class RawFormat:
 
     def write(self, open_output: Opener, spec: FileSpec, source: ByteSource, options: FormatOptions) -> None:
         handle = open_output("")
-        if not write_in_one(handle, spec, source, options):  # a small file: its one write, as buffered issues it
+        # a small file: its one write; one large sample: its chunks; each as `buffered` issues them
+        if not write_in_one(handle, spec, source, options) and not write_straight(handle, spec, source, options):
             with buffered(handle, options) as out:
                 write_samples(out, spec, source, options)
 

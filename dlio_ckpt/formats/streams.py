@@ -29,6 +29,21 @@ def buffered(handle: Any, options: FormatOptions) -> Iterator[io.BufferedWriter]
         writer.detach()  # flushes
 
 
+def write_straight(handle: Any, spec: FileSpec, source: ByteSource, options: FormatOptions) -> bool:
+    """What `buffered` and `write_samples` issue for a file of one sample that is one run of the
+    pool (no lap), larger than the buffer: each write_chunk_bytes chunk, then the rest, here written
+    from the pool itself. The BufferedWriter issues the same calls but first copies every chunk into
+    its buffer (CPython keeps a write of exactly its buffer's size for the next flush): at tmpfs
+    speed, 2 GiB/s, that copy of every byte held generation to 0.86 of fio (benchmarks/README.md,
+    "Generation at GiB/s"). False, and nothing written, for any other file."""
+    chunk = options.write_chunk_bytes
+    if spec.num_samples != 1 or chunk < io.DEFAULT_BUFFER_SIZE or spec.sample_bytes > source.window:
+        return False
+    for piece in source.chunks(spec.sample_key(0), spec.sample_bytes, chunk):
+        handle.write(piece)
+    return True
+
+
 def write_in_one(handle: Any, spec: FileSpec, source: ByteSource, options: FormatOptions) -> bool:
     """What `buffered` and `write_samples` issue for a file that fits the buffer, without them:
     the whole file in one write (none for an empty file), as the BufferedWriter flushes it when
