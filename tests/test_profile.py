@@ -277,6 +277,12 @@ def test_profiled_workload_reproduces_the_program(traced, tmp_path, name):
         # strace sees 1 open a save on both sides (test_realapps_fidelity)
         _ratio_ok(name, "checkpoint opens", rows["checkpoint opens"].log, rows["checkpoint opens"].emulated,
                   CALLS_TOLERANCE)
+    else:  # those artefacts of darshan-runtime 3.4.7, pinned, so that a change on either side shows: an open
+        # counted for each writev and one more a save (48 a save), against the emulation's one a save; and
+        # reads of the DataLoader's messages on the file's reused descriptor, against none
+        assert rows["checkpoint opens"].log == rows["checkpoint writes"].log + saves.log
+        assert rows["checkpoint opens"].emulated == saves.emulated
+        assert rows["checkpoint reads"].log > 0 and rows["checkpoint reads"].emulated == 0
     assert not profile.job.partial, [log.name for log, _ in profile.job.partial]
     _ratio_ok(name, "dataset bytes_read", rows["dataset bytes_read"].log, rows["dataset bytes_read"].emulated, BYTES_TOLERANCE)
     _ratio_ok(name, "dataset reads", rows["dataset reads"].log, rows["dataset reads"].emulated, CALLS_TOLERANCE)
