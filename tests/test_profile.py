@@ -298,8 +298,11 @@ def test_profiled_workload_reproduces_the_program(traced, tmp_path, name):
         reads = 3 * size.epochs if name == "keras_tfdata" else 0
         assert rows["checkpoint reads"].log == rows["checkpoint reads"].emulated == reads
         assert rows["checkpoint bytes_read"].log == rows["checkpoint bytes_read"].emulated == (2118 * size.epochs if reads else 0)
-    if name != "keras_tfdata":  # darshan-runtime saw none of TensorFlow's renames (strace sees 6)
+    if name != "keras_tfdata":
         assert rows["checkpoint renames"].log == rows["checkpoint renames"].emulated
+    else:  # darshan-runtime 3.4.7 sees none of TensorFlow's renames; the emulation makes TF's 3 a save
+        # (MergeV2Checkpoints' data file, the `checkpoint` state twice): strace sees 6 in the program's 2 saves
+        assert (rows["checkpoint renames"].log, rows["checkpoint renames"].emulated) == (0, 3 * saves.emulated)
 
 
 @needs_dlio_logs
