@@ -15,7 +15,7 @@ only difference. Per run it prints the seconds of each epoch's last next() and t
 program's clock leaves uncounted (wall less compute, data wait and saves). If the long calls go
 away with autotuning off, the time is tf.data's autotuner stopping, paid by any program that uses
 AUTOTUNE. The emulation's pipeline (engine/tf_reader.py) sets its parallelism and prefetch
-depth, so it does not pay it.
+depth, so it should not pay it (not measured).
 
 Run inside the real program (fidelity's command with this file as the script), it installs the
 timer (and, if asked, the option) and runs the program's main.
