@@ -14,7 +14,7 @@ file. Here the event files are read a block at a time (EventFile.blocks), over a
 3. and on, until each percentile is exact: only the few values still in question are looked at.
 
 What is held is a block, the busy periods still open, the bins, one histogram (or a few thousand
-values) per percentile and one partition of per-file records: nothing that grows with the files.
+values) per percentile and one bucket of per-file records: nothing that grows with the files.
 Sums of floats (busy times, means, bins) are added a block at a time, so they can differ from a
 whole-array sum in the last bits; counts, bytes, minima, maxima and percentiles are exact.
 """
@@ -106,6 +106,18 @@ def _durations(ev: np.ndarray) -> np.ndarray:
     return np.maximum(ev["end"] - ev["start"], 0.0) + 0.0  # + 0.0: no -0.0, whose bits sort last
 
 
+def _latency_calls(ev: np.ndarray):
+    """(phase, op, the block's mask of its calls) for each reported kind of call the block holds,
+    phase by phase: what every pass over the durations walks."""
+    ops, phase = ev["op"], ev["phase"]
+    for code in np.unique(phase).tolist():
+        in_phase = phase == code
+        for op in _LATENCY_OPS:
+            chosen = in_phase & (ops == op)
+            if chosen.any():
+                yield code, op, chosen
+
+
 class EventFigures:
     """The figures of a run's event files (opened and sorted by rank: run_inputs.open_checked_events)."""
 
@@ -143,12 +155,10 @@ class EventFigures:
                     in_phase = ev["phase"] == phase
                     self.phases.setdefault(phase, _Sums()).add(ev[in_phase], reads[in_phase], writes[in_phase])
                     seen_phases.add(phase)
-                    for op in _LATENCY_OPS:
-                        chosen = in_phase & (ops == op)
-                        if chosen.any():
-                            took = _durations(ev[chosen])
-                            self.durations.setdefault(_group(phase, op), _Durations()).add(took)
-                            self.order.add(_group(phase, op), took)
+                for phase, op, chosen in _latency_calls(ev):
+                    took = _durations(ev[chosen])
+                    self.durations.setdefault(_group(phase, op), _Durations()).add(took)
+                    self.order.add(_group(phase, op), took)
                 self.sizes["read"] += histogram_from_sizes(ev["length"][reads])
                 self.sizes["write"] += histogram_from_sizes(ev["length"][writes])
                 self.files.add_events(position, reads, writes, ev["file"], ev["length"], names)
@@ -182,15 +192,13 @@ class EventFigures:
                     in_phase = phase == code
                     self._busy(rank, (code, "read"), ev, in_phase & reads, later)
                     self._busy(rank, (code, "write"), ev, in_phase & write_like, later)
-                    for op in _LATENCY_OPS:
-                        chosen = in_phase & (ops == op)
-                        if chosen.any():
-                            self._busy(rank, (code, op), ev, chosen, later)
-                            took = _durations(ev[chosen])
-                            counted = self.durations[_group(code, op)]
-                            counted.squares += float(np.square(took - counted.total / counted.count).sum())
-                            if refine:
-                                self.order.add(_group(code, op), took)
+                for code, op, chosen in _latency_calls(ev):
+                    self._busy(rank, (code, op), ev, chosen, later)
+                    took = _durations(ev[chosen])
+                    counted = self.durations[_group(code, op)]
+                    counted.squares += float(np.square(took - counted.total / counted.count).sum())
+                    if refine:
+                        self.order.add(_group(code, op), took)
                 if self.bins is not None:
                     for name, chosen in (("read", reads), ("write", writes)):
                         picked = ev[chosen]
@@ -204,12 +212,8 @@ class EventFigures:
     def _refine(self) -> None:
         for rank in self.ranks:
             for ev, _ in rank.events.blocks(paths=False):
-                ops, phase = ev["op"], ev["phase"]
-                for code in np.unique(phase).tolist():
-                    for op in _LATENCY_OPS:
-                        chosen = (phase == code) & (ops == op)
-                        if chosen.any():
-                            self.order.add(_group(code, op), _durations(ev[chosen]))
+                for code, op, chosen in _latency_calls(ev):
+                    self.order.add(_group(code, op), _durations(ev[chosen]))
             rank.events.close()
         self.order.end_pass()
 

@@ -154,6 +154,6 @@ def _write_traces(ctx: RunContext, everyone: list[dict[str, Any]], darshan_runti
     traces.update(write_trace_outputs(ctx.run_dir, ranks, job, darshan=config.trace.darshan, chrome=config.trace.chrome,
                                       runtime=darshan_runtime))
     if not config.trace.events:
-        for path in (ctx.run_dir / "events").glob("rank-*.npz"):
+        for path in ranks:
             os.unlink(path)
     return traces

@@ -566,8 +566,7 @@ class RankEvents:
 
 def load_run_events(run_dir: Path) -> list[RankEvents]:
     """All ranks' events of a run folder, ordered by rank."""
-    files: Iterable[Path] = sorted((run_dir / "events").glob("rank-*.npz"))
-    return sorted((RankEvents.load(f) for f in files), key=lambda r: r.rank)
+    return sorted((RankEvents.load(f) for f in event_files(run_dir)), key=lambda r: r.rank)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -719,7 +718,6 @@ class EventFile:
         for start in range(0, self.events.count, rows):
             block = self._read(self.events, start, start + rows)
             yield block, (self.names(block["file"]) if paths and block.dtype == EVENT_DTYPE else {})
-
 
     def path_blocks(self, rows: int | None = None) -> Iterator[tuple[int, list[str]]]:
         """The whole path table `rows` paths at a time (EVENT_BLOCK_ROWS by default), each block
