@@ -217,8 +217,8 @@ def test_the_recorded_calls_are_the_fwrites_darshan_runtime_counts_in_tensorflow
         pytest.skip(f"darshan-runtime not present at {RUNTIME}")
     pytest.importorskip("darshan")
     pytest.importorskip("tensorflow")
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_profile import exclude_environment
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "realapps"))
+    from programs import exclude_environment
 
     folder, logs = tmp_path / "ckpt", tmp_path / "logs"
     for path in (folder, logs):

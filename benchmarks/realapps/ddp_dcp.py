@@ -94,7 +94,7 @@ def main(argv=None) -> None:
                    for key in ("wall_s", "data_wait_s", "compute_s", "compute_s_per_step")},
                 "first_wait_s": min(r["first_wait_s"] for r in everyone),
                 **{key: [max(r[key][i] for r in everyone) for i in range(args.epochs)]
-                   for key in ("checkpoint_s", "checkpoint_cpu_s")}},
+                   for key in ("checkpoint_s", "checkpoint_cpu_s", "last_waits_s")}},
                args.metrics)
     dist.barrier()  # every rank is done with the group before any tears it down (the tutorials' cleanup)
     # torch 2.13 + gloo can deadlock at teardown: the main thread, holding the GIL, joins gloo's

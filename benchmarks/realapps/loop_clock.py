@@ -1,10 +1,16 @@
 """How the reference programs time their training loops, in one place.
 
 Each program reports the same figures, measured the same way, so that fidelity.py compares like
-with like: data wait is the time the loop blocks in the loader's next(), compute is the time it
-holds a batch, checkpoint time is the save call's duration, wall is the loop's. Only the clock is
-shared: each program keeps its own loader, model, step and save, written after its framework's
-tutorials.
+with like: data wait is the time the loop blocks in the loader's next() for a batch, compute is the
+time it holds a batch, checkpoint time is the save call's duration, wall is the loop's. Only the
+clock is shared: each program keeps its own loader, model, step and save, written after its
+framework's tutorials.
+
+Each epoch's last next(), the one that raises StopIteration, returns no batch: it ends the loader's
+iterator (a DataLoader shuts its worker processes down in it, tf.data stops its threads and its
+autotuner). It is timed apart, `last_waits_s`, one figure an epoch, because it can be long and no
+I/O trace dates it: keras_tfdata.py's took 0.15 or 0.53 s in half the runs (tf.data's autotuner
+stopping; benchmarks/realapps/tfdata_teardown.py, docs/profile.md).
 """
 
 from __future__ import annotations
@@ -21,13 +27,15 @@ class LoopClock:
     def __init__(self) -> None:
         self.data_wait = self.compute = 0.0
         self.first_wait = 0.0  # of data_wait: each epoch's wait for its first batch (workers starting)
+        self.last_waits: list[float] = []  # each epoch's last next(), the one that ends its iterator
         self.steps = 0
         self.saves: list[float] = []
         self.save_cpu: list[float] = []  # the saving thread's CPU seconds per save
         self.start = time.perf_counter()
 
     def batches(self, loader: Iterable) -> Iterator:
-        """The loader's batches; blocked in next() counts as data wait, holding a batch as compute."""
+        """The loader's batches; blocked in next() counts as data wait, holding a batch as compute, and
+        the last next(), which ends the iterator, as this epoch's last wait."""
         end = time.perf_counter()
         first = True
         for batch in loader:
@@ -40,6 +48,7 @@ class LoopClock:
             self.steps += 1
             end = time.perf_counter()
             self.compute += end - fetched
+        self.last_waits.append(time.perf_counter() - end)
 
     @contextlib.contextmanager
     def save(self) -> Iterator[None]:
@@ -51,7 +60,7 @@ class LoopClock:
     def figures(self) -> dict:
         """This process's figures, under the names fidelity.py reads."""
         return {"steps": self.steps, "wall_s": time.perf_counter() - self.start, "data_wait_s": self.data_wait,
-                "first_wait_s": self.first_wait,
+                "first_wait_s": self.first_wait, "last_waits_s": list(self.last_waits),
                 "compute_s": self.compute, "compute_s_per_step": self.compute / max(1, self.steps),
                 "checkpoint_s": list(self.saves), "checkpoint_cpu_s": list(self.save_cpu)}
 

@@ -7,6 +7,7 @@ file, batch size, epochs. `tiny` is what the tests run (seconds); `small` what t
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,21 @@ class Program:
         """The dataset both sides read: dlio_ckpt generates it once, untraced (the emulation then
         reuses it: same folder, same fingerprint)."""
         return self.emulation_command(storage, run_dir, size, 0.0) + ["mode=generate"]
+
+
+def exclude_environment() -> str:
+    """DARSHAN_EXCLUDE_DIRS for a Python program: the interpreter's and the packages' folders. Without
+    it the ~1,000 files torch or TensorFlow import fill darshan-runtime's POSIX records (the log is
+    then partial) and the files the program opens later, its checkpoints, are not recorded."""
+    dirs = {os.path.realpath(p) for p in sys.path if p and ("-packages" in p or p.startswith(sys.base_prefix))}
+    return ",".join(sorted(dirs | {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}))
+
+
+def traced_environment(runtime: Path, logs: Path) -> dict[str, str]:
+    """This process's environment, plus what runs a program under the real darshan-runtime
+    (`runtime`, its non-MPI libdarshan.so) with DXT, one log per process in `logs`."""
+    return dict(os.environ, DARSHAN_ENABLE_NONMPI="1", DXT_ENABLE_IO_TRACE="1", DARSHAN_LOG_DIR_PATH=str(logs),
+                LD_PRELOAD=str(runtime), TF_CPP_MIN_LOG_LEVEL="2", DARSHAN_EXCLUDE_DIRS=exclude_environment())
 
 
 PROGRAMS = {

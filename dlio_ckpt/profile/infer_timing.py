@@ -205,8 +205,20 @@ def _solve(ready: list[float], end: float, receive: float = 0.0) -> float:
     return (lo + hi) / 2
 
 
+# A tf.data pipeline runs in the rank's own threads and ends with its iterator, in the loop's last
+# next(): there it stops its threads and, with AUTOTUNE, its autotuner, which took 0.15 or 0.53 s in
+# half of keras_tfdata.py's runs (benchmarks/realapps/tfdata_teardown.py, docs/profile.md). Nothing
+# is read then, so the log dates none of it and the epoch's compute holds it: the comment says so.
+_TF_DATA_END = ("; with tf.data, an epoch's end (its iterator stopping its threads and AUTOTUNE's autotuner: "
+                "0.15 or 0.53 s in half of a Keras program's runs on 2 cores) reads nothing, so it counts here "
+                "(an epoch that took it stands out above); over more epochs the median leaves out a minority of them")
+
+
 def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, ranks: int, samples_per_file: int,
-                  save_starts: list[float], save_setup_s: tuple[float, float] = (0.0, 0.0)) -> tuple[list[Value], float | None]:
+                  save_starts: list[float], save_setup_s: tuple[float, float] = (0.0, 0.0),
+                  tf_data: bool = False) -> tuple[list[Value], float | None]:
+    """train.computation_time and first_step_time from the DXT read times, and the run's mean compute
+    per step (None when unknown). `tf_data`: the ranks read through tf.data (reader.name tensorflow)."""
     reads = file_reads(job, roles)
     if not reads:
         return [assumed("train.computation_time", 0.0, f"no DXT read times in the logs ({job.source}): "
@@ -226,7 +238,8 @@ def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, r
                     + (f"; each save taken to start {1e3 * save_setup_s[0]:.1f} ms before its first write, the first "
                        f"{1e3 * sum(save_setup_s):.1f} ms (checkpoint.framework_cpu_s, framework_first_cpu_s)"
                        if any(save_setup_s) else "")
-                    + ("; the median of the epochs after the first" if found.first_step > 0 else ""))]
+                    + ("; the median of the epochs after the first" if found.first_step > 0 else "")
+                    + (_TF_DATA_END if tf_data else ""))]
     if found.first_known:
         values.append(Value("train.first_step_time", round(found.first_step, 6), INFERRED,
                             f"DXT: the first epoch's compute beyond the later epochs' ({found.per_epoch[0]:.4f} vs "

@@ -54,7 +54,8 @@ def profile_logs(paths: list[Path], data_root: str = "", checkpoint_root: str = 
     setup, setup_s = setup_values(checkpoint.format, checkpoint.on_disk) if checkpoint.saves else ([], (0.0, 0.0))
     values += setup
     timing, compute = timing_values(job, roles, len(dataset.paths), dataset.epochs, dataset.batch_size, dataset.ranks,
-                                    dataset.samples_per_file, [s.start for s in checkpoint.saves], setup_s)
+                                    dataset.samples_per_file, [s.start for s in checkpoint.saves], setup_s,
+                                    tf_data=any(v.key == "reader.name" and v.value == "tensorflow" for v in values))
     values += timing
     values.append(gradient_sync_value(spans if job.source == "DXT" else [], len(dataset.paths), dataset.epochs,
                                       dataset.batch_size / max(dataset.samples_per_file, 1), dataset.ranks))
