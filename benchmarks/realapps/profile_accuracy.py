@@ -7,7 +7,8 @@ tests/test_profile.py checks one run of each program; this repeats it to show th
 generates the program's dataset, runs the program under the real darshan-runtime
 (../shared/tools/darshan-runtime-3.4.7/, non-MPI, DXT), profiles its logs as the test does and sets
 the inferred compute per step (`train.computation_time` plus `train.first_step_time` over the
-run's steps) beside the program's own clock (loop_clock.py) of the same run:
+run's steps; `dlio_ckpt-profile` in a process of its own, as a user runs it) beside the program's
+own clock (loop_clock.py) of the same run:
 - `vs_compute`: over the time the program held its batches;
 - `vs_loop`: over that plus the time its loop spent in the loader's next() that no log dates (the
   waits for batches after each epoch's first, and each epoch's last next(), which ends the iterator).
@@ -32,13 +33,12 @@ REPO = HERE.parent.parent
 RUNTIME = REPO.parent / "shared" / "tools" / "darshan-runtime-3.4.7" / "nonmpi" / "libdarshan.so"
 sys.path.insert(0, str(HERE))
 
+from omegaconf import OmegaConf  # noqa: E402
 from programs import PROGRAMS, Size, traced_environment  # noqa: E402
 
 
 def one_run(name: str, size: Size, work: Path) -> dict:
     """Generate, run traced, profile: the program's figures and the profile's, for one run."""
-    from dlio_ckpt.profile.profile import profile_logs
-
     program = PROGRAMS[name]
     storage, logs, metrics = work / "storage", work / "logs", work / "metrics.json"
     logs.mkdir(parents=True)
@@ -48,18 +48,24 @@ def one_run(name: str, size: Size, work: Path) -> dict:
     if done.returncode:
         raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
     own = json.loads(metrics.read_text())
-    profile = profile_logs(sorted(logs.glob("*.darshan")), batch_size=size.batch_size)
+    # the command a user runs, in a process of its own: the stand-ins it times (a TensorFlow save's
+    # first-time work above all) must find a cold process, as they do there
+    workload = work / "workload.yaml"
+    subprocess.run([str(REPO / ".venv" / "bin" / "dlio_ckpt-profile"), str(logs), "-o", str(workload),
+                    "--batch-size", str(size.batch_size)], check=True, capture_output=True)
+    train = OmegaConf.load(workload).train
     steps = max(1, own["steps"])
-    inferred = profile.value("train.computation_time") + profile.value("train.first_step_time") / steps
+    inferred = train.computation_time + train.first_step_time / steps
     loader = (max(0.0, own["data_wait_s"] - own["first_wait_s"]) + sum(own["last_waits_s"])) / steps
-    (why,) = [v.why for v in profile.values if v.key == "train.computation_time"]
+    (why,) = [line for line in workload.read_text().splitlines() if line.strip().startswith("computation_time:")]
     return {"load": os.getloadavg()[0], "steps": own["steps"], "compute_s_per_step": own["compute_s_per_step"],
             "undated_loader_s_per_step": loader, "last_waits_s": own["last_waits_s"],
-            "computation_time": profile.value("train.computation_time"),
-            "first_step_time": profile.value("train.first_step_time"), "inferred_s_per_step": inferred,
-            "vs_compute": inferred / own["compute_s_per_step"],
+            "computation_time": train.computation_time, "first_step_time": train.first_step_time,
+            "inferred_s_per_step": inferred, "vs_compute": inferred / own["compute_s_per_step"],
             "vs_loop": inferred / (own["compute_s_per_step"] + loader),
-            "per_epoch": why.split("(", 1)[1].split(" s)", 1)[0]}
+            "per_epoch": why.split("(", 1)[1].split(" s)", 1)[0],
+            "ready_next_ms": (why.split("tf.data has ready, ", 1)[1].split(" ms", 1)[0]
+                              if "tf.data has ready, " in why else None)}
 
 
 def summary(rows: list[dict]) -> dict:

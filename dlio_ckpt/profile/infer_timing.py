@@ -103,13 +103,15 @@ class EpochCompute:
 
 def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: int, files_per_batch: float,
                      ranks: int, save_starts: list[float], exits: dict[int, float],
-                     save_setup_s: tuple[float, float] = (0.0, 0.0)) -> EpochCompute | None:
+                     save_setup_s: tuple[float, float] = (0.0, 0.0), ready_next_s: float = 0.0) -> EpochCompute | None:
     """Each epoch's compute per step; None when unknown.
     `files_per_batch`: dataset files per rank per step; `exits`: when each data-loader worker process
     ended (a DataLoader shuts its workers down as the epoch's loop ends, before the save), by index;
     `save_setup_s`: how long a save works before its first write, which the log dates it by (the
     loop ended that much earlier; never before the epoch's last read): every save's, and the first
-    save's more (a framework's first-time work)."""
+    save's more (a framework's first-time work); `ready_next_s`: what each step's next() costs the loop
+    when the ranks read themselves and the batch is ready (tf.data: tf_data_next.py), which the
+    program counts as waiting; worker processes' hand-overs are found in the log instead."""
     if not reads or files_per_batch <= 0 or len(reads) < files * epochs:
         return None
     per_epoch: list[float] = []
@@ -129,6 +131,7 @@ def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: 
         if not math.isfinite(end) or end <= first_read:
             continue
         ready, receive = _step_ready(chunk, files_per_batch, ranks, set(exits))
+        receive = receive or ready_next_s
         per_epoch.append(_solve(ready, end, receive))
         found.append(e)
         steps.append(len(ready))
@@ -206,19 +209,30 @@ def _solve(ready: list[float], end: float, receive: float = 0.0) -> float:
 
 
 # A tf.data pipeline runs in the rank's own threads and ends with its iterator, in the loop's last
-# next(): there it stops its threads and, with AUTOTUNE, its autotuner, which took 0.15 or 0.53 s in
-# half of keras_tfdata.py's runs (benchmarks/realapps/tfdata_teardown.py, docs/profile.md). Nothing
-# is read then, so the log dates none of it and the epoch's compute holds it: the comment says so.
+# next(): there it stops its threads and, with AUTOTUNE, its autotuner, which took 0.08-0.16 s, or ~0.5 s
+# after the first epoch, in a third to a half of keras_tfdata.py's runs
+# (benchmarks/realapps/tfdata_teardown.py, profile_accuracy.py, docs/profile.md). Nothing is read
+# then, so the log dates none of it and the epoch's compute holds it: the comment says so.
 _TF_DATA_END = ("; with tf.data, an epoch's end (its iterator stopping its threads and AUTOTUNE's autotuner: "
-                "0.15 or 0.53 s in half of a Keras program's runs on 2 cores) reads nothing, so it counts here "
+                "0.1-0.5 s in a third to a half of a Keras program's runs on 2 cores) reads nothing, so it counts here "
                 "(an epoch that took it stands out above); over more epochs the median leaves out a minority of them")
+
+
+def _ready_next_text(ready_next_s: float | None) -> str:
+    if ready_next_s is None:
+        return ("; tf.data's next() on a ready batch (a few tenths of a ms a step) is counted here: "
+                "TensorFlow is not installed to measure it")
+    return (f"; each step's next() on a batch tf.data has ready, {1e3 * ready_next_s:.3f} ms (measured on a "
+            f"stand-in pipeline here), left out: the program waits there and the emulated run's pipeline pays its own")
 
 
 def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, ranks: int, samples_per_file: int,
                   save_starts: list[float], save_setup_s: tuple[float, float] = (0.0, 0.0),
-                  tf_data: bool = False) -> tuple[list[Value], float | None]:
+                  tf_data: bool = False, ready_next_s: float | None = None) -> tuple[list[Value], float | None]:
     """train.computation_time and first_step_time from the DXT read times, and the run's mean compute
-    per step (None when unknown). `tf_data`: the ranks read through tf.data (reader.name tensorflow)."""
+    per step (None when unknown). `tf_data`: the ranks read through tf.data (reader.name tensorflow);
+    `ready_next_s`: its next() on a ready batch, measured on a stand-in (tf_data_next.py; None when
+    it could not be), left out of every step."""
     reads = file_reads(job, roles)
     if not reads:
         return [assumed("train.computation_time", 0.0, f"no DXT read times in the logs ({job.source}): "
@@ -226,7 +240,8 @@ def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, r
                 assumed("train.first_step_time", 0.0, "no DXT read times in the logs: the first step's tracing cannot be seen")], None
     files_per_batch = batch / max(samples_per_file, 1)
     exits = {i: p.end for i, (p, role) in enumerate(zip(job.processes, roles.processes)) if role == "worker"}
-    found = compute_per_step(reads, files, epochs, files_per_batch, ranks, save_starts, exits, save_setup_s)
+    found = compute_per_step(reads, files, epochs, files_per_batch, ranks, save_starts, exits, save_setup_s,
+                             ready_next_s or 0.0)
     if found is None:
         return [assumed("train.computation_time", 0.0, "the reads do not split into whole epochs"),
                 assumed("train.first_step_time", 0.0, "the reads do not split into whole epochs")], None
@@ -239,7 +254,7 @@ def timing_values(job: Job, roles: Roles, files: int, epochs: int, batch: int, r
                        f"{1e3 * sum(save_setup_s):.1f} ms (checkpoint.framework_cpu_s, framework_first_cpu_s)"
                        if any(save_setup_s) else "")
                     + ("; the median of the epochs after the first" if found.first_step > 0 else "")
-                    + (_TF_DATA_END if tf_data else ""))]
+                    + (_ready_next_text(ready_next_s) + _TF_DATA_END if tf_data else ""))]
     if found.first_known:
         values.append(Value("train.first_step_time", round(found.first_step, 6), INFERRED,
                             f"DXT: the first epoch's compute beyond the later epochs' ({found.per_epoch[0]:.4f} vs "

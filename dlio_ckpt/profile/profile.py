@@ -1,5 +1,6 @@
 """A job's logs -> its Profile: every workload value with its grade, the model section, and the
-log's own figures for the fidelity table (pure but for on_disk's looks at files still there)."""
+log's own figures for the fidelity table (pure but for on_disk's looks at files still there and
+the stand-ins timed on this machine: a TensorFlow save's setup, tf.data's next() on a ready batch)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dlio_ckpt.profile.infer_dataset import DatasetFacts, dataset_values
 from dlio_ckpt.profile.infer_sync import gradient_sync_value
 from dlio_ckpt.profile.infer_timing import file_reads, timing_values
 from dlio_ckpt.profile.records import Job, load_job
+from dlio_ckpt.profile.tf_data_next import ready_batch_next_s
 from dlio_ckpt.profile.values import ASSUMED, Value, assumed
 
 
@@ -53,9 +55,12 @@ def profile_logs(paths: list[Path], data_root: str = "", checkpoint_root: str = 
     values += ckpt_values
     setup, setup_s = setup_values(checkpoint.format, checkpoint.on_disk) if checkpoint.saves else ([], (0.0, 0.0))
     values += setup
+    tf_data = any(v.key == "reader.name" and v.value == "tensorflow" for v in values)
+    record_bytes = next((int(v.value) for v in values if v.key == "dataset.record_length_bytes"), 0)
+    ready_next_s = ready_batch_next_s(record_bytes, dataset.batch_size) if tf_data and job.source == "DXT" else None
     timing, compute = timing_values(job, roles, len(dataset.paths), dataset.epochs, dataset.batch_size, dataset.ranks,
                                     dataset.samples_per_file, [s.start for s in checkpoint.saves], setup_s,
-                                    tf_data=any(v.key == "reader.name" and v.value == "tensorflow" for v in values))
+                                    tf_data=tf_data, ready_next_s=ready_next_s)
     values += timing
     values.append(gradient_sync_value(spans if job.source == "DXT" else [], len(dataset.paths), dataset.epochs,
                                       dataset.batch_size / max(dataset.samples_per_file, 1), dataset.ranks))
