@@ -10,7 +10,8 @@ Each epoch's last next(), the one that raises StopIteration, returns no batch: i
 iterator (a DataLoader shuts its worker processes down in it, tf.data stops its threads and its
 autotuner). It is timed apart, `last_waits_s`, one figure an epoch, because it can be long and no
 I/O trace dates it: keras_tfdata.py's took 0.08-0.16 s, or ~0.5 s after the first epoch, in a
-third to a half of the runs (tf.data's autotuner stopping; benchmarks/realapps/tfdata_teardown.py, docs/profile.md).
+third to a half of the runs (tf.data's autotuner stopping; benchmarks/realapps/tfdata_teardown.py,
+docs/profile.md).
 """
 
 from __future__ import annotations

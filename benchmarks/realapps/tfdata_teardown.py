@@ -5,9 +5,9 @@
 
 LoopClock (loop_clock.py) counts the loop's time in next() as data wait, and the last call of an
 epoch, the one that raises StopIteration, apart (`last_waits_s`): it ends the loop's `for`, and
-with it the iterator, whose deletion stops tf.data's threads. Issue 22's profile of keras_tfdata's Darshan log was 1.56x
-and 1.74x the program's compute per step in 2 of 9 quiet runs, where that call took over a second
-and nothing was read (so the log dates nothing then and the profile counts it as compute).
+with it the iterator, whose deletion stops tf.data's threads. Issue 22's profile of keras_tfdata's
+Darshan log was 1.56x and 1.74x the program's compute per step in 2 of 9 quiet runs, where that
+call took over a second and nothing was read (so the log dates nothing then and the profile counts it as compute).
 
 This runs the program as fidelity.py does (same dataset and arguments), rotating three variants
 run for run: as written; with `tf.data.Options().autotune.enabled = False` on its dataset, the

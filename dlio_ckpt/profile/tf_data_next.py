@@ -12,7 +12,7 @@ pipeline of the profiled record size and batch, mapped in parallel, batched and 
 program's is (AUTOTUNE), iterated with the loop sleeping between calls (compute that leaves the
 cores to the pipeline's threads, as a framework's kernels release the interpreter), the median call
 over the epochs after a first one, each epoch's first call left out (the pipeline starting).
-Measured this way on this machine: 0.21-0.26 ms (the program's own, under its real compute, is a
+Measured this way on this machine: 0.20-0.30 ms (the program's own, under its real compute, is a
 little more). Nothing is written.
 """
 
