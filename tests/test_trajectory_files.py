@@ -21,7 +21,6 @@ from test_failures_restart import run
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from sgd_calibration import lc_ratio  # noqa: E402  LC-Checkpoint's ratio over a chain, as the calibration measures it
 
-torch = pytest.importorskip("torch")
 SOURCE = ByteSource(seed=5, pool_bytes=1 << 20)
 
 
@@ -30,6 +29,7 @@ def train(folder: Path, optimizer: str = "sgd", steps: int = 30, every: int = 1,
     """A tiny MLP (32-width-width-10) learning a random teacher's labels on Gaussian inputs; its state saved every
     `every` steps into `folder`. Returns step -> the flattened float parameters, read here from
     the model itself (not from the files)."""
+    torch = pytest.importorskip("torch")  # here, not at collection: every pytest worker would import it
     torch.manual_seed(0)
     torch.set_num_threads(1)  # tiny products: threads only contend on a shared machine
     model = torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
