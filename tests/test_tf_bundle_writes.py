@@ -218,13 +218,12 @@ def test_the_recorded_calls_are_the_fwrites_darshan_runtime_counts_in_tensorflow
     pytest.importorskip("darshan")
     pytest.importorskip("tensorflow")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "realapps"))
-    from programs import exclude_environment
+    from programs import traced_environment
 
     folder, logs = tmp_path / "ckpt", tmp_path / "logs"
     for path in (folder, logs):
         path.mkdir()
-    env = dict(os.environ, DARSHAN_ENABLE_NONMPI="1", DARSHAN_LOG_DIR_PATH=str(logs), LD_PRELOAD=str(RUNTIME),
-               TF_CPP_MIN_LOG_LEVEL="3", DARSHAN_EXCLUDE_DIRS=exclude_environment())
+    env = traced_environment(RUNTIME, logs)
     program, out = tmp_path / "save.py", tmp_path / "calls.json"  # a file, not `-c`: the log keeps the
     program.write_text(SAVE)  # command line, whose newlines PyDarshan would read as the mount table's lines
     done = subprocess.run([sys.executable, str(program), str(folder), str(out)], env=env, capture_output=True,

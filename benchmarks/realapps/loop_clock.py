@@ -66,6 +66,12 @@ class LoopClock:
                 "checkpoint_s": list(self.saves), "checkpoint_cpu_s": list(self.save_cpu)}
 
 
+def undated_loop_s(figures: dict) -> float:
+    """Of a program's figures: the seconds its loop spent in next() that no I/O trace dates, the
+    waits for batches after each epoch's first (a loader's hand-overs) and each epoch's last call."""
+    return max(0.0, figures["data_wait_s"] - figures["first_wait_s"]) + sum(figures["last_waits_s"])
+
+
 def report(result: dict, metrics_path: str) -> None:
     """The program's figures as one JSON line on stdout, and in `metrics_path` when given."""
     if metrics_path:

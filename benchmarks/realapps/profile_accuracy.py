@@ -34,6 +34,7 @@ RUNTIME = REPO.parent / "shared" / "tools" / "darshan-runtime-3.4.7" / "nonmpi" 
 sys.path.insert(0, str(HERE))
 
 from omegaconf import OmegaConf  # noqa: E402
+from loop_clock import undated_loop_s  # noqa: E402
 from programs import PROGRAMS, Size, traced_environment  # noqa: E402
 
 
@@ -56,7 +57,7 @@ def one_run(name: str, size: Size, work: Path) -> dict:
     train = OmegaConf.load(workload).train
     steps = max(1, own["steps"])
     inferred = train.computation_time + train.first_step_time / steps
-    loader = (max(0.0, own["data_wait_s"] - own["first_wait_s"]) + sum(own["last_waits_s"])) / steps
+    loader = undated_loop_s(own) / steps
     (why,) = [line for line in workload.read_text().splitlines() if line.strip().startswith("computation_time:")]
     return {"load": os.getloadavg()[0], "steps": own["steps"], "compute_s_per_step": own["compute_s_per_step"],
             "undated_loader_s_per_step": loader, "last_waits_s": own["last_waits_s"],

@@ -130,8 +130,7 @@ def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: 
         end = min([end, *quitting])
         if not math.isfinite(end) or end <= first_read:
             continue
-        ready, receive = _step_ready(chunk, files_per_batch, ranks, set(exits))
-        receive = receive or ready_next_s
+        ready, receive = _step_ready(chunk, files_per_batch, ranks, set(exits), ready_next_s)
         per_epoch.append(_solve(ready, end, receive))
         found.append(e)
         steps.append(len(ready))
@@ -142,14 +141,15 @@ def compute_per_step(reads: list[tuple[float, float, int]], files: int, epochs: 
 
 
 def _step_ready(chunk: list[tuple[float, float, int]], files_per_batch: float, ranks: int,
-                workers: set[int]) -> tuple[list[float], float]:
+                workers: set[int], ready_next_s: float = 0.0) -> tuple[list[float], float]:
     """When each step's batches could reach the loop, and what taking a ready batch costs the loop.
     Worker processes (whole files per batch, every reader a worker): each worker's files in read order
     make its batches, handed out round-robin (a DataLoader delivers in order), a batch arriving a
     hand-over after its last read, and the loop spending the receiving half of it on every step (a
     few ms that the program counts as its wait in next(), not as compute); a step waits for one batch
     per rank. Otherwise (the ranks or tf.data's threads read): the files in the order their reads
-    ended, `files_per_batch x ranks` per step, taken at no cost."""
+    ended, `files_per_batch x ranks` per step, each taken at `ready_next_s` (tf.data's next() on a
+    ready batch, measured on a stand-in: tf_data_next.py; 0 where the rank reads its own batches)."""
     per_process: dict[int, list[tuple[float, float]]] = {}
     for start, end, index in chunk:
         per_process.setdefault(index, []).append((start, end))
@@ -169,7 +169,7 @@ def _step_ready(chunk: list[tuple[float, float, int]], files_per_batch: float, r
     ready = np.sort(np.array([end_t for _, end_t, _ in chunk]))
     per_step = files_per_batch * ranks
     steps = max(1, math.ceil(len(ready) / per_step))
-    return [float(ready[min(len(ready), math.ceil((k + 1) * per_step)) - 1]) for k in range(steps)], 0.0
+    return [float(ready[min(len(ready), math.ceil((k + 1) * per_step)) - 1]) for k in range(steps)], ready_next_s
 
 
 def _handover(per_process: dict[int, list[tuple[float, float]]], size: int) -> float:

@@ -16,7 +16,7 @@ from dlio_ckpt.profile.infer_sync import gradient_sync_value
 from dlio_ckpt.profile.infer_timing import file_reads, timing_values
 from dlio_ckpt.profile.records import Job, load_job
 from dlio_ckpt.profile.tf_data_next import ready_batch_next_s
-from dlio_ckpt.profile.values import ASSUMED, Value, assumed
+from dlio_ckpt.profile.values import ASSUMED, Value, assumed, value_of
 
 
 @dataclass
@@ -31,10 +31,7 @@ class Profile:
     notes: list[str] = field(default_factory=list)
 
     def value(self, key: str):
-        for v in self.values:
-            if v.key == key:
-                return v.value
-        return None
+        return value_of(self.values, key)
 
     @property
     def not_inferred(self) -> list[Value]:
@@ -55,9 +52,9 @@ def profile_logs(paths: list[Path], data_root: str = "", checkpoint_root: str = 
     values += ckpt_values
     setup, setup_s = setup_values(checkpoint.format, checkpoint.on_disk) if checkpoint.saves else ([], (0.0, 0.0))
     values += setup
-    tf_data = any(v.key == "reader.name" and v.value == "tensorflow" for v in values)
-    record_bytes = next((int(v.value) for v in values if v.key == "dataset.record_length_bytes"), 0)
-    ready_next_s = ready_batch_next_s(record_bytes, dataset.batch_size) if tf_data and job.source == "DXT" else None
+    tf_data = value_of(values, "reader.name") == "tensorflow"
+    ready_next_s = (ready_batch_next_s(int(value_of(values, "dataset.record_length_bytes", 0)), dataset.batch_size)
+                    if tf_data and job.source == "DXT" else None)
     timing, compute = timing_values(job, roles, len(dataset.paths), dataset.epochs, dataset.batch_size, dataset.ranks,
                                     dataset.samples_per_file, [s.start for s in checkpoint.saves], setup_s,
                                     tf_data=tf_data, ready_next_s=ready_next_s)

@@ -26,3 +26,8 @@ class Value:
 
 def assumed(key: str, value: Any, why: str) -> Value:
     return Value(key, value, ASSUMED, why)
+
+
+def value_of(values: list[Value], key: str, default: Any = None) -> Any:
+    """The value given for `key`, or `default` when none was."""
+    return next((v.value for v in values if v.key == key), default)
